@@ -1,0 +1,3 @@
+from jaxtrain.cli import entry_point
+
+entry_point()

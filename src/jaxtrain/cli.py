@@ -1,0 +1,111 @@
+"""The `jaxtrain` command. It parses arguments, builds a config and calls the library."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import time
+from typing import Any, Sequence
+
+from jaxtrain.errors import ConfigError, JaxtrainError
+
+USAGE = """usage: jaxtrain COMMAND ...
+
+commands:
+  train RECIPE [OPTIONS]   train a recipe; `jaxtrain train RECIPE --help` lists every option
+  recipes                  list the recipes
+  bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
+
+examples:
+  jaxtrain train mlp-regression
+  jaxtrain train mlp-regression --epochs 3 --batch-size 256 --optim.lr 3e-4 --quiet
+"""
+
+
+def parse_config(cls: type, default: Any, args: Sequence[str], prog: str) -> Any:
+    """Parses `args` into `cls` (starting from `default`) with tyro.
+
+    Parse errors become a one-line ConfigError instead of tyro's multi-line panel; `--help`
+    prints tyro's help and exits 0.
+    """
+    import tyro
+
+    if "-h" in args or "--help" in args:
+        return tyro.cli(cls, default=default, args=list(args), prog=prog)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            return tyro.cli(cls, default=default, args=list(args), prog=prog)
+    except SystemExit as e:
+        if e.code == 0:
+            raise
+        raise ConfigError(f"{_panel_message(captured.getvalue())}; see `{prog} --help`") from None
+
+
+def _panel_message(text: str) -> str:
+    """The message section of a tyro error panel (between its first two rules), as one line."""
+    sections: list[list[str]] = [[]]
+    for line in text.splitlines():
+        body = line.strip().strip("│╭╮╰╯").strip()
+        if body and set(body) <= set("-─"):
+            sections.append([])
+        elif body:
+            sections[-1].append(body)
+    parts = sections[1] if len(sections) > 1 and sections[1] else sections[0]
+    return " ".join(parts).rstrip(".") or "invalid arguments"
+
+
+def _train(args: Sequence[str]) -> int:
+    from jaxtrain.recipes import get_recipe
+
+    if not args or args[0].startswith("-"):
+        raise ConfigError("missing recipe; usage: jaxtrain train RECIPE [OPTIONS] (see `jaxtrain recipes`)")
+    recipe = get_recipe(args[0])
+    config = parse_config(type(recipe.config), recipe.config, args[1:], f"jaxtrain train {recipe.name}")
+    run_dir = config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    recipe.run(config, run_dir)
+    return 0
+
+
+def _recipes() -> int:
+    from jaxtrain.recipes import RECIPES
+
+    for name, recipe in sorted(RECIPES.items()):
+        print(f"{name:<20} {recipe.description}")
+    return 0
+
+
+def _bench(args: Sequence[str]) -> int:
+    from jaxtrain.bench import BENCHMARKS
+
+    if not args or args[0] not in BENCHMARKS:
+        given = f" {args[0]!r}" if args else ""
+        raise ConfigError(f"unknown benchmark{given}; choose one of: {', '.join(sorted(BENCHMARKS))}")
+    config_cls, main = BENCHMARKS[args[0]]
+    config = parse_config(config_cls, config_cls(), args[1:], f"jaxtrain bench {args[0]}")
+    return main(config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit code (0 ok, 2 bad input, 3 non-finite loss)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    commands = {"train": lambda: _train(rest), "recipes": _recipes, "bench": lambda: _bench(rest)}
+    try:
+        if command not in commands:
+            raise ConfigError(f"unknown command {command!r}; choose one of: {', '.join(commands)}")
+        return commands[command]()
+    except JaxtrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def entry_point() -> None:
+    sys.exit(main())

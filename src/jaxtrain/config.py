@@ -1,0 +1,143 @@
+"""Frozen, validated configuration dataclasses.
+
+Field docstrings become the command-line help (through tyro). Configs reach builders and the
+loop; jitted functions never see them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, get_args
+
+from jaxtrain.errors import ConfigError
+
+Optimizer = Literal["sgd", "adam", "adamw"]
+Schedule = Literal["constant", "warmup-cosine"]
+Placement = Literal["auto", "device"]
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_choice(field: str, value: str, choices: type) -> None:
+    allowed = get_args(choices)
+    _check(value in allowed, f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _check_positive(field: str, value: float) -> None:
+    _check(
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        f"{field}={value!r} must be a positive number",
+    )
+
+
+def _check_non_negative(field: str, value: float) -> None:
+    _check(
+        isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+        f"{field}={value!r} must be zero or a positive number",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer, learning-rate schedule and gradient clipping."""
+
+    name: Optimizer = "adam"
+    """Update rule: sgd (with optional momentum), adam, or adamw (decoupled weight decay)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    schedule: Schedule = "constant"
+    """Learning-rate schedule: constant, or linear warmup then cosine decay."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from 0 to lr (warmup-cosine only)."""
+    decay_steps: int = 0
+    """Steps from the start to the end of the cosine decay; 0 means the whole run."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the cosine decay."""
+    momentum: float = 0.0
+    """SGD momentum; 0 is plain SGD."""
+    b1: float = 0.9
+    """Adam first-moment decay."""
+    b2: float = 0.999
+    """Adam second-moment decay."""
+    eps: float = 1e-8
+    """Adam denominator epsilon."""
+    weight_decay: float = 0.0
+    """Weight decay: decoupled for adamw, an L2 term added to the gradient for sgd and adam."""
+    clip_norm: float = 0.0
+    """Clip gradients to this global L2 norm before the update; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        _check_choice("optim.name", self.name, Optimizer)
+        _check_choice("optim.schedule", self.schedule, Schedule)
+        _check_positive("optim.lr", self.lr)
+        for field in ("warmup_steps", "decay_steps"):
+            value = getattr(self, field)
+            _check(isinstance(value, int) and value >= 0, f"optim.{field}={value!r} must be an integer >= 0")
+        _check_non_negative("optim.min_lr", self.min_lr)
+        _check(self.min_lr <= self.lr, f"optim.min_lr={self.min_lr} must not exceed optim.lr={self.lr}")
+        _check(0 <= self.momentum < 1, f"optim.momentum={self.momentum} must be in [0, 1)")
+        _check(0 <= self.b1 < 1, f"optim.b1={self.b1} must be in [0, 1)")
+        _check(0 <= self.b2 < 1, f"optim.b2={self.b2} must be in [0, 1)")
+        _check_positive("optim.eps", self.eps)
+        _check_non_negative("optim.weight_decay", self.weight_decay)
+        _check_non_negative("optim.clip_norm", self.clip_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the training data lives while training."""
+
+    placement: Placement = "auto"
+    """auto: keep the dataset on the device when it fits the memory budget; device: always."""
+    memory_budget_gb: float = 0.0
+    """Device memory the dataset may take, in GiB; 0 means a quarter of device memory (2 GiB on CPU)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("data.placement", self.placement, Placement)
+        _check_non_negative("data.memory_budget_gb", self.memory_budget_gb)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How to train: epochs, batching, fused execution, logging, optimizer and data placement."""
+
+    epochs: int = 10
+    """Passes over the training set."""
+    batch_size: int = 32
+    """Samples per optimizer step."""
+    eval_batch_size: int = 0
+    """Samples per evaluation batch; 0 uses batch_size."""
+    seed: int = 0
+    """Seed for initialisation, shuffling and every random key of the run."""
+    steps_per_call: int = 0
+    """Optimizer steps fused into one compiled call (lax.scan); 0 picks the smallest K that keeps
+    per-call overhead under 2% of compute."""
+    log_every: int = 200
+    """Steps between training-metric lines in metrics.jsonl (each one a host sync)."""
+    eval_every: int = 1
+    """Epochs between evaluations on the validation set (the last epoch is always evaluated)."""
+    optim: OptimConfig = OptimConfig()
+    """Optimizer settings."""
+    data: DataConfig = DataConfig()
+    """Data placement settings."""
+
+    def __post_init__(self) -> None:
+        for field in ("epochs", "batch_size", "log_every", "eval_every"):
+            value = getattr(self, field)
+            _check(isinstance(value, int) and value >= 1, f"{field}={value!r} must be an integer >= 1")
+        for field in ("eval_batch_size", "steps_per_call"):
+            value = getattr(self, field)
+            _check(
+                isinstance(value, int) and value >= 0,
+                f"{field}={value!r} must be an integer >= 1, or 0 for automatic",
+            )
+        _check(isinstance(self.seed, int), f"seed={self.seed!r} must be an integer")
+
+
+def to_dict(config: object) -> dict:
+    """A JSON-ready dict of a (nested) config dataclass."""
+    return dataclasses.asdict(config)  # type: ignore[arg-type]

@@ -1,0 +1,74 @@
+"""In-memory datasets: validation and the device-placement decision."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxtrain.errors import DataError
+
+CPU_BUDGET_BYTES = 2 * 1024**3  # the CPU "device" is host RAM: keep a fixed, modest share
+
+
+def num_samples(data: Any, name: str = "data") -> int:
+    """The common leading dimension of every array in the pytree `data`.
+
+    Raises:
+      DataError: if `data` holds no arrays, a scalar, or arrays of different lengths.
+    """
+    leaves, _ = jax.tree.flatten_with_path(data)
+    if not leaves:
+        raise DataError(f"{name} holds no arrays; pass a dict (or tuple) of arrays with one row per sample")
+    lengths = {}
+    for path, leaf in leaves:
+        shape = np.shape(leaf)
+        key = jax.tree_util.keystr(path) or "array"
+        if len(shape) == 0:
+            raise DataError(f"{name}{key} is a scalar; every array needs a leading sample axis")
+        lengths[key] = shape[0]
+    if len(set(lengths.values())) > 1:
+        detail = ", ".join(f"{k}: {v}" for k, v in lengths.items())
+        raise DataError(f"{name} arrays have different numbers of rows ({detail}); they must match")
+    return next(iter(lengths.values()))
+
+
+def nbytes(data: Any) -> int:
+    """Total bytes of every array in `data`."""
+    return sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes for x in jax.tree.leaves(data))
+
+
+def default_budget_bytes(device: jax.Device) -> int:
+    """A quarter of the device's memory, or `CPU_BUDGET_BYTES` where the device has no memory stats."""
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]) // 4
+    return CPU_BUDGET_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the training data lives and why (printed in the run header)."""
+
+    where: str
+    reason: str
+
+
+def choose_placement(policy: str, data_bytes: int, budget_bytes: int) -> Placement:
+    """Decides whether the dataset goes on the device whole.
+
+    Raises:
+      DataError: when `auto` finds the data over the budget (streaming is not available yet).
+    """
+    size = f"{data_bytes / 1024**2:.1f} MiB"
+    budget = f"{budget_bytes / 1024**2:.0f} MiB"
+    if policy == "device":
+        return Placement("device", f"placement=device requested ({size})")
+    if data_bytes <= budget_bytes:
+        return Placement("device", f"{size} fits the device memory budget of {budget}")
+    raise DataError(
+        f"the dataset takes {size}, over the device memory budget of {budget}; raise "
+        "--data.memory-budget-gb or use --data.placement device if the device can hold it"
+    )

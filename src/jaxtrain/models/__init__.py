@@ -1,0 +1,5 @@
+"""Reference models."""
+
+from jaxtrain.models.mlp import MLP
+
+__all__ = ["MLP"]

@@ -1,0 +1,51 @@
+"""Optax optimizers and schedules built from an `OptimConfig`."""
+
+from __future__ import annotations
+
+import optax
+
+from jaxtrain.config import OptimConfig
+
+
+def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
+    """The learning rate as a function of the step.
+
+    `warmup-cosine` rises linearly from 0 to `lr` over `warmup_steps`, then follows
+    `min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2` to `min_lr` at `decay_steps`
+    (the whole run when 0).
+    """
+    if config.schedule == "constant":
+        return optax.constant_schedule(config.lr)
+    decay_steps = config.decay_steps or total_steps
+    decay_steps = max(decay_steps, config.warmup_steps + 1)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=config.lr,
+        warmup_steps=config.warmup_steps,
+        decay_steps=decay_steps,
+        end_value=config.min_lr,
+    )
+
+
+def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    """An optax chain: [clip by global norm] → [L2 decay] → update rule with the schedule.
+
+    Args:
+      config: optimizer settings.
+      total_steps: optimizer steps in the whole run (the default cosine decay length).
+    """
+    lr = build_schedule(config, total_steps)
+    parts: list[optax.GradientTransformation] = []
+    if config.clip_norm > 0:
+        parts.append(optax.clip_by_global_norm(config.clip_norm))
+    if config.weight_decay > 0 and config.name != "adamw":
+        parts.append(optax.add_decayed_weights(config.weight_decay))
+    if config.name == "sgd":
+        parts.append(optax.sgd(lr, momentum=config.momentum or None))
+    elif config.name == "adam":
+        parts.append(optax.adam(lr, b1=config.b1, b2=config.b2, eps=config.eps))
+    else:
+        parts.append(
+            optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
+        )
+    return parts[0] if len(parts) == 1 else optax.chain(*parts)

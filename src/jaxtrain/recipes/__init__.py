@@ -1,0 +1,17 @@
+"""Recipes: one module per workload (model + data + loss + default config)."""
+
+from jaxtrain.errors import ConfigError
+from jaxtrain.recipes import mlp_regression
+from jaxtrain.recipes.base import Recipe, RecipeConfig
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (mlp_regression.RECIPE,)}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called `name`; ConfigError listing the known ones otherwise."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose one of: {', '.join(sorted(RECIPES))}")
+    return RECIPES[name]
+
+
+__all__ = ["RECIPES", "Recipe", "RecipeConfig", "get_recipe"]

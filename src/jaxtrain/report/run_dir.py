@@ -1,0 +1,54 @@
+"""The run directory: config.json, metrics.jsonl and summary.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from jaxtrain.errors import ConfigError
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class RunDir:
+    """Writes a run's files. Every JSON file is replaced atomically; metrics are appended."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"cannot write to run directory {self.path}: {e.strerror}; choose another --run-dir") from None
+        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
+
+    def write_json(self, name: str, payload: dict[str, Any]) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(_jsonable(payload), indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path / name)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(_jsonable(record)) + "\n")
+        self._metrics.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,140 @@
+"""Pure step builders: one training step, K fused steps, and a full evaluation pass.
+
+Everything here is traced once and compiled; nothing logs, reads the clock or syncs with the
+host. Static choices (batch size, K) are bound before `jax.jit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxtrain.state import TrainState
+
+Batch = Any  # a pytree of arrays with a leading batch axis
+Metrics = dict[str, jax.Array]
+LossFn = Callable[[nnx.Module, Batch, jax.Array], tuple[jax.Array, Metrics]]
+Preprocess = Callable[[Batch], Batch]
+Augment = Callable[[Batch, jax.Array], Batch]
+
+_EVAL_KEY_SALT = 0x5EED  # evaluation keys come from a stream disjoint from training steps
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    preprocess: Preprocess | None = None,
+    augment: Augment | None = None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Builds `train_step(state, batch) -> (state, metrics)`: one optimizer step.
+
+    The step key is `fold_in(state.rng, state.step)`, split between `augment` and `loss_fn`.
+    `metrics` holds `loss` and whatever `loss_fn` returned as its second output.
+    """
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        augment_key, loss_key = jax.random.split(jax.random.fold_in(state.rng, state.step))
+        if preprocess is not None:
+            batch = preprocess(batch)
+        if augment is not None:
+            batch = augment(batch, augment_key)
+
+        def objective(params: nnx.State) -> tuple[jax.Array, tuple[Metrics, nnx.State]]:
+            model = nnx.merge(graphdef, params, state.model_state)
+            loss, metrics = loss_fn(model, batch, loss_key)
+            model_state = nnx.split(model, nnx.Param, ...)[2]  # e.g. updated batch-norm stats
+            return loss, (metrics, model_state)
+
+        (loss, (metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new_state = TrainState(state.step + 1, params, model_state, opt_state, state.rng)
+        return new_state, {"loss": loss, **metrics}
+
+    return train_step
+
+
+def make_eval_step(
+    graphdef: nnx.GraphDef, loss_fn: LossFn, preprocess: Preprocess | None = None
+) -> Callable[[TrainState, Batch], Metrics]:
+    """Builds `eval_step(state, batch) -> metrics`, the batch means of `loss` and `loss_fn`'s metrics.
+
+    Pass the graph definition of the model in evaluation mode (`jaxtrain.state.eval_graphdef`).
+    """
+
+    def eval_step(state: TrainState, batch: Batch) -> Metrics:
+        if preprocess is not None:
+            batch = preprocess(batch)
+        model = nnx.merge(graphdef, state.params, state.model_state)
+        key = jax.random.fold_in(state.rng, _EVAL_KEY_SALT)
+        loss, metrics = loss_fn(model, batch, key)
+        return {"loss": loss, **metrics}
+
+    return eval_step
+
+
+def epoch_permutation(key: jax.Array, epoch: jax.Array | int, n: int) -> jax.Array:
+    """The order in which epoch `epoch` visits the `n` training samples, computed on the device."""
+    return jax.random.permutation(jax.random.fold_in(key, epoch), n)
+
+
+def gather_batch(data: Batch, indices: jax.Array) -> Batch:
+    """Rows `indices` (shape (B,)) of every array in `data`."""
+    return jax.tree.map(lambda x: jnp.take(x, indices, axis=0), data)
+
+
+def make_multi_step(
+    train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
+    batch_size: int,
+    num_steps: int,
+) -> Callable[[TrainState, Batch, jax.Array, jax.Array], tuple[TrainState, Metrics]]:
+    """Fuses `num_steps` (K) training steps into one function over device-resident data.
+
+    `multi_step(state, data, perm, start)` runs steps `start .. start+K-1` of the epoch whose
+    sample order is `perm`: step `i` trains on rows `perm[i*B : (i+1)*B]` of `data`, gathered
+    inside the compiled call. Returns the new state and each metric stacked to shape (K,).
+    """
+
+    def multi_step(state: TrainState, data: Batch, perm: jax.Array, start: jax.Array):
+        def body(state: TrainState, i: jax.Array):
+            indices = jax.lax.dynamic_slice_in_dim(perm, (start + i) * batch_size, batch_size)  # (B,)
+            return train_step(state, gather_batch(data, indices))
+
+        return jax.lax.scan(body, state, jnp.arange(num_steps))
+
+    return multi_step
+
+
+def make_evaluate(
+    eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int
+) -> Callable[[TrainState, Batch], Metrics]:
+    """`evaluate(state, data) -> metrics`: exact means over all `num_samples` rows of `data`.
+
+    Full batches run under `lax.scan`; the remainder runs as one smaller batch, and each batch's
+    means are weighted by its size, so no sample is dropped or counted twice.
+    """
+    num_full, remainder = divmod(num_samples, batch_size)
+
+    def evaluate(state: TrainState, data: Batch) -> Metrics:
+        totals = None
+        if num_full:
+            full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
+
+            def body(carry, batch):
+                metrics = eval_step(state, batch)
+                return jax.tree.map(lambda c, m: c + m * batch_size, carry, metrics), None
+
+            zeros = jax.tree.map(lambda m: jnp.zeros((), jnp.float32), jax.eval_shape(eval_step, state, jax.tree.map(lambda x: x[0], full)))
+            totals, _ = jax.lax.scan(body, zeros, full)
+        if remainder:
+            tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)
+            tail_totals = jax.tree.map(lambda m: m * remainder, eval_step(state, tail))
+            totals = tail_totals if totals is None else jax.tree.map(jnp.add, totals, tail_totals)
+        return jax.tree.map(lambda t: t / num_samples, totals)
+
+    return evaluate
