@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -53,7 +54,8 @@ def _panel_message(text: str) -> str:
         elif body:
             sections[-1].append(body)
     parts = sections[1] if len(sections) > 1 and sections[1] else sections[0]
-    return " ".join(parts).rstrip(".") or "invalid arguments"
+    message = " ".join(parts).rstrip(".") or "invalid arguments"
+    return re.sub(r"^Error parsing [\w.]+: ", "", message)  # our own ConfigError, wrapped by tyro
 
 
 def _train(args: Sequence[str]) -> int:

@@ -132,7 +132,7 @@ def fit(
       NonFiniteLossError: when a training loss becomes NaN or Inf.
     """
     t_start = time.perf_counter()
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, soft_wrap=True)
     B = config.batch_size
     n_train = data_lib.num_samples(train_data, "train_data")
     if B > n_train:
@@ -184,10 +184,10 @@ def fit(
     overhead_s = _call_overhead(state, train_dev, n_train) if tune else 0.0
 
     console.print(
-        f"[bold]jaxtrain[/bold] {name} | device {device_description(device)} | "
-        f"{n_train:,} train / {n_val:,} val samples | batch {B}, {steps_per_epoch:,} steps/epoch"
+        f"[bold]jaxtrain[/bold] {name} on {device_description(device)}\n"
+        f"  data: {n_train:,} train / {n_val:,} val samples on the device ({placement.reason})\n"
+        f"  batch {B}: {steps_per_epoch:,} steps/epoch"
         + (f" ({dropped} samples/epoch dropped: partial batch)" if dropped else "")
-        + f"\n  data on device: {placement.reason}"
         + (f"\n  run dir: {writer.path}" if writer else "")
     )
 
@@ -294,8 +294,8 @@ def _choose_steps_per_call(call_s: float, k: int, overhead_s: float, steps_per_e
     chosen = min(max(needed, k), steps_per_epoch)
     share = overhead_s / (overhead_s + chosen * step_s)
     return chosen, (
-        f"fused steps per call: K={chosen} (step {step_s * 1e3:.3f} ms, call overhead "
-        f"{overhead_s * 1e3:.3f} ms = {share:.1%} of a call)"
+        f"K={chosen} steps per compiled call (step {step_s * 1e3:.3f} ms; "
+        f"call overhead {overhead_s * 1e3:.3f} ms = {share:.1%})"
     )
 
 

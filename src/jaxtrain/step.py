@@ -45,7 +45,7 @@ def make_train_step(
             batch = augment(batch, augment_key)
 
         def objective(params: nnx.State) -> tuple[jax.Array, tuple[Metrics, nnx.State]]:
-            model = nnx.merge(graphdef, params, state.model_state)
+            model = nnx.merge(graphdef, params, state.model_state, copy=True)  # fresh Variables in this trace
             loss, metrics = loss_fn(model, batch, loss_key)
             model_state = nnx.split(model, nnx.Param, ...)[2]  # e.g. updated batch-norm stats
             return loss, (metrics, model_state)
@@ -70,7 +70,7 @@ def make_eval_step(
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
         if preprocess is not None:
             batch = preprocess(batch)
-        model = nnx.merge(graphdef, state.params, state.model_state)
+        model = nnx.merge(graphdef, state.params, state.model_state, copy=True)
         key = jax.random.fold_in(state.rng, _EVAL_KEY_SALT)
         loss, metrics = loss_fn(model, batch, key)
         return {"loss": loss, **metrics}

@@ -65,9 +65,9 @@ def choose_placement(policy: str, data_bytes: int, budget_bytes: int) -> Placeme
     size = f"{data_bytes / 1024**2:.1f} MiB"
     budget = f"{budget_bytes / 1024**2:.0f} MiB"
     if policy == "device":
-        return Placement("device", f"placement=device requested ({size})")
+        return Placement("device", f"{size}, placement=device requested")
     if data_bytes <= budget_bytes:
-        return Placement("device", f"{size} fits the device memory budget of {budget}")
+        return Placement("device", f"{size}, within the {budget} budget")
     raise DataError(
         f"the dataset takes {size}, over the device memory budget of {budget}; raise "
         "--data.memory-budget-gb or use --data.placement device if the device can hold it"

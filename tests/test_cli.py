@@ -1,0 +1,97 @@
+"""The `jaxtrain` command: a smoke run, and one clear line with exit code 2 or 3 for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxtrain.cli import main
+
+TINY = ["--epochs", "1", "--data.samples", "2000", "--data.val-samples", "300", "--quiet"]
+
+
+def _run(*args, cwd=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "jaxtrain", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+
+
+def test_train_smoke_prints_summaries_and_writes_the_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _run("train", "mlp-regression", *TINY, "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Epoch 1/1 Summary" in out
+    for label in ("Train Loss:", "Val Loss:", "Epoch Time:", "Elapsed Time:", "TRAINING COMPLETE!",
+                  "FINAL RESULTS:", "Best Val Loss:", "TIMING STATISTICS:", "Compile Time:", "Throughput:"):
+        assert label in out, label
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "metrics.jsonl", "summary.json"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["recipe"] == "mlp-regression" and summary["epochs"] == 1
+    assert summary["steps"] == 1700 // 32
+    assert summary["final_val_loss"] is not None and "final_val_mae" in summary
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["data"]["samples"] == 2000 and config["optim"]["lr"] == 1e-3
+
+
+def test_default_run_dir_is_under_runs(tmp_path):
+    proc = _run("train", "mlp-regression", *TINY, "--epochs", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("mlp-regression-") and (run / "summary.json").exists()
+
+
+def test_bad_input_in_a_subprocess_has_no_traceback():
+    proc = _run("train", "mlp-regression", "--optim.lr", "-0.5")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: optim.lr=-0.5 must be a positive number; see `jaxtrain train mlp-regression --help`"
+    assert "Traceback" not in proc.stderr
+
+
+def test_nan_loss_exits_3_naming_the_step(tmp_path):
+    proc = _run("train", "mlp-regression", *TINY, "--optim.name", "sgd", "--optim.lr", "10", "--run-dir", str(tmp_path))
+    assert proc.returncode == 3
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: loss became") and " at step " in proc.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "stopped: non-finite loss"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "no-such-recipe"], "error: unknown recipe 'no-such-recipe'; choose one of: mlp-regression"),
+        (["train"], "error: missing recipe"),
+        (["frobnicate"], "error: unknown command 'frobnicate'"),
+        (["train", "mlp-regression", "--batch-size", "0"], "error: batch_size=0 must be an integer >= 1"),
+        (["train", "mlp-regression", "--epochs", "0"], "error: epochs=0 must be an integer >= 1"),
+        (["train", "mlp-regression", "--epochs", "many"], "error: Error parsing --epochs"),
+        (["train", "mlp-regression", "--no-such-flag", "1"], "error: Unrecognized options: --no-such-flag"),
+        (["train", "mlp-regression", "--optim.name", "lion"], "error: invalid choice 'lion' for argument '--optim.name'"),
+        (["train", "mlp-regression", "--data.samples", "100", "--data.val-samples", "10", "--batch-size", "500"],
+         "error: batch_size=500 is larger than the training set (90 samples)"),
+        (["bench", "nope"], "error: unknown benchmark 'nope'; choose one of: overhead"),
+    ],
+)
+def test_errors_are_one_line_with_exit_code_2(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message), err
+    assert err.count("\n") == 1
+
+
+def test_help_lists_every_field_with_its_default(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "mlp-regression", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--epochs", "--batch-size", "--optim.lr", "--optim.schedule", "--steps-per-call",
+                 "--data.placement", "--run-dir", "--quiet", "--model.hidden"):
+        assert flag in out, flag
+    assert "default: 32" in out
+
+
+def test_recipes_lists_mlp_regression(capsys):
+    assert main(["recipes"]) == 0
+    assert "mlp-regression" in capsys.readouterr().out
