@@ -54,6 +54,22 @@ def test_steps_per_call_does_not_change_the_result():
     assert leaves_close(auto.state.params, one.state.params) <= 1e-6
 
 
+def test_more_epochs_do_not_compile_more():
+    traces = []
+
+    def counting_mse(model, batch, key):
+        traces.append(1)
+        return mse(model, batch, key)
+
+    counts = []
+    for epochs in (1, 3):
+        traces.clear()
+        config = TrainConfig(epochs=epochs, batch_size=16, steps_per_call=4)  # 12 steps/epoch: no remainder
+        fit(small_mlp(), counting_mse, regression_data(192), regression_data(20), config, quiet=True, console=silent())
+        counts.append(len(traces))
+    assert counts[0] == counts[1] > 0
+
+
 def test_validation_loss_matches_numpy_with_partial_batch():
     train, val = regression_data(256), regression_data(37, seed=5)
     result = _fit(train, val, eval_batch_size=16)  # 2 full batches and 5 left over
@@ -121,7 +137,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_run_dir_files(tmp_path):
-    config = TrainConfig(epochs=2, batch_size=16, log_every=5)
+    config = TrainConfig(epochs=2, batch_size=16, log_every=5, steps_per_call=2)
     result = fit(small_mlp(), mse, regression_data(160), regression_data(40, seed=1), config,
                  name="unit", run_dir=tmp_path, quiet=True, console=silent())
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -136,3 +152,32 @@ def test_run_dir_files(tmp_path):
     assert len([r for r in lines if r["kind"] == "train"]) >= 2
     config_json = json.loads((tmp_path / "config.json").read_text())
     assert config_json["batch_size"] == 16 and config_json["optim"]["name"] == "adam"
+
+
+def test_steps_per_call_choice_from_two_timed_lengths():
+    from jaxtrain.loop import StepsPerCall
+
+    chooser = StepsPerCall(0, 1000)
+    lengths = []
+    while chooser.measuring:
+        k = chooser.next_length(1000)
+        lengths.append(k)
+        message = chooser.record(k, 0.002 + k * 0.001)  # 2 ms per call, 1 ms per step
+    assert lengths == [16, 16, 16, 128, 128, 128]
+    assert chooser.k == 128  # needs 100 (2 ms <= 2% of 100 x 1 ms); 128 is compiled already
+    assert "K=128" in message and "2.000 ms per call" in message
+
+    slow_calls = StepsPerCall(0, 5000)
+    while slow_calls.measuring:
+        slow_calls.record(k := slow_calls.next_length(5000), 0.01 + k * 0.001)
+    assert slow_calls.k == 500  # 10 ms <= 2% of 500 x 1 ms
+    assert chooser.next_length(30) == 30  # the end of an epoch
+
+    cheap = StepsPerCall(0, 1000)
+    while cheap.measuring:
+        cheap.record(k := cheap.next_length(1000), 1e-6 + k * 0.001)
+    assert cheap.k == 16
+
+    assert StepsPerCall(7, 1000).k == 7 and not StepsPerCall(7, 1000).measuring
+    assert StepsPerCall(0, 300).k == 16 and not StepsPerCall(0, 300).measuring  # too short to measure
+    assert StepsPerCall(0, 10).k == 10

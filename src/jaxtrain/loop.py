@@ -35,7 +35,8 @@ from jaxtrain.step import (
 )
 
 OVERHEAD_TARGET = 0.02  # per-call overhead as a fraction of a call's compute (auto steps_per_call)
-PROBE_STEPS = 16  # steps per call while measuring the step time
+PROBE_LENGTHS = (16, 128)  # the two call lengths timed to separate per-call from per-step cost
+PROBE_REPEATS = 3  # timed calls of each length (the minimum is used)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,15 +174,13 @@ def fit(
             compile_s += seconds
         return multi_steps[k]
 
-    K = min(config.steps_per_call or PROBE_STEPS, steps_per_epoch)
-    multi_step_for(K)
+    chooser = StepsPerCall(config.steps_per_call, steps_per_epoch)
+    multi_step_for(chooser.next_length(steps_per_epoch))
     evaluate = None
     if n_val:
         eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess)
         evaluate, seconds = _compile(make_evaluate(eval_step, n_val, eval_B), state, val_dev, donate=False)
         compile_s += seconds
-    tune = config.steps_per_call == 0 and K < steps_per_epoch
-    overhead_s = _call_overhead(state, train_dev, n_train) if tune else 0.0
 
     console.print(
         f"[bold]jaxtrain[/bold] {name} on {device_description(device)}\n"
@@ -195,7 +194,7 @@ def fit(
     history: list[dict[str, Any]] = []
     train_time_s = 0.0
     step = 0
-    status = "completed"
+    status = "interrupted"
     try:
         for epoch in range(1, config.epochs + 1):
             t_epoch = time.perf_counter()
@@ -203,41 +202,44 @@ def fit(
             perm = permute(data_key, epoch)
             progress.start_epoch(epoch, config.epochs, steps_per_epoch)
             epoch_records: list[dict[str, np.ndarray]] = []
-            pending: list[dict[str, jax.Array]] = []  # metrics not yet fetched from the device
-            pending_from = step
-            in_flight = None
-            probe_times: list[float] = []
+            pending: list[tuple[int, dict[str, jax.Array]]] = []  # (steps, metrics) not yet fetched
+            pending_from = step  # the global step before the first pending call
+
+            def collect(calls: list[tuple[int, dict[str, jax.Array]]], log: bool) -> float:
+                """Fetches finished calls' metrics (the only host syncs), checks them, logs them."""
+                nonlocal pending_from
+                fetched = jax.device_get([metrics for _, metrics in calls])
+                _check_finite(fetched, pending_from)
+                pending_from += sum(k for k, _ in calls)
+                epoch_records.extend(fetched)
+                means = _mean_of(fetched)
+                if writer and log:
+                    writer.log({"kind": "train", "epoch": epoch, "step": pending_from, **means,
+                                "lr": float(schedule(pending_from - 1)), "elapsed_s": time.perf_counter() - t_start})
+                return means["loss"]
+
             start = 0
             while start < steps_per_epoch:
-                k = min(K, steps_per_epoch - start)
+                k = chooser.next_length(steps_per_epoch - start)
                 fn = multi_step_for(k)
                 t_call = time.perf_counter()
                 state, metrics = fn(state, train_dev, perm, jnp.int32(start))
-                if tune:  # time a few calls synchronously, then pick K once
+                if chooser.measuring:  # the first calls of the run are timed one by one
                     jax.block_until_ready(metrics)
-                    probe_times.append(time.perf_counter() - t_call)
-                    if len(probe_times) == 3 or start + k >= steps_per_epoch:
-                        K, message = _choose_steps_per_call(min(probe_times), K, overhead_s, steps_per_epoch)
+                    if message := chooser.record(k, time.perf_counter() - t_call):
                         console.print(f"  {message}")
-                        tune = False
-                if in_flight is not None:  # keep one call queued, so progress stays honest
-                    jax.block_until_ready(in_flight)
-                in_flight = metrics["loss"]
-                pending.append(metrics)
+                if pending:  # wait for the previous call: one call stays queued, progress stays honest
+                    jax.block_until_ready(pending[-1][1])
+                pending.append((k, metrics))
                 start += k
                 step += k
                 loss_now = None
-                if step - pending_from >= config.log_every or start == steps_per_epoch:
-                    fetched = jax.device_get(pending)
-                    _check_finite(fetched, pending_from)
-                    means = _mean_of(fetched)
-                    loss_now = means["loss"]
-                    epoch_records += fetched
-                    if writer and step - pending_from >= config.log_every:
-                        writer.log({"kind": "train", "epoch": epoch, "step": step, **means,
-                                    "lr": float(schedule(step - 1)), "elapsed_s": time.perf_counter() - t_start})
-                    pending, pending_from = [], step
+                finished = pending[:-1]  # all but the call just queued have finished
+                if sum(n for n, _ in finished) >= config.log_every:
+                    loss_now = collect(finished, log=True)
+                    pending = pending[-1:]
                 progress.advance(k, loss_now)
+            collect(pending, log=False)
             train_s = time.perf_counter() - t_epoch - (compile_s - compile_before)
             train_time_s += train_s
             progress.end_epoch()
@@ -257,13 +259,14 @@ def fit(
             if writer:
                 writer.log({"kind": "epoch", **record, "elapsed_s": time.perf_counter() - t_start})
             console.print(epoch_block(epoch, config.epochs, record, time.perf_counter() - t_start))
+        status = "completed"
     except NonFiniteLossError:
         status = "stopped: non-finite loss"
         raise
     finally:
         progress.end_epoch()
         nnx.update(model, state.params, state.model_state)
-        summary = _summary(name, history, step, K, train_time_s, compile_s, time.perf_counter() - t_start, device, status)
+        summary = _summary(name, history, step, chooser.k, train_time_s, compile_s, time.perf_counter() - t_start, device, status)
         if writer:
             writer.write_json("summary.json", summary)
             writer.close()
@@ -271,32 +274,47 @@ def fit(
     return FitResult(model, state, history, summary, writer.path if writer else None)
 
 
-def _call_overhead(state: TrainState, data: Any, n: int, repeats: int = 50) -> float:
-    """Seconds one compiled call costs beyond its compute: a call with the real arguments
-    (state donated) that does nothing; median of `repeats`."""
-    null, _ = _compile(lambda s, d, p, i: s, state, data, jnp.arange(n), jnp.int32(0))
-    args = jax.tree.map(lambda x: x.copy(), state), data, jnp.arange(n), jnp.int32(0)
-    times = []
-    s = args[0]
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        s = null(s, *args[1:])
-        jax.block_until_ready(s)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+class StepsPerCall:
+    """Chooses K, the optimizer steps fused into one compiled call.
 
+    A K set by the user is used as is. Otherwise the first calls of the run (real training
+    steps) are timed at two lengths, K_a and K_b: `t(K) = overhead + K * step` gives both
+    costs, and K becomes the smallest length whose overhead is under `OVERHEAD_TARGET` of its
+    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a.
+    """
 
-def _choose_steps_per_call(call_s: float, k: int, overhead_s: float, steps_per_epoch: int) -> tuple[int, str]:
-    """The smallest K whose per-call overhead stays under `OVERHEAD_TARGET` of its compute,
-    never below the probe's K (already compiled), never above an epoch."""
-    step_s = max(call_s - overhead_s, 1e-9) / k
-    needed = math.ceil(overhead_s / (OVERHEAD_TARGET * step_s))
-    chosen = min(max(needed, k), steps_per_epoch)
-    share = overhead_s / (overhead_s + chosen * step_s)
-    return chosen, (
-        f"K={chosen} steps per compiled call (step {step_s * 1e3:.3f} ms; "
-        f"call overhead {overhead_s * 1e3:.3f} ms = {share:.1%})"
-    )
+    def __init__(self, fixed: int, steps_per_epoch: int):
+        k_a, k_b = (min(k, steps_per_epoch) for k in PROBE_LENGTHS)
+        self.k = min(fixed, steps_per_epoch) if fixed else k_a
+        can_measure = not fixed and PROBE_REPEATS * (k_a + k_b) <= steps_per_epoch
+        self._plan = [k_a] * PROBE_REPEATS + [k_b] * PROBE_REPEATS if can_measure else []
+        self._times: dict[int, list[float]] = {}
+        self._steps_per_epoch = steps_per_epoch
+
+    @property
+    def measuring(self) -> bool:
+        return bool(self._plan)
+
+    def next_length(self, remaining: int) -> int:
+        """Steps for the next call, given the steps left in the epoch."""
+        return self._plan[0] if self._plan else min(self.k, remaining)
+
+    def record(self, k: int, seconds: float) -> str | None:
+        """Takes the time of a measured call; after the last one, picks K and describes why."""
+        self._times.setdefault(k, []).append(seconds)
+        self._plan.pop(0)
+        if self._plan:
+            return None
+        (k_a, t_a), (k_b, t_b) = sorted((k, min(ts)) for k, ts in self._times.items())
+        step_s = max((t_b - t_a) / (k_b - k_a), 1e-9)
+        overhead_s = max(t_a - k_a * step_s, 0.0)
+        needed = math.ceil(round(overhead_s / (OVERHEAD_TARGET * step_s), 6))
+        self.k = k_a if needed <= k_a else k_b if needed <= k_b else min(needed, self._steps_per_epoch)
+        share = overhead_s / (overhead_s + self.k * step_s)
+        return (
+            f"K={self.k} steps per compiled call (measured: {step_s * 1e3:.3f} ms per step, "
+            f"{overhead_s * 1e3:.3f} ms per call = {share:.1%} overhead at K={self.k})"
+        )
 
 
 def _summary(
