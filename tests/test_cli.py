@@ -14,7 +14,8 @@ TINY = ["--epochs", "1", "--data.samples", "2000", "--data.val-samples", "300", 
 
 def _run(*args, cwd=None):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "jaxtrain", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    command = [sys.executable, "-m", "jaxtrain", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
 def test_train_smoke_prints_summaries_and_writes_the_run_dir(tmp_path):
@@ -45,7 +46,8 @@ def test_default_run_dir_is_under_runs(tmp_path):
 def test_bad_input_in_a_subprocess_has_no_traceback():
     proc = _run("train", "mlp-regression", "--optim.lr", "-0.5")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: optim.lr=-0.5 must be a positive number; see `jaxtrain train mlp-regression --help`"
+    expected = "error: optim.lr=-0.5 must be a positive number; see `jaxtrain train mlp-regression --help`"
+    assert proc.stderr.strip() == expected
     assert "Traceback" not in proc.stderr
 
 
@@ -68,7 +70,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path):
         (["train", "mlp-regression", "--epochs", "0"], "error: epochs=0 must be an integer >= 1"),
         (["train", "mlp-regression", "--epochs", "many"], "error: Error parsing --epochs"),
         (["train", "mlp-regression", "--no-such-flag", "1"], "error: Unrecognized options: --no-such-flag"),
-        (["train", "mlp-regression", "--optim.name", "lion"], "error: invalid choice 'lion' for argument '--optim.name'"),
+        (["train", "mlp-regression", "--optim.name", "lion"],
+         "error: invalid choice 'lion' for argument '--optim.name'"),
         (["train", "mlp-regression", "--data.samples", "100", "--data.val-samples", "10", "--batch-size", "500"],
          "error: batch_size=500 is larger than the training set (90 samples)"),
         (["bench", "nope"], "error: unknown benchmark 'nope'; choose one of: overhead"),

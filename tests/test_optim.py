@@ -64,7 +64,8 @@ def test_clipping_limits_the_global_norm():
 
 
 def test_warmup_cosine_schedule():
-    schedule = build_schedule(OptimConfig(lr=1.0, schedule="warmup-cosine", warmup_steps=10, min_lr=0.1), total_steps=110)
+    config = OptimConfig(lr=1.0, schedule="warmup-cosine", warmup_steps=10, min_lr=0.1)
+    schedule = build_schedule(config, total_steps=110)
     np.testing.assert_allclose(float(schedule(0)), 0.0, atol=1e-7)
     np.testing.assert_allclose(float(schedule(5)), 0.5, rtol=RTOL)
     np.testing.assert_allclose(float(schedule(10)), 1.0, rtol=RTOL)

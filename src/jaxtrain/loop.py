@@ -137,7 +137,9 @@ def fit(
     B = config.batch_size
     n_train = data_lib.num_samples(train_data, "train_data")
     if B > n_train:
-        raise ConfigError(f"batch_size={B} is larger than the training set ({n_train} samples); use --batch-size {n_train} or less")
+        raise ConfigError(
+            f"batch_size={B} is larger than the training set ({n_train} samples); use --batch-size {n_train} or less"
+        )
     n_val = data_lib.num_samples(val_data, "val_data") if val_data is not None else 0
     eval_B = min(config.eval_batch_size or B, n_val) if n_val else 0
     steps_per_epoch, dropped = divmod(n_train, B)
@@ -266,7 +268,8 @@ def fit(
     finally:
         progress.end_epoch()
         nnx.update(model, state.params, state.model_state)
-        summary = _summary(name, history, step, chooser.k, train_time_s, compile_s, time.perf_counter() - t_start, device, status)
+        total_s = time.perf_counter() - t_start
+        summary = _summary(name, history, step, chooser.k, train_time_s, compile_s, total_s, device, status)
         if writer:
             writer.write_json("summary.json", summary)
             writer.close()

@@ -115,7 +115,7 @@ def make_evaluate(
 ) -> Callable[[TrainState, Batch], Metrics]:
     """`evaluate(state, data) -> metrics`: exact means over all `num_samples` rows of `data`.
 
-    Full batches run under `lax.scan`; the remainder runs as one smaller batch, and each batch's
+    Full batches run under `lax.map` (a scan); the remainder runs as one smaller batch, and each batch's
     means are weighted by its size, so no sample is dropped or counted twice.
     """
     num_full, remainder = divmod(num_samples, batch_size)
@@ -124,13 +124,8 @@ def make_evaluate(
         totals = None
         if num_full:
             full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
-
-            def body(carry, batch):
-                metrics = eval_step(state, batch)
-                return jax.tree.map(lambda c, m: c + m * batch_size, carry, metrics), None
-
-            zeros = jax.tree.map(lambda m: jnp.zeros((), jnp.float32), jax.eval_shape(eval_step, state, jax.tree.map(lambda x: x[0], full)))
-            totals, _ = jax.lax.scan(body, zeros, full)
+            per_batch = jax.lax.map(lambda batch: eval_step(state, batch), full)  # each metric (num_full,)
+            totals = jax.tree.map(lambda m: jnp.sum(m) * batch_size, per_batch)
         if remainder:
             tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)
             tail_totals = jax.tree.map(lambda m: m * remainder, eval_step(state, tail))

@@ -92,7 +92,8 @@ def _time_hand_written(train, preprocess, config: OverheadConfig, seed: int) -> 
 
 def _time_fit(train, preprocess, config: OverheadConfig, seed: int) -> tuple[float, int]:
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(seed))
-    train_config = TrainConfig(epochs=1, batch_size=config.batch_size, seed=seed, optim=OptimConfig(name="adam", lr=1e-3))
+    optim = OptimConfig(name="adam", lr=1e-3)
+    train_config = TrainConfig(epochs=1, batch_size=config.batch_size, seed=seed, optim=optim)
     silent = Console(file=io.StringIO())
     result = fit(model, mse_loss, train, None, train_config, preprocess=preprocess, quiet=True, console=silent)
     return result.history[0]["train_time_s"], result.summary["steps_per_call"]
@@ -164,8 +165,10 @@ def main(config: OverheadConfig) -> int:
     table = Table(title="one epoch, compile excluded (medians)")
     for column in ("loop", "epoch time (s)", "steps/s", "min..max (s)"):
         table.add_column(column, justify="right" if column != "loop" else "left")
-    table.add_row("hand-written jit + lax.scan", f"{hand_s:.3f}", f"{steps / hand_s:,.0f}", f"{min(hand):.3f}..{max(hand):.3f}")
-    table.add_row(f"jaxtrain.fit (K={statistics.median(ks):.0f})", f"{ours_s:.3f}", f"{steps / ours_s:,.0f}", f"{min(ours):.3f}..{max(ours):.3f}")
+    rows = (("hand-written jit + lax.scan", hand), (f"jaxtrain.fit (K={statistics.median(ks):.0f})", ours))
+    for label, times in rows:
+        median = statistics.median(times)
+        table.add_row(label, f"{median:.3f}", f"{steps / median:,.0f}", f"{min(times):.3f}..{max(times):.3f}")
     console.print(table)
     met = "met" if ratio >= 0.97 else "MISSED"
     console.print(f"jaxtrain / hand-written steps/s: {ratio:.3f} (target >= 0.97: {met})")

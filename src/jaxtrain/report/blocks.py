@@ -11,6 +11,11 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.6f}"
 
 
+def _label(metric: str) -> str:
+    """`mae` -> `MAE`, `top_5_accuracy` -> `Top 5 Accuracy`."""
+    return metric.upper() if len(metric) <= 3 else metric.replace("_", " ").title()
+
+
 def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: float) -> str:
     """The per-epoch summary: losses, metrics, epoch time and elapsed time."""
     lines = [RULE, f"Epoch {epoch}/{epochs} Summary", RULE, f"  Train Loss:     {_fmt(record['train_loss'])}"]
@@ -18,7 +23,7 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
         lines.append(f"  Val Loss:       {_fmt(record['val_loss'])}")
     for name, value in record.items():
         if name.startswith("val_") and name != "val_loss":
-            lines.append(f"  {('Val ' + name[4:].replace('_', ' ').title() + ':'):<16}{_fmt(value)}")
+            lines.append(f"  {'Val ' + _label(name[4:]) + ':':<16}{_fmt(value)}")
     epoch_s = record["epoch_time_s"]
     lines += [
         f"  Epoch Time:     {epoch_s / 60:.2f} min ({epoch_s:.1f}s)",
@@ -26,7 +31,7 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
     ]
     if record.get("samples_dropped"):
         lines.append(
-            f"  Samples Used:   {record['samples']} of {record['samples'] + record['samples_dropped']} "
+            f"  Samples Used:   {record['samples']:,} of {record['samples'] + record['samples_dropped']:,} "
             f"(last partial batch of {record['samples_dropped']} dropped)"
         )
     return "\n".join(lines)
@@ -47,7 +52,7 @@ def final_block(summary: dict[str, Any]) -> str:
     ]
     for name, value in summary.items():
         if name.startswith("final_val_") and name != "final_val_loss":
-            label = "Final Val " + name[len("final_val_") :].replace("_", " ").title() + ":"
+            label = "Final Val " + _label(name[len("final_val_") :]) + ":"
             lines.append(f"  {label:<22}{_fmt(value)}")
     lines += [
         "",

@@ -32,7 +32,8 @@ class RunDir:
             probe.write_text("")
             probe.unlink()
         except OSError as e:
-            raise ConfigError(f"cannot write to run directory {self.path}: {e.strerror}; choose another --run-dir") from None
+            message = f"cannot write to run directory {self.path}: {e.strerror}; choose another --run-dir"
+            raise ConfigError(message) from None
         self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
