@@ -16,6 +16,7 @@ USAGE = """usage: jaxtrain COMMAND ...
 commands:
   train RECIPE [OPTIONS]   train a recipe; `jaxtrain train RECIPE --help` lists every option
   recipes                  list the recipes
+  bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
 
 examples:

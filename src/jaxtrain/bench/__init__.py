@@ -1,8 +1,11 @@
 """Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
 
-from jaxtrain.bench import overhead
+from jaxtrain.bench import ladder, overhead
 
 # name -> (config class, main(config) -> exit code)
-BENCHMARKS = {"overhead": (overhead.OverheadConfig, overhead.main)}
+BENCHMARKS = {
+    "ladder": (ladder.LadderConfig, ladder.main),
+    "overhead": (overhead.OverheadConfig, overhead.main),
+}
 
 __all__ = ["BENCHMARKS"]
