@@ -105,6 +105,7 @@ def _chart(ran: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     labels = [f"{r['variant']} {r['name']}" for r in ran]
@@ -115,7 +116,10 @@ def _chart(ran: list[dict], path: Path) -> None:
     for bar, r in zip(bars, ran[::-1]):
         label = f" {r['epoch_s']:.2f} s" + (f"  ({r['speedup']:.1f}x)" if "speedup" in r else "")
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=9)
-    ax.set_xlim(right=max(r["epoch_s"] for r in ran) * 8)
+    times = [r["epoch_s"] for r in ran]
+    ax.set_xlim(min(times) / 2, max(times) * 8)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
