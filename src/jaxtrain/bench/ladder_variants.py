@@ -6,7 +6,7 @@ Inputs are normalised with the training-set statistics and, when `noise > 0`, ge
 noise; the noise streams differ between variants, so validation runs use `noise = 0`.
 
 A variant is a function `run(setup, steps, noise) -> Trained`: it trains `steps` steps and
-reports per-step wall times of its calls, so the driver can separate compile from steady state.
+reports its steady-state time per step, its compile time and the time to its first result.
 """
 
 from __future__ import annotations
