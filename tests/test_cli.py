@@ -27,7 +27,8 @@ def test_train_smoke_prints_summaries_and_writes_the_run_dir(tmp_path):
     for label in ("Train Loss:", "Val Loss:", "Epoch Time:", "Elapsed Time:", "TRAINING COMPLETE!",
                   "FINAL RESULTS:", "Best Val Loss:", "TIMING STATISTICS:", "Compile Time:", "Throughput:"):
         assert label in out, label
-    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl", "summary.json"]
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()] == [str(1700 // 32)]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["recipe"] == "mlp-regression" and summary["epochs"] == 1
     assert summary["steps"] == 1700 // 32

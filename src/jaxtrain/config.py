@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from typing import Literal, get_args
 
 from jaxtrain.errors import ConfigError
@@ -15,6 +16,8 @@ from jaxtrain.errors import ConfigError
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine"]
 Placement = Literal["auto", "device"]
+OnNaN = Literal["stop", "skip"]
+BestMode = Literal["min", "max"]
 
 
 def _check(ok: bool, message: str) -> None:
@@ -102,6 +105,33 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints in <run dir>/checkpoints (written only when the run has a directory)."""
+
+    enabled: bool = True
+    """Write checkpoints at each epoch end (and every `every_steps`)."""
+    every_steps: int = 0
+    """Also save every N optimizer steps, at the next compiled-call boundary; 0: epoch ends only."""
+    keep_last: int = 3
+    """Keep the newest N checkpoints."""
+    keep_best: int = 1
+    """Also keep the N checkpoints with the best `best_metric`."""
+    best_metric: str = "val_loss"
+    """Epoch metric that ranks checkpoints: val_loss, train_loss or val_<metric>."""
+    best_mode: BestMode = "min"
+    """Whether lower (min) or higher (max) `best_metric` is better."""
+
+    def __post_init__(self) -> None:
+        _check_choice("checkpoint.best_mode", self.best_mode, BestMode)
+        _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
+               f"checkpoint.every_steps={self.every_steps!r} must be an integer >= 0")
+        _check(isinstance(self.keep_last, int) and self.keep_last >= 1,
+               f"checkpoint.keep_last={self.keep_last!r} must be an integer >= 1")
+        _check(isinstance(self.keep_best, int) and self.keep_best >= 0,
+               f"checkpoint.keep_best={self.keep_best!r} must be an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """How to train: epochs, batching, fused execution, logging, optimizer and data placement."""
 
@@ -124,8 +154,13 @@ class TrainConfig:
     """Optimizer settings."""
     data: DataConfig = DataConfig()
     """Data placement settings."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpoint settings."""
+    on_nan: OnNaN = "stop"
+    """On a NaN/Inf loss or gradient: stop (exit code 3), or skip that update and count it."""
 
     def __post_init__(self) -> None:
+        _check_choice("on_nan", self.on_nan, OnNaN)
         for field in ("epochs", "batch_size", "log_every", "eval_every"):
             value = getattr(self, field)
             _check(isinstance(value, int) and value >= 1, f"{field}={value!r} must be an integer >= 1")
@@ -141,3 +176,21 @@ class TrainConfig:
 def to_dict(config: object) -> dict:
     """A JSON-ready dict of a (nested) config dataclass."""
     return dataclasses.asdict(config)  # type: ignore[arg-type]
+
+
+def from_dict(cls: type, values: dict, where: str = "") -> object:
+    """Rebuilds a (nested) config dataclass from `to_dict`'s output; unknown keys are an error."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(where + k for k in unknown)} for {cls.__name__}")
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value, f"{where}{name}.")
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)

@@ -20,11 +20,11 @@ class NonFiniteLossError(JaxtrainError, FloatingPointError):
 
     exit_code = 3
 
-    def __init__(self, step: int, value: float):
+    def __init__(self, step: int, value: float, detail: str = ""):
         self.step = step
         self.value = value
         super().__init__(
-            f"loss became {value} at step {step}; training stopped. "
-            "Lower the learning rate (--optim.lr), enable clipping (--optim.clip-norm 1.0) "
-            "or check the data for NaN/Inf values."
+            f"loss became {value} at step {step}; training stopped" + (f" ({detail})" if detail else "") + ". "
+            "Lower the learning rate (--optim.lr), enable clipping (--optim.clip-norm 1.0), skip such steps "
+            "(--on-nan skip) or check the data for NaN/Inf values."
         )

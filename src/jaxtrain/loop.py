@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -14,12 +16,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 from rich.console import Console
 
 from jaxtrain import data as data_lib
+from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import TrainConfig, to_dict
-from jaxtrain.errors import ConfigError, NonFiniteLossError
+from jaxtrain.errors import ConfigError, JaxtrainError, NonFiniteLossError
 from jaxtrain.optim import build_optimizer, build_schedule
 from jaxtrain.report import EpochProgress, RunDir, epoch_block, final_block
 from jaxtrain.state import TrainState, eval_graphdef, init_state
@@ -80,17 +84,69 @@ def _compile(fn: Callable, *args: Any, donate: bool = True) -> tuple[Callable, f
     return compiled, time.perf_counter() - t0
 
 
-def _mean_of(records: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    """Means over steps of per-call metric arrays (each of shape (K,))."""
-    return {name: float(np.mean(np.concatenate([r[name] for r in records]))) for name in records[0]}
+class _EpochMeans:
+    """Running float64 sums of per-step metrics over an epoch; non-finite values are left out
+    (they only occur with on_nan=skip) and counted. Saved in checkpoints to resume mid-epoch."""
+
+    def __init__(self, sums: dict[str, float] | None = None, counts: dict[str, int] | None = None, skipped: int = 0):
+        self.sums, self.counts, self.skipped = dict(sums or {}), dict(counts or {}), skipped
+
+    def add(self, records: list[dict[str, np.ndarray]]) -> dict[str, float]:
+        """Adds the records of some calls; returns their own means."""
+        means = {}
+        for name in records[0]:
+            values = np.concatenate([r[name] for r in records]).astype(np.float64)
+            finite = values[np.isfinite(values)]
+            self.sums[name] = self.sums.get(name, 0.0) + float(finite.sum())
+            self.counts[name] = self.counts.get(name, 0) + finite.size
+            means[name] = float(finite.mean()) if finite.size else float("nan")
+            if name == "loss":
+                self.skipped += values.size - finite.size
+        return means
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] if self.counts[k] else float("nan") for k in self.sums}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sums": self.sums, "counts": self.counts, "skipped": self.skipped}
 
 
-def _check_finite(records: list[dict[str, np.ndarray]], first_step: int) -> None:
-    """Raises NonFiniteLossError naming the first step whose loss was NaN or Inf."""
+def _first_non_finite(records: list[dict[str, np.ndarray]], first_step: int) -> tuple[int, float] | None:
+    """(1-based step, value) of the first NaN/Inf loss in `records`, which start after `first_step`."""
     losses = np.concatenate([r["loss"] for r in records])
     bad = np.flatnonzero(~np.isfinite(losses))
-    if bad.size:
-        raise NonFiniteLossError(first_step + int(bad[0]) + 1, float(losses[bad[0]]))
+    return (first_step + int(bad[0]) + 1, float(losses[bad[0]])) if bad.size else None
+
+
+class TrainingStopped(JaxtrainError):
+    """Training was stopped by SIGINT or SIGTERM after saving a checkpoint (exit code 128 + signal)."""
+
+    def __init__(self, signum: int, step: int, resume_hint: str):
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; {resume_hint}")
+
+
+class _StopSignals:
+    """Turns SIGINT/SIGTERM into a flag the loop checks at call boundaries (main thread only)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
 
 def fit(
@@ -104,6 +160,7 @@ def fit(
     augment: Augment | None = None,
     name: str = "fit",
     run_dir: str | os.PathLike | None = None,
+    resume: bool = False,
     quiet: bool = False,
     run_config: Any = None,
     console: Console | None = None,
@@ -120,7 +177,10 @@ def fit(
       preprocess: `batch -> batch`, traced into training and evaluation (e.g. normalisation).
       augment: `(batch, key) -> batch`, traced into training only (e.g. input noise).
       name: the run's name (the recipe), recorded in summary.json.
-      run_dir: directory for config.json, metrics.jsonl and summary.json; None writes nothing.
+      run_dir: directory for config.json, metrics.jsonl, summary.json and checkpoints/; None
+        writes nothing.
+      resume: continue from the newest complete checkpoint in `run_dir`: model, optimizer, step,
+        RNG, data position and history, so the result equals an uninterrupted run's.
       quiet: no progress bar (summary blocks are still printed).
       run_config: the configuration to save as config.json (defaults to `config`).
       console: where to print; a new rich Console by default.
@@ -129,8 +189,9 @@ def fit(
       A `FitResult`.
 
     Raises:
-      ConfigError, DataError: for settings or data that cannot work (before any training).
-      NonFiniteLossError: when a training loss becomes NaN or Inf.
+      ConfigError, DataError, CheckpointError: settings, data or checkpoints that cannot work.
+      NonFiniteLossError: a training loss became NaN or Inf (with `on_nan="stop"`).
+      TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
     t_start = time.perf_counter()
     console = console or Console(highlight=False, soft_wrap=True)
@@ -144,6 +205,8 @@ def fit(
     eval_B = min(config.eval_batch_size or B, n_val) if n_val else 0
     steps_per_epoch, dropped = divmod(n_train, B)
     total_steps = config.epochs * steps_per_epoch
+    if resume and run_dir is None:
+        raise ConfigError("resume needs the run directory of the run to continue")
 
     device = jax.devices()[0]
     budget = int(config.data.memory_budget_gb * 1024**3) or data_lib.default_budget_bytes(device)
@@ -151,9 +214,28 @@ def fit(
     placement = data_lib.choose_placement(config.data.placement, data_bytes, budget)
 
     tx = build_optimizer(config.optim, total_steps)
+    if config.on_nan == "skip":  # a composed transform: non-finite gradients leave the state as it was
+        tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
     schedule = build_schedule(config.optim, total_steps)
     step_key, data_key = jax.random.split(jax.random.key(config.seed))
     graphdef, state = init_state(model, tx, step_key)
+
+    # Restore before anything is written: a failed resume must leave the run directory untouched.
+    ckpt = None
+    meta: dict[str, Any] = {}
+    if run_dir is not None and (config.checkpoint.enabled or resume):
+        c = config.checkpoint
+        ckpt = Checkpointer(Path(run_dir) / "checkpoints", c.keep_last, c.keep_best, c.best_metric, c.best_mode)
+        if resume:
+            state, meta = ckpt.restore(state)
+            data_key = jax.random.wrap_key_data(jnp.asarray(meta["data_key"], jnp.uint32))
+    step = int(state.step)
+    history: list[dict[str, Any]] = meta.get("history", [])
+    train_time_s: float = meta.get("train_time_s", 0.0)
+    skipped_steps: int = meta.get("skipped_steps", 0)
+    first_epoch, resume_index = divmod(step, steps_per_epoch)
+    first_epoch += 1
+
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment)
     train_dev = jax.device_put(jax.tree.map(jnp.asarray, train_data), device)
     val_dev = jax.device_put(jax.tree.map(jnp.asarray, val_data), device) if n_val else None
@@ -176,8 +258,8 @@ def fit(
             compile_s += seconds
         return multi_steps[k]
 
-    chooser = StepsPerCall(config.steps_per_call, steps_per_epoch)
-    multi_step_for(chooser.next_length(steps_per_epoch))
+    chooser = StepsPerCall(config.steps_per_call or meta.get("steps_per_call", 0), steps_per_epoch)
+    multi_step_for(chooser.next_length(steps_per_epoch - resume_index))
     evaluate = None
     if n_val:
         eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess)
@@ -190,91 +272,148 @@ def fit(
         f"  batch {B}: {steps_per_epoch:,} steps/epoch"
         + (f" ({dropped} samples/epoch dropped: partial batch)" if dropped else "")
         + (f"\n  run dir: {writer.path}" if writer else "")
+        + (f"\n  resumed from the checkpoint at step {step:,} (epoch {first_epoch}, step {resume_index:,} of it)"
+           if resume else "")
     )
 
+    def save(epoch: int, index: int, means: _EpochMeans, metrics: dict[str, float] | None = None) -> None:
+        """Saves a checkpoint at a call boundary; every metric up to `step` was checked finite."""
+        if ckpt is None:
+            return
+        ckpt.save(step, state, {
+            "epoch": epoch, "index_in_epoch": index, "steps_per_call": chooser.k,
+            "data_key": np.asarray(jax.random.key_data(data_key)).tolist(), "history": history,
+            "epoch_means": means.to_json(), "train_time_s": train_time_s, "skipped_steps": skipped_steps,
+        }, metrics)
+
+    def last_good() -> str:
+        latest = ckpt.latest_step() if ckpt else None
+        return f"the last good checkpoint is step {latest}" if latest is not None else "no checkpoint was saved"
+
     progress = EpochProgress(console, B, enabled=not quiet)
-    history: list[dict[str, Any]] = []
-    train_time_s = 0.0
-    step = 0
     status = "interrupted"
     try:
-        for epoch in range(1, config.epochs + 1):
-            t_epoch = time.perf_counter()
-            compile_before = compile_s
-            perm = permute(data_key, epoch)
-            progress.start_epoch(epoch, config.epochs, steps_per_epoch)
-            epoch_records: list[dict[str, np.ndarray]] = []
-            pending: list[tuple[int, dict[str, jax.Array]]] = []  # (steps, metrics) not yet fetched
-            pending_from = step  # the global step before the first pending call
+        with _StopSignals() as signals:
+            for epoch in range(first_epoch, config.epochs + 1):
+                t_epoch = time.perf_counter()
+                compile_before = compile_s
+                perm = permute(data_key, epoch)
+                start = resume_index if epoch == first_epoch else 0
+                saved = meta.get("epoch_means", {}) if epoch == first_epoch and start else {}
+                means = _EpochMeans(saved.get("sums"), saved.get("counts"), saved.get("skipped", 0))
+                progress.start_epoch(epoch, config.epochs, steps_per_epoch, completed=start)
+                pending: list[tuple[int, dict[str, jax.Array]]] = []  # (steps, metrics) not yet fetched
+                pending_from = step  # the global step before the first pending call
+                last_save = step
 
-            def collect(calls: list[tuple[int, dict[str, jax.Array]]], log: bool) -> float:
-                """Fetches finished calls' metrics (the only host syncs), checks them, logs them."""
-                nonlocal pending_from
-                fetched = jax.device_get([metrics for _, metrics in calls])
-                _check_finite(fetched, pending_from)
-                pending_from += sum(k for k, _ in calls)
-                epoch_records.extend(fetched)
-                means = _mean_of(fetched)
-                if writer and log:
-                    writer.log({"kind": "train", "epoch": epoch, "step": pending_from, **means,
-                                "lr": float(schedule(pending_from - 1)), "elapsed_s": time.perf_counter() - t_start})
-                return means["loss"]
+                def collect(calls: list[tuple[int, dict[str, jax.Array]]], log: bool) -> float:
+                    """Fetches finished calls' metrics (the only host syncs), checks them, logs them."""
+                    nonlocal pending_from, skipped_steps
+                    fetched = jax.device_get([metrics for _, metrics in calls])
+                    bad = _first_non_finite(fetched, pending_from)
+                    if bad and config.on_nan == "stop":
+                        raise NonFiniteLossError(*bad, detail=last_good())
+                    skipped_before = means.skipped
+                    interval = means.add(fetched)
+                    skipped_steps += means.skipped - skipped_before
+                    pending_from += sum(k for k, _ in calls)
+                    if writer and log:
+                        writer.log({"kind": "train", "epoch": epoch, "step": pending_from, **interval,
+                                    "lr": float(schedule(pending_from - 1)),
+                                    "elapsed_s": time.perf_counter() - t_start})
+                    return interval["loss"]
 
-            start = 0
-            while start < steps_per_epoch:
-                k = chooser.next_length(steps_per_epoch - start)
-                fn = multi_step_for(k)
-                t_call = time.perf_counter()
-                state, metrics = fn(state, train_dev, perm, jnp.int32(start))
-                if chooser.measuring:  # the first calls of the run are timed one by one
-                    jax.block_until_ready(metrics)
-                    if message := chooser.record(k, time.perf_counter() - t_call):
-                        console.print(f"  {message}")
-                if pending:  # wait for the previous call: one call stays queued, progress stays honest
-                    jax.block_until_ready(pending[-1][1])
-                pending.append((k, metrics))
-                start += k
-                step += k
-                loss_now = None
-                finished = pending[:-1]  # all but the call just queued have finished
-                if sum(n for n, _ in finished) >= config.log_every:
-                    loss_now = collect(finished, log=True)
-                    pending = pending[-1:]
-                progress.advance(k, loss_now)
-            collect(pending, log=False)
-            train_s = time.perf_counter() - t_epoch - (compile_s - compile_before)
-            train_time_s += train_s
-            progress.end_epoch()
+                while start < steps_per_epoch:
+                    k = chooser.next_length(steps_per_epoch - start)
+                    fn = multi_step_for(k)
+                    t_call = time.perf_counter()
+                    state, metrics = fn(state, train_dev, perm, jnp.int32(start))
+                    if chooser.measuring:  # the first calls of the run are timed one by one
+                        jax.block_until_ready(metrics)
+                        if message := chooser.record(k, time.perf_counter() - t_call):
+                            console.print(f"  {message}")
+                    if pending:  # wait for the previous call: one call stays queued, progress stays honest
+                        jax.block_until_ready(pending[-1][1])
+                    pending.append((k, metrics))
+                    start += k
+                    step += k
+                    loss_now = None
+                    finished = pending[:-1]  # all but the call just queued have finished
+                    if sum(n for n, _ in finished) >= config.log_every:
+                        loss_now = collect(finished, log=True)
+                        pending = pending[-1:]
+                    progress.advance(k, loss_now)
+                    every = config.checkpoint.every_steps
+                    stop = signals.signum is not None
+                    if start < steps_per_epoch and (stop or (every and step - last_save >= every)):
+                        collect(pending, log=False)
+                        pending = []
+                        save(epoch, start, means)
+                        last_save = step
+                        if stop:
+                            raise TrainingStopped(signals.signum, step, _resume_hint(ckpt, name))
+                if pending:
+                    collect(pending, log=False)
+                train_s = time.perf_counter() - t_epoch - (compile_s - compile_before)
+                train_time_s += train_s
+                progress.end_epoch()
 
-            train_means = _mean_of(epoch_records)
-            record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": train_means.pop("loss")}
-            record.update({f"train_{k}": v for k, v in train_means.items()})
-            t_eval = time.perf_counter()
-            if evaluate is not None and (epoch % config.eval_every == 0 or epoch == config.epochs):
-                record.update({f"val_{k}": float(v) for k, v in jax.device_get(evaluate(state, val_dev)).items()})
-            eval_s = time.perf_counter() - t_eval
-            record.update(
-                samples=steps_per_epoch * B, samples_dropped=dropped, train_time_s=train_s,
-                eval_time_s=eval_s, epoch_time_s=train_s + eval_s,
-            )
-            history.append(record)
-            if writer:
-                writer.log({"kind": "epoch", **record, "elapsed_s": time.perf_counter() - t_start})
-            console.print(epoch_block(epoch, config.epochs, record, time.perf_counter() - t_start))
+                train_means = means.means()
+                record: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": train_means.pop("loss")}
+                record.update({f"train_{k}": v for k, v in train_means.items()})
+                t_eval = time.perf_counter()
+                if evaluate is not None and (epoch % config.eval_every == 0 or epoch == config.epochs):
+                    record.update({f"val_{k}": float(v) for k, v in jax.device_get(evaluate(state, val_dev)).items()})
+                eval_s = time.perf_counter() - t_eval
+                record.update(
+                    samples=steps_per_epoch * B, samples_dropped=dropped, train_time_s=train_s,
+                    eval_time_s=eval_s, epoch_time_s=train_s + eval_s,
+                )
+                if means.skipped:
+                    record["skipped_steps"] = means.skipped
+                history.append(record)
+                best_metric = config.checkpoint.best_metric
+                save(epoch + 1, 0, _EpochMeans(), {best_metric: record.get(best_metric)})
+                if writer:
+                    writer.log({"kind": "epoch", **record, "elapsed_s": time.perf_counter() - t_start})
+                console.print(epoch_block(epoch, config.epochs, record, time.perf_counter() - t_start))
+                if signals.signum is not None and epoch < config.epochs:
+                    raise TrainingStopped(signals.signum, step, _resume_hint(ckpt, name))
+        if ckpt:
+            ckpt.wait()
         status = "completed"
     except NonFiniteLossError:
         status = "stopped: non-finite loss"
+        raise
+    except TrainingStopped:
+        status = "stopped by signal"
+        raise
+    except CheckpointError:
+        status = "failed: checkpoint not written"
         raise
     finally:
         progress.end_epoch()
         nnx.update(model, state.params, state.model_state)
         total_s = time.perf_counter() - t_start
         summary = _summary(name, history, step, chooser.k, train_time_s, compile_s, total_s, device, status)
+        summary["skipped_steps"] = skipped_steps
+        if ckpt:
+            try:
+                ckpt.wait()
+            except CheckpointError:
+                pass  # reported by the save that failed, or by the wait above
+            summary["latest_checkpoint_step"] = ckpt.latest_step()
+            ckpt.close()
         if writer:
-            writer.write_json("summary.json", summary)
-            writer.close()
+            writer.finish(summary)
     console.print(final_block(summary))
     return FitResult(model, state, history, summary, writer.path if writer else None)
+
+
+def _resume_hint(ckpt: Checkpointer | None, name: str) -> str:
+    if ckpt is None:
+        return "no run directory, so no checkpoint was saved"
+    return f"checkpoint saved; resume with: jaxtrain train {name} --resume {ckpt.directory.parent}"
 
 
 class StepsPerCall:
@@ -300,6 +439,8 @@ class StepsPerCall:
 
     def next_length(self, remaining: int) -> int:
         """Steps for the next call, given the steps left in the epoch."""
+        if self._plan and self._plan[0] > remaining:  # too close to the epoch's end to measure
+            self._plan = []
         return self._plan[0] if self._plan else min(self.k, remaining)
 
     def record(self, k: int, seconds: float) -> str | None:

@@ -49,11 +49,11 @@ class EpochProgress:
         )
         self._task = None
 
-    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
+    def start_epoch(self, epoch: int, epochs: int, steps: int, completed: int = 0) -> None:
         if not self.enabled:
             return
         self._progress.start()
-        self._task = self._progress.add_task(f"Epoch {epoch}/{epochs}", total=steps, loss="")
+        self._task = self._progress.add_task(f"Epoch {epoch}/{epochs}", total=steps, completed=completed, loss="")
 
     def advance(self, steps: int, loss: float | None = None) -> None:
         if self._task is None:

@@ -42,11 +42,23 @@ class RunDir:
         os.replace(tmp, self.path / name)
 
     def log(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(_jsonable(record)) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(_jsonable(record)) + "\n")
+            self._metrics.flush()
+        except OSError as e:
+            raise ConfigError(f"cannot write {self.path / 'metrics.jsonl'}: {e.strerror}; free space or choose "
+                              "another --run-dir") from None
 
-    def close(self) -> None:
-        self._metrics.close()
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Writes summary.json and closes the metrics file; a full or read-only disk loses only them."""
+        try:
+            self.write_json("summary.json", summary)
+        except OSError:
+            pass  # the error that stopped the run is what the user needs to see
+        try:
+            self._metrics.close()
+        except OSError:
+            pass
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -1,0 +1,163 @@
+"""Orbax checkpoints of the whole `TrainState`, with the loop's position and history beside it.
+
+A checkpoint is a step directory under `<run dir>/checkpoints/` holding two items: `state`, the
+`TrainState` flattened to `{path: array}` (so names and shapes can be checked on restore), and
+`meta`, JSON with the format version, the step, the chosen K, the history so far and the
+running sums of the current epoch. Orbax writes each step to a temporary directory and renames
+it when complete, so a process killed mid-save leaves no checkpoint that `latest_step` would pick.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxtrain.errors import JaxtrainError
+from jaxtrain.state import TrainState
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(JaxtrainError):
+    """A checkpoint that cannot be written or restored (exit code 2)."""
+
+
+def flatten_state(state: TrainState) -> dict[str, jax.Array]:
+    """`{path: array}` for every leaf of `state`; the PRNG key is stored as its raw uint32 data."""
+    state = state._replace(rng=jax.random.key_data(state.rng))
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]}
+
+
+def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
+    """The inverse of `flatten_state`, checked leaf by leaf against `template`.
+
+    Raises:
+      CheckpointError: when names or shapes differ (the checkpoint is of another model or config).
+    """
+    expected = flatten_state(template)
+    missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+    if missing or extra:
+        raise CheckpointError(
+            f"the checkpoint holds other variables than this model (missing {missing[:3]}, unexpected {extra[:3]}); "
+            "it was written by another model or config"
+        )
+    for name, leaf in expected.items():
+        if tuple(np.shape(flat[name])) != tuple(leaf.shape):
+            raise CheckpointError(
+                f"checkpoint variable {name} has shape {tuple(np.shape(flat[name]))} but this config builds "
+                f"{tuple(leaf.shape)}; resume with the config the run was started with"
+            )
+    leaves = [flat[name] for name in expected]
+    restored = jax.tree.unflatten(jax.tree.structure(template._replace(rng=jax.random.key_data(template.rng))), leaves)
+    return restored._replace(rng=jax.random.wrap_key_data(restored.rng, impl=jax.random.key_impl(template.rng)))
+
+
+class Checkpointer:
+    """Saves and restores checkpoints in `directory`; keeps the last `keep_last` and the
+    `keep_best` with the best `best_metric` (lowest when `best_mode` is min)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        keep_last: int = 3,
+        keep_best: int = 1,
+        best_metric: str = "val_loss",
+        best_mode: str = "min",
+        read_only: bool = False,
+    ):
+        self.directory = Path(directory).absolute()
+        self.best_metric, self.best_mode = best_metric, best_mode
+        policies = ocp.checkpoint_managers
+        keep = [policies.LatestN(n=keep_last)]
+        if keep_best:
+            keep.append(policies.BestN(get_metric_fn=lambda m: m[best_metric], reverse=best_mode == "min", n=keep_best,
+                                       keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=policies.AnyPreservationPolicy(keep),
+            enable_async_checkpointing=not read_only,
+            create=not read_only,
+            read_only=read_only,
+            cleanup_tmp_directories=not read_only,
+        )
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        except OSError as e:
+            raise CheckpointError(f"cannot open checkpoint directory {self.directory}: {e.strerror or e}") from None
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The kept step with the best metric, or the latest when none has the metric."""
+        scored = []
+        for step in self.steps():
+            value = self.read_meta(step).get("metrics", {}).get(self.best_metric)
+            if value is not None:
+                scored.append((value if self.best_mode == "min" else -value, step))
+        return min(scored)[1] if scored else self.latest_step()
+
+    def save(self, step: int, state: TrainState, meta: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
+        """Starts an asynchronous save (returns once the arrays are copied off the device).
+
+        Raises:
+          CheckpointError: when this or an earlier save could not be written.
+        """
+        meta = {"format": FORMAT_VERSION, "step": step, "metrics": metrics or {}, **meta}
+        args = ocp.args.Composite(state=ocp.args.StandardSave(flatten_state(state)), meta=ocp.args.JsonSave(meta))
+        scores = {k: v for k, v in (metrics or {}).items() if v is not None} or None
+        self._guard(lambda: self._manager.save(step, args=args, metrics=scores, force=True))
+
+    def wait(self) -> None:
+        """Blocks until pending saves are on disk; raises CheckpointError if one failed."""
+        self._guard(self._manager.wait_until_finished)
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored["meta"])
+
+    def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+        """The state and meta of checkpoint `step` (the latest by default), checked against `template`."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no complete checkpoint in {self.directory}")
+        if step not in self.steps():
+            raise CheckpointError(f"no checkpoint at step {step} in {self.directory}; it has steps {self.steps()}")
+        meta = self.read_meta(step)
+        if meta.get("format", 0) > FORMAT_VERSION:
+            raise CheckpointError(
+                f"checkpoint step {step} has format {meta['format']}, newer than this jaxtrain reads "
+                f"({FORMAT_VERSION}); upgrade jaxtrain"
+            )
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        except Exception as e:  # noqa: BLE001 - orbax raises many types for unreadable data
+            raise CheckpointError(f"cannot read checkpoint step {step} in {self.directory}: {e}") from None
+        state = unflatten_state(template, {k: jax.numpy.asarray(v) for k, v in restored["state"].items()})
+        return state, meta
+
+    def close(self) -> None:
+        try:
+            self._manager.close()
+        except Exception:  # noqa: BLE001 - a failed pending save was already reported, or will be
+            pass
+
+    def _guard(self, action) -> Any:
+        try:
+            return action()
+        except Exception as e:  # noqa: BLE001 - orbax wraps OSErrors from its writer threads
+            reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+            last = self.latest_step()
+            raise CheckpointError(
+                f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another --run-dir "
+                f"(the last complete checkpoint is {'step ' + str(last) if last is not None else 'none'})"
+            ) from None
