@@ -6,9 +6,10 @@ import jaxtrain
 def test_public_names_are_pinned_and_sorted():
     assert jaxtrain.__all__ == sorted(jaxtrain.__all__)
     assert set(jaxtrain.__all__) == {
-        "ConfigError", "DataConfig", "DataError", "FitResult", "JaxtrainError", "NonFiniteLossError",
-        "OptimConfig", "TrainConfig", "TrainState", "build_optimizer", "build_schedule", "data", "fit",
-        "init_state", "make_eval_step", "make_evaluate", "make_multi_step", "make_train_step", "models",
+        "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError", "FitResult",
+        "JaxtrainError", "NonFiniteLossError", "OptimConfig", "TrainConfig", "TrainState", "TrainingStopped",
+        "build_optimizer", "build_schedule", "data", "fit", "init_state", "load", "make_eval_step",
+        "make_evaluate", "make_multi_step", "make_train_step", "models",
     }
     for name in jaxtrain.__all__:
         assert hasattr(jaxtrain, name), name

@@ -4,6 +4,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxtrain import runs
 from jaxtrain.recipes import RECIPES
 from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data
 
@@ -23,7 +24,7 @@ def test_recipe_loss_decreases(tmp_path):
     config = dataclasses.replace(
         recipe.config, epochs=3, quiet=True, data=RegressionDataConfig(samples=4000, val_samples=500)
     )
-    result = recipe.run(config, str(tmp_path))
+    result = runs.train(recipe, config, tmp_path)
     losses = [r["train_loss"] for r in result.history]
     assert losses[0] > losses[1] > losses[2]
     assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]

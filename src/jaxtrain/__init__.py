@@ -1,16 +1,20 @@
 """jaxtrain: fast, memory-efficient neural-network training on JAX by default."""
 
 from jaxtrain import data, models
-from jaxtrain.config import DataConfig, OptimConfig, TrainConfig
+from jaxtrain.checkpoint import CheckpointError
+from jaxtrain.config import CheckpointConfig, DataConfig, OptimConfig, TrainConfig
 from jaxtrain.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
-from jaxtrain.loop import FitResult, fit
+from jaxtrain.loop import FitResult, TrainingStopped, fit
 from jaxtrain.optim import build_optimizer, build_schedule
+from jaxtrain.runs import load
 from jaxtrain.state import TrainState, init_state
 from jaxtrain.step import make_eval_step, make_evaluate, make_multi_step, make_train_step
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointConfig",
+    "CheckpointError",
     "ConfigError",
     "DataConfig",
     "DataError",
@@ -20,11 +24,13 @@ __all__ = [
     "OptimConfig",
     "TrainConfig",
     "TrainState",
+    "TrainingStopped",
     "build_optimizer",
     "build_schedule",
     "data",
     "fit",
     "init_state",
+    "load",
     "make_eval_step",
     "make_evaluate",
     "make_multi_step",

@@ -9,7 +9,11 @@ it when complete, so a process killed mid-save leaves no checkpoint that `latest
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,29 @@ def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
     return restored._replace(rng=jax.random.wrap_key_data(restored.rng, impl=jax.random.key_impl(template.rng)))
 
 
+class _StderrSilencer:
+    """Points file descriptor 2 at /dev/null until `restore` (native code writes there directly)."""
+
+    def __init__(self):
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    def restore(self) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+
+
+def _os_reason(error: Exception) -> str:
+    """The OS reason inside an orbax/tensorstore error ("No space left on device"), else its first line."""
+    code = re.search(r"os_error_code='?(\d+)", str(error))
+    if code:
+        return os.strerror(int(code.group(1)))
+    return getattr(error, "strerror", None) or str(error).splitlines()[0][:200]
+
+
 class Checkpointer:
     """Saves and restores checkpoints in `directory`; keeps the last `keep_last` and the
     `keep_best` with the best `best_metric` (lowest when `best_mode` is min)."""
@@ -71,17 +98,17 @@ class Checkpointer:
         read_only: bool = False,
     ):
         self.directory = Path(directory).absolute()
+        self._silencer: _StderrSilencer | None = None
         self.best_metric, self.best_mode = best_metric, best_mode
         policies = ocp.checkpoint_managers
         keep = [policies.LatestN(n=keep_last)]
         if keep_best:
             keep.append(policies.BestN(get_metric_fn=lambda m: m[best_metric], reverse=best_mode == "min", n=keep_best,
                                        keep_checkpoints_without_metrics=False))
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=policies.AnyPreservationPolicy(keep),
+        options = ocp.CheckpointManagerOptions(  # a reader never creates, deletes or cleans up
+            preservation_policy=None if read_only else policies.AnyPreservationPolicy(keep),
             enable_async_checkpointing=not read_only,
             create=not read_only,
-            read_only=read_only,
             cleanup_tmp_directories=not read_only,
         )
         try:
@@ -112,10 +139,27 @@ class Checkpointer:
         Raises:
           CheckpointError: when this or an earlier save could not be written.
         """
-        meta = {"format": FORMAT_VERSION, "step": step, "metrics": metrics or {}, **meta}
-        args = ocp.args.Composite(state=ocp.args.StandardSave(flatten_state(state)), meta=ocp.args.JsonSave(meta))
+        flat = flatten_state(state)
+        self._preflight(sum(x.nbytes for x in flat.values()))
+        # A deep copy: the save is asynchronous and the caller keeps changing its dicts and lists.
+        meta = json.loads(json.dumps({"format": FORMAT_VERSION, "step": step, "metrics": metrics or {}, **meta}))
+        args = ocp.args.Composite(state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(meta))
         scores = {k: v for k, v in (metrics or {}).items() if v is not None} or None
         self._guard(lambda: self._manager.save(step, args=args, metrics=scores, force=True))
+
+    def _preflight(self, nbytes: int) -> None:
+        """Fails before orbax starts writing when the directory is read-only or lacks the space:
+        a write that fails inside orbax's threads is reported only later, and noisily."""
+        probe = self.directory / ".write-test"
+        try:
+            probe.write_bytes(b"0")
+            probe.unlink()
+            free = shutil.disk_usage(self.directory).free
+        except OSError as e:
+            self._fail(e.strerror or str(e))
+        if free < nbytes + (1 << 20):  # the arrays, plus room for metadata
+            self._fail(f"No space left on device (a checkpoint needs about {nbytes / 2**20:.1f} MiB, "
+                       f"{free / 2**20:.1f} MiB free)")
 
     def wait(self) -> None:
         """Blocks until pending saves are on disk; raises CheckpointError if one failed."""
@@ -148,16 +192,24 @@ class Checkpointer:
     def close(self) -> None:
         try:
             self._manager.close()
-        except Exception:  # noqa: BLE001 - a failed pending save was already reported, or will be
+        except Exception:  # noqa: BLE001 - a failed pending save was already reported
             pass
+        if self._silencer:
+            self._silencer.restore()
+            self._silencer = None
 
     def _guard(self, action) -> Any:
         try:
             return action()
         except Exception as e:  # noqa: BLE001 - orbax wraps OSErrors from its writer threads
-            reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
-            last = self.latest_step()
-            raise CheckpointError(
-                f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another --run-dir "
-                f"(the last complete checkpoint is {'step ' + str(last) if last is not None else 'none'})"
-            ) from None
+            # After a failed write, orbax's storage threads print tracebacks of it from native
+            # callbacks until the manager is closed; this error reports it once, in one line.
+            self._silencer = self._silencer or _StderrSilencer()
+            self._fail(_os_reason(e))
+
+    def _fail(self, reason: str) -> None:
+        last = self.latest_step()
+        raise CheckpointError(
+            f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another --run-dir "
+            f"(the last complete checkpoint is {'step ' + str(last) if last is not None else 'none'})"
+        )

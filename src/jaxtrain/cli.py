@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 import sys
-import time
+import warnings
 from typing import Any, Sequence
 
 from jaxtrain.errors import ConfigError, JaxtrainError
@@ -15,6 +16,10 @@ USAGE = """usage: jaxtrain COMMAND ...
 
 commands:
   train RECIPE [OPTIONS]   train a recipe; `jaxtrain train RECIPE --help` lists every option
+  train RECIPE --resume [RUN_DIR] [OPTIONS]
+                           continue a run from its newest checkpoint (default: the newest run)
+  eval RUN_DIR [--checkpoint best|latest|STEP]
+                           evaluate a run's checkpoint on its validation data
   recipes                  list the recipes
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
@@ -59,15 +64,46 @@ def _panel_message(text: str) -> str:
     return re.sub(r"^Error parsing [\w.]+: ", "", message)  # our own ConfigError, wrapped by tyro
 
 
+def _pop_option(args: list[str], flag: str) -> tuple[bool, str | None]:
+    """Removes `flag [VALUE]` from `args`: (present, VALUE or None)."""
+    if flag not in args:
+        return False, None
+    i = args.index(flag)
+    value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else None
+    del args[i : i + (2 if value is not None else 1)]
+    return True, value
+
+
 def _train(args: Sequence[str]) -> int:
+    from jaxtrain import runs
     from jaxtrain.recipes import get_recipe
 
     if not args or args[0].startswith("-"):
         raise ConfigError("missing recipe; usage: jaxtrain train RECIPE [OPTIONS] (see `jaxtrain recipes`)")
     recipe = get_recipe(args[0])
-    config = parse_config(type(recipe.config), recipe.config, args[1:], f"jaxtrain train {recipe.name}")
-    run_dir = config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    recipe.run(config, run_dir)
+    rest = list(args[1:])
+    resume, run_dir = _pop_option(rest, "--resume")
+    prog = f"jaxtrain train {recipe.name}"
+    if resume:
+        run_dir = run_dir or str(runs.latest_run(recipe.name))
+        _, saved = runs.load_config(run_dir, recipe.name)
+        config = parse_config(type(recipe.config), saved, rest, prog)
+    else:
+        config = parse_config(type(recipe.config), recipe.config, rest, prog)
+    runs.train(recipe, config, run_dir or config.run_dir, resume=resume)
+    return 0
+
+
+def _eval(args: Sequence[str]) -> int:
+    import json
+
+    from jaxtrain import runs
+
+    rest = list(args)
+    _, checkpoint = _pop_option(rest, "--checkpoint")
+    if len(rest) != 1 or rest[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain eval RUN_DIR [--checkpoint best|latest|STEP]")
+    print(json.dumps(runs.evaluate(rest[0], checkpoint or "best"), indent=2))
     return 0
 
 
@@ -97,7 +133,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if args else 2
     command, rest = args[0], args[1:]
-    commands = {"train": lambda: _train(rest), "recipes": _recipes, "bench": lambda: _bench(rest)}
+    # Orbax's writer threads log each failed write with a traceback; the one-line error below says it.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited")  # orbax, after a failed save
+    warnings.filterwarnings("ignore", message="Enable tracemalloc")
+
+    commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "recipes": _recipes,
+                "bench": lambda: _bench(rest)}
     try:
         if command not in commands:
             raise ConfigError(f"unknown command {command!r}; choose one of: {', '.join(commands)}")

@@ -1,12 +1,14 @@
-"""What every recipe shares: its config base class and its registry entry."""
+"""What every recipe shares: its config base class, the workload it builds, its registry entry."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
+
+from flax import nnx
 
 from jaxtrain.config import TrainConfig
-from jaxtrain.loop import FitResult
+from jaxtrain.step import Augment, LossFn, Preprocess
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,16 +16,28 @@ class RecipeConfig(TrainConfig):
     """A recipe's settings: training settings plus where the run's files go."""
 
     run_dir: str | None = None
-    """Directory for config.json, metrics.jsonl and summary.json; default runs/<recipe>-<timestamp>."""
+    """Directory for config.json, metrics.jsonl, summary.json and checkpoints/; default runs/<recipe>-<timestamp>."""
     quiet: bool = False
     """No progress bar (summary blocks are still printed): for scripts and CI logs."""
 
 
 @dataclasses.dataclass(frozen=True)
+class Workload:
+    """Everything `fit` needs for one recipe and config."""
+
+    model: nnx.Module
+    loss_fn: LossFn
+    train: Any
+    val: Any
+    preprocess: Preprocess | None = None
+    augment: Augment | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Recipe:
-    """A named workload: default config and a function that trains it."""
+    """A named workload: its default config and a builder of model, loss and data."""
 
     name: str
     description: str
     config: RecipeConfig
-    run: Callable[[RecipeConfig, str], FitResult]  # (config, run_dir) -> result
+    build: Callable[[Any], Workload]

@@ -18,9 +18,8 @@ from flax import nnx
 from jaxtrain import data as data_lib
 from jaxtrain.config import DataConfig
 from jaxtrain.errors import ConfigError
-from jaxtrain.loop import FitResult, fit
 from jaxtrain.models import MLP
-from jaxtrain.recipes.base import Recipe, RecipeConfig
+from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,16 +95,16 @@ def mse_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> 
     return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
 
 
-def run(config: MLPRegressionConfig, run_dir: str | None) -> FitResult:
+def build(config: MLPRegressionConfig) -> Workload:
     train, val = make_data(config.data)
     sizes = (config.data.features, *config.model.hidden, config.data.targets)
-    model = MLP(sizes, rngs=nnx.Rngs(config.seed))
-    preprocess = data_lib.normalize("x", train["x"].mean(0), train["x"].std(0))
-    augment = data_lib.gaussian_noise("x", config.data.input_noise) if config.data.input_noise else None
-    return fit(
-        model, mse_loss, train, val if len(val["x"]) else None, config,
-        preprocess=preprocess, augment=augment, name=RECIPE.name, run_dir=run_dir,
-        quiet=config.quiet, run_config=config,
+    return Workload(
+        model=MLP(sizes, rngs=nnx.Rngs(config.seed)),
+        loss_fn=mse_loss,
+        train=train,
+        val=val if len(val["x"]) else None,
+        preprocess=data_lib.normalize("x", train["x"].mean(0), train["x"].std(0)),
+        augment=data_lib.gaussian_noise("x", config.data.input_noise) if config.data.input_noise else None,
     )
 
 
@@ -113,5 +112,5 @@ RECIPE = Recipe(
     name="mlp-regression",
     description="MLP 128→512→512→64 regression on 50k synthetic samples (the case-study workload)",
     config=MLPRegressionConfig(),
-    run=run,
+    build=build,
 )

@@ -1,0 +1,309 @@
+"""Checkpoints: exact resume from any checkpoint, kills at random moments, graceful stop, NaN
+guard, storage faults, eval/load, and bad --resume input."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import mse, regression_data, silent, small_mlp
+
+import jaxtrain
+from jaxtrain import CheckpointConfig, CheckpointError, NonFiniteLossError, TrainConfig, fit
+from jaxtrain.checkpoint import Checkpointer, flatten_state, unflatten_state
+from jaxtrain.state import init_state
+from jaxtrain.step import epoch_permutation
+
+
+def _params(state) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(state.params)]
+
+
+def _assert_bit_equal(a, b):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def _config(**overrides):
+    checkpoint = CheckpointConfig(every_steps=5, keep_last=100, keep_best=0)
+    return TrainConfig(**{"epochs": 3, "batch_size": 16, "steps_per_call": 2, "checkpoint": checkpoint, **overrides})
+
+
+def _run(run_dir, resume=False, data=None, **overrides):
+    data = data or regression_data(400)  # 25 steps per epoch, calls of 2 steps: saves mid-epoch and at ends
+    val = regression_data(40, seed=1)
+    return fit(small_mlp(), mse, data, val, _config(**overrides), run_dir=run_dir, resume=resume,
+               quiet=True, console=silent())
+
+
+def test_state_round_trip_and_shape_check():
+    tx = optax.adam(1e-3)
+    _, state = init_state(small_mlp(), tx, jax.random.key(3))
+    back = unflatten_state(state, flatten_state(state))
+    assert jax.tree.structure(back) == jax.tree.structure(state)
+    np.testing.assert_array_equal(jax.random.key_data(back.rng), jax.random.key_data(state.rng))
+    _, other = init_state(small_mlp(d_out=4), tx, jax.random.key(3))
+    with pytest.raises(CheckpointError, match="has shape"):
+        unflatten_state(other, flatten_state(state))
+
+
+def test_resume_from_every_checkpoint_is_bit_exact(tmp_path):
+    reference = _run(tmp_path / "full")
+    ckpt_dir = tmp_path / "full" / "checkpoints"
+    steps = Checkpointer(ckpt_dir).steps()
+    assert steps[-1] == 75 and len(steps) >= 12 and 25 in steps and 50 in steps
+    for step in steps[:-1]:
+        run = tmp_path / f"from-{step}"
+        shutil.copytree(tmp_path / "full", run)
+        for later in (p for p in (run / "checkpoints").iterdir() if p.name.isdigit() and int(p.name) > step):
+            shutil.rmtree(later)
+        resumed = _run(run, resume=True)
+        _assert_bit_equal(_params(resumed.state), _params(reference.state))
+        assert resumed.summary["steps"] == 75
+        assert [r["epoch"] for r in resumed.history] == [1, 2, 3]
+        np.testing.assert_allclose([r["train_loss"] for r in resumed.history],
+                                   [r["train_loss"] for r in reference.history], rtol=1e-6)
+        assert resumed.history[-1]["val_loss"] == reference.history[-1]["val_loss"]
+
+
+def test_keeps_the_last_k_and_the_best(tmp_path):
+    state = _template()
+    ckpt = Checkpointer(tmp_path, keep_last=2, keep_best=1, best_metric="val_loss")
+    for step, val_loss in enumerate([0.5, 0.1, 0.3, 0.4, 0.6], start=1):
+        ckpt.save(step, state, {}, {"val_loss": val_loss})
+    ckpt.wait()
+    assert ckpt.steps() == [2, 4, 5] and ckpt.best_step() == 2 and ckpt.latest_step() == 5
+    ckpt.close()
+    highest = Checkpointer(tmp_path / "max", keep_last=1, keep_best=1, best_metric="val_accuracy", best_mode="max")
+    for step, accuracy in enumerate([0.5, 0.9, 0.7], start=1):
+        highest.save(step, state, {}, {"val_accuracy": accuracy})
+    highest.wait()
+    assert highest.steps() == [2, 3] and highest.best_step() == 2
+    highest.close()
+
+
+def _cli(*args, **kwargs):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "jaxtrain", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kwargs)
+
+
+TRAIN = ["train", "mlp-regression", "--data.samples", "4500", "--data.val-samples", "500", "--epochs", "4",
+         "--steps-per-call", "5", "--checkpoint.every-steps", "10", "--quiet"]
+
+
+def _final_params(run_dir):
+    return [np.asarray(x) for x in jax.tree.leaves(jaxtrain.load(run_dir, "latest"))]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    proc = _cli(*TRAIN, "--run-dir", str(run_dir))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return run_dir
+
+
+def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, reference_run):
+    expected = _final_params(reference_run)
+    trials = []
+    for seed in (1, 2, 3):
+        rng = random.Random(seed)
+        run_dir = tmp_path / f"killed-{seed}"
+        kills, attempts = 0, 0
+        resume = []
+        while True:
+            attempts += 1
+            proc = _cli(*TRAIN, "--run-dir", str(run_dir), *resume)
+            proc.stdout.readline()  # the header's first line: compiled and about to train
+            time.sleep(rng.uniform(0.0, 1.5))
+            if proc.poll() is None and kills < 2:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+            out, err = proc.communicate(timeout=300)
+            if proc.returncode == 0:
+                break
+            assert proc.returncode == -signal.SIGKILL, err
+            if (run_dir / "checkpoints").is_dir() and Checkpointer(run_dir / "checkpoints").steps():
+                resume = ["--resume", str(run_dir)]
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)  # killed before its first checkpoint: start over
+                resume = []
+        trials.append((kills, attempts))
+        _assert_bit_equal(_final_params(run_dir), expected)
+        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4 * (4000 // 32)
+    assert sum(k for k, _ in trials) >= 3  # the kills really happened
+
+
+def test_sigterm_saves_and_exits_with_a_resume_hint(tmp_path, reference_run):
+    run_dir = tmp_path / "run"
+    proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--checkpoint.every-steps", "0")
+    proc.stdout.readline()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    if proc.returncode == 0:
+        pytest.skip("training finished before SIGTERM arrived")
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM at step" in err and f"--resume {run_dir}" in err and "Traceback" not in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped by signal" and summary["latest_checkpoint_step"] == summary["steps"]
+    proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--resume", str(run_dir))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    _assert_bit_equal(_final_params(run_dir), _final_params(reference_run))
+
+
+def test_nan_never_reaches_a_checkpoint(tmp_path):
+    data = regression_data(400)
+    data["x"][123, 0] = np.nan
+    B = 16
+    perm = np.asarray(epoch_permutation(jax.random.split(jax.random.key(0))[1], 1, 400))
+    bad_step = int(np.flatnonzero(perm == 123)[0]) // B + 1
+    with pytest.raises(NonFiniteLossError) as info:
+        _run(tmp_path, data=data)
+    assert info.value.step == bad_step
+    steps = Checkpointer(tmp_path / "checkpoints").steps()
+    assert all(s < bad_step for s in steps)
+    message = str(info.value)
+    assert (f"the last good checkpoint is step {steps[-1]}" in message) if steps else ("no checkpoint" in message)
+    for step in steps:
+        state, _ = Checkpointer(tmp_path / "checkpoints").restore(_template(), step)
+        assert all(np.isfinite(x).all() for x in _params(state))
+
+
+def _template():
+    return init_state(small_mlp(), jaxtrain.build_optimizer(jaxtrain.OptimConfig(), 75), jax.random.key(0))[1]
+
+
+def test_on_nan_skip_counts_and_skips_those_updates(tmp_path):
+    data = regression_data(400)
+    data["x"][123, 0] = np.nan  # one bad row: one bad step per epoch
+    result = _run(tmp_path, data=data, on_nan="skip")
+    assert result.summary["skipped_steps"] == 3 and result.summary["status"] == "completed"
+    assert [r["skipped_steps"] for r in result.history] == [1, 1, 1]
+    assert all(np.isfinite(x).all() for x in _params(result.state))
+    assert np.isfinite(result.summary["final_train_loss"])
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def _unmount(path: Path) -> None:
+    while subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
+        pass  # a bind mount stacked on the tmpfs comes off first
+
+
+def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path):
+    mount = tmp_path / "small"
+    if not _mount_tmpfs(mount, "4m"):
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        # Checkpoints of 1.4 MB (115k parameters and two Adam moments) fill a 4 MB disk by the third save.
+        data = {"x": np.random.default_rng(0).normal(size=(2000, 128)).astype(np.float32),
+                "y": np.zeros((2000, 64), np.float32)}
+        from flax import nnx
+
+        from jaxtrain.models import MLP
+
+        config = TrainConfig(epochs=20, batch_size=100, checkpoint=CheckpointConfig(keep_last=100, keep_best=0))
+        with pytest.raises(CheckpointError, match="cannot write a checkpoint to .*the last complete checkpoint is"):
+            fit(MLP((128, 256, 256, 64), rngs=nnx.Rngs(0)), mse, data, None, config, run_dir=mount / "run",
+                quiet=True, console=silent())
+        ckpt = Checkpointer(mount / "run" / "checkpoints", read_only=True)
+        assert ckpt.steps(), "no checkpoint fitted at all"
+        tx = jaxtrain.build_optimizer(jaxtrain.OptimConfig(), 400)
+        template = init_state(MLP((128, 256, 256, 64), rngs=nnx.Rngs(0)), tx, jax.random.key(0))[1]
+        for step in ckpt.steps():  # every listed checkpoint is complete and readable
+            ckpt.restore(template, step)
+    finally:
+        _unmount(mount)
+
+
+def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
+    mount = tmp_path / "ro"
+    if not _mount_tmpfs(mount, "64m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        run_dir = mount / "run"
+        proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--epochs", "30", "--data.samples", "20500",
+                    "--checkpoint.every-steps", "0")
+        proc.stdout.readline()
+        time.sleep(1.0)
+        # A bind mount made read-only: a plain remount refuses while files are open for writing.
+        subprocess.run(["mount", "--bind", str(mount), str(mount)], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, err
+        # The one-line error ends the output. (A write already in flight when the disk turns
+        # read-only fails inside orbax's threads, which may print their own traces first.)
+        assert err.splitlines()[-1].startswith("error: cannot write a checkpoint to ")
+        assert "Read-only file system" in err.splitlines()[-1]
+        steps = Checkpointer(run_dir / "checkpoints", read_only=True).steps()
+        assert steps
+        jaxtrain.load(run_dir, str(steps[-1]))  # the newest complete checkpoint still loads
+    finally:
+        _unmount(mount)
+
+
+def test_eval_and_load(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _cli("train", "mlp-regression", "--data.samples", "2000", "--data.val-samples", "300", "--epochs", "2",
+                "--quiet", "--run-dir", str(run_dir))
+    assert proc.wait(timeout=300) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    proc = _cli("eval", str(run_dir), "--checkpoint", "latest")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    evaluated = json.loads(out)
+    assert evaluated["step"] == summary["steps"]
+    np.testing.assert_allclose(evaluated["val_loss"], summary["final_val_loss"], rtol=1e-6)
+    best = jaxtrain.load(run_dir)  # best by val_loss
+    assert type(best).__name__ == "MLP"
+
+
+def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path):
+    from jaxtrain.cli import main
+
+    run_dir = tmp_path / "run"
+    assert _cli(*TRAIN, "--epochs", "1", "--run-dir", str(run_dir)).wait(timeout=300) == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+    cases = [
+        (["--resume", str(tmp_path / "missing")], "does not exist"),
+        (["--resume", str(run_dir), "--model.hidden", "32", "32"], "has shape"),
+    ]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"recipe": "char-gpt"}))
+    cases.append((["--resume", str(other)], "is a run of recipe 'char-gpt', not 'mlp-regression'"))
+    for extra, message in cases:
+        proc = _cli("train", "mlp-regression", *extra)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2, err
+        assert err.startswith("error:") and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+    newer = tmp_path / "newer"
+    shutil.copytree(run_dir, newer)
+    latest = max(p for p in (newer / "checkpoints").iterdir() if p.name.isdigit())
+    meta_file = next(latest.glob("meta/*"))
+    meta = json.loads(meta_file.read_text())
+    meta["format"] = 99
+    meta_file.write_text(json.dumps(meta))
+    assert main(["train", "mlp-regression", "--resume", str(newer)]) == 2
+
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert after == before
