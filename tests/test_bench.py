@@ -47,3 +47,15 @@ def test_ladder_validation_fails_on_a_prediction_mismatch(tmp_path):
     assert results[1]["max_abs_pred_diff"] == np.float32(2e-5) and not results[1]["validated"]
     np.save(tmp_path / "predictions-5.npy", preds + 5e-6)
     assert ladder_report.add_derived(results, config, 100.0, ladder.TOLERANCE, ladder.FLOP_PER_SAMPLE)
+
+
+def test_checkpoint_benchmark_runs_in_quick_mode(tmp_path, capsys):
+    from jaxtrain.bench import checkpoint
+
+    out = tmp_path / "checkpoint.json"
+    assert checkpoint.main(checkpoint.CheckpointBenchConfig(quick=True, out=str(out))) == 0
+    results = json.loads(out.read_text())
+    trial = results["trial"]
+    assert trial["all_bit_exact"] and trial["bit_exact"] == trial["kills"] <= 1
+    assert len(results["checkpoint_s"]) == len(results["no_checkpoint_s"]) == 1
+    assert "checkpoint overhead:" in capsys.readouterr().out

@@ -299,9 +299,9 @@ def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path):
     newer = tmp_path / "newer"
     shutil.copytree(run_dir, newer)
     latest = max(p for p in (newer / "checkpoints").iterdir() if p.name.isdigit())
-    meta_file = next(latest.glob("meta/*"))
+    meta_file = latest / "_CHECKPOINT_METADATA"
     meta = json.loads(meta_file.read_text())
-    meta["format"] = 99
+    meta["custom_metadata"]["format"] = 99
     meta_file.write_text(json.dumps(meta))
     assert main(["train", "mlp-regression", "--resume", str(newer)]) == 2
 

@@ -1,9 +1,9 @@
 """Orbax checkpoints of the whole `TrainState`, with the loop's position and history beside it.
 
-A checkpoint is a step directory under `<run dir>/checkpoints/` holding two items: `state`, the
-`TrainState` flattened to `{path: array}` (so names and shapes can be checked on restore), and
-`meta`, JSON with the format version, the step, the chosen K, the history so far and the
-running sums of the current epoch. Orbax writes each step to a temporary directory and renames
+A checkpoint is a step directory under `<run dir>/checkpoints/` holding the item `state`, the
+`TrainState` flattened to `{path: array}` (so names and shapes can be checked on restore), and,
+as the step's custom metadata, JSON with the format version, the step, the chosen K, the
+history so far and the running sums of the current epoch. Orbax writes each step to a temporary directory and renames
 it when complete, so a process killed mid-save leaves no checkpoint that `latest_step` would pick.
 """
 
@@ -112,7 +112,7 @@ class Checkpointer:
             cleanup_tmp_directories=not read_only,
         )
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",))
         except OSError as e:
             raise CheckpointError(f"cannot open checkpoint directory {self.directory}: {e.strerror or e}") from None
 
@@ -143,9 +143,9 @@ class Checkpointer:
         self._preflight(sum(x.nbytes for x in flat.values()))
         # A deep copy: the save is asynchronous and the caller keeps changing its dicts and lists.
         meta = json.loads(json.dumps({"format": FORMAT_VERSION, "step": step, "metrics": metrics or {}, **meta}))
-        args = ocp.args.Composite(state=ocp.args.StandardSave(flat), meta=ocp.args.JsonSave(meta))
+        args = ocp.args.Composite(state=ocp.args.StandardSave(flat))
         scores = {k: v for k, v in (metrics or {}).items() if v is not None} or None
-        self._guard(lambda: self._manager.save(step, args=args, metrics=scores, force=True))
+        self._guard(lambda: self._manager.save(step, args=args, metrics=scores, force=True, custom_metadata=meta))
 
     def _preflight(self, nbytes: int) -> None:
         """Fails before orbax starts writing when the directory is read-only or lacks the space:
@@ -166,8 +166,7 @@ class Checkpointer:
         self._guard(self._manager.wait_until_finished)
 
     def read_meta(self, step: int) -> dict[str, Any]:
-        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(restored["meta"])
+        return dict(self._manager.metadata(step).custom_metadata or {})
 
     def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
         """The state and meta of checkpoint `step` (the latest by default), checked against `template`."""

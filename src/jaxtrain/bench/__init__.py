@@ -1,9 +1,10 @@
 """Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
 
-from jaxtrain.bench import ladder, overhead
+from jaxtrain.bench import checkpoint, ladder, overhead
 
 # name -> (config class, main(config) -> exit code)
 BENCHMARKS = {
+    "checkpoint": (checkpoint.CheckpointBenchConfig, checkpoint.main),
     "ladder": (ladder.LadderConfig, ladder.main),
     "overhead": (overhead.OverheadConfig, overhead.main),
 }
