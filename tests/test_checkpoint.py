@@ -189,7 +189,10 @@ def _template():
 def test_on_nan_skip_counts_and_skips_those_updates(tmp_path):
     data = regression_data(400)
     data["x"][123, 0] = np.nan  # one bad row: one bad step per epoch
-    result = _run(tmp_path, data=data, on_nan="skip")
+    console = silent()
+    result = fit(small_mlp(), mse, data, regression_data(40, seed=1), _config(on_nan="skip"), run_dir=tmp_path,
+                 quiet=True, console=console)
+    assert "Skipped Steps:  1 (non-finite" in console.file.getvalue()
     assert result.summary["skipped_steps"] == 3 and result.summary["status"] == "completed"
     assert [r["skipped_steps"] for r in result.history] == [1, 1, 1]
     assert all(np.isfinite(x).all() for x in _params(result.state))

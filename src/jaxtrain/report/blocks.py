@@ -29,6 +29,8 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
         f"  Epoch Time:     {epoch_s / 60:.2f} min ({epoch_s:.1f}s)",
         f"  Elapsed Time:   {elapsed_s / 60:.2f} min",
     ]
+    if record.get("skipped_steps"):
+        lines.append(f"  Skipped Steps:  {record['skipped_steps']} (non-finite loss or gradient; --on-nan skip)")
     if record.get("samples_dropped"):
         lines.append(
             f"  Samples Used:   {record['samples']:,} of {record['samples'] + record['samples_dropped']:,} "
@@ -62,6 +64,7 @@ def final_block(summary: dict[str, Any]) -> str:
         f"  Total Epochs:         {summary['epochs']}",
         f"  Total Steps:          {summary['steps']} ({summary['steps_per_call']} per compiled call)",
         f"  Compile Time:         {summary['compile_time_s']:.2f}s (not in epoch times)",
+        *([f"  Skipped Steps:        {summary['skipped_steps']} (non-finite)"] if summary.get("skipped_steps") else []),
         f"  Throughput:           {summary['samples_per_s']:,.0f} samples/s, {summary['steps_per_s']:,.1f} steps/s",
         f"  Device:               {summary['device']}",
         RULE,
