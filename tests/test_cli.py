@@ -27,7 +27,8 @@ def test_train_smoke_prints_summaries_and_writes_the_run_dir(tmp_path):
     for label in ("Train Loss:", "Val Loss:", "Epoch Time:", "Elapsed Time:", "TRAINING COMPLETE!",
                   "FINAL RESULTS:", "Best Val Loss:", "TIMING STATISTICS:", "Compile Time:", "Throughput:"):
         assert label in out, label
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.json", "curves.png", "metrics.jsonl",
+                                                        "summary.json"]
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()] == [str(1700 // 32)]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["recipe"] == "mlp-regression" and summary["epochs"] == 1
@@ -99,3 +100,20 @@ def test_help_lists_every_field_with_its_default(capsys):
 def test_recipes_lists_mlp_regression(capsys):
     assert main(["recipes"]) == 0
     assert "mlp-regression" in capsys.readouterr().out
+
+
+def test_plot_command_draws_a_run_and_rejects_other_directories(tmp_path, capsys):
+    from conftest import mse, regression_data, silent, small_mlp
+
+    from jaxtrain import TrainConfig, fit
+
+    run_dir = tmp_path / "run"
+    config = TrainConfig(epochs=3, batch_size=16, log_every=4, steps_per_call=2)
+    fit(small_mlp(), mse, regression_data(160), regression_data(40), config, run_dir=run_dir, quiet=True,
+        console=silent())
+    (run_dir / "curves.png").unlink()
+    assert main(["plot", str(run_dir)]) == 0
+    png = (run_dir / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert main(["plot", str(tmp_path / "nothing")]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().err

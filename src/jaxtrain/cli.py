@@ -20,6 +20,7 @@ commands:
                            continue a run from its newest checkpoint (default: the newest run)
   eval RUN_DIR [--checkpoint best|latest|STEP]
                            evaluate a run's checkpoint on its validation data
+  plot RUN_DIR             draw a run's loss curves to RUN_DIR/curves.png
   recipes                  list the recipes
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
@@ -107,6 +108,15 @@ def _eval(args: Sequence[str]) -> int:
     return 0
 
 
+def _plot(args: Sequence[str]) -> int:
+    from jaxtrain.report import plot_run
+
+    if len(args) != 1 or args[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain plot RUN_DIR")
+    print(plot_run(args[0]))
+    return 0
+
+
 def _recipes() -> int:
     from jaxtrain.recipes import RECIPES
 
@@ -139,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited")  # orbax, after a failed save
     warnings.filterwarnings("ignore", message="Enable tracemalloc")
 
-    commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "recipes": _recipes,
+    commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "plot": lambda: _plot(rest),
+                "recipes": _recipes,
                 "bench": lambda: _bench(rest)}
     try:
         if command not in commands:

@@ -26,6 +26,7 @@ from jaxtrain.config import TrainConfig, to_dict
 from jaxtrain.errors import ConfigError, JaxtrainError, NonFiniteLossError
 from jaxtrain.optim import build_optimizer, build_schedule
 from jaxtrain.report import EpochProgress, RunDir, epoch_block, final_block
+from jaxtrain.report.plots import plot_run
 from jaxtrain.state import TrainState, eval_graphdef, init_state
 from jaxtrain.step import (
     Augment,
@@ -406,6 +407,8 @@ def fit(
             ckpt.close()
         if writer:
             writer.finish(summary)
+    if writer:
+        console.print(f"  loss curves: {plot_run(writer.path)}")
     console.print(final_block(summary))
     return FitResult(model, state, history, summary, writer.path if writer else None)
 
