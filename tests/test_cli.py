@@ -65,7 +65,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["train", "no-such-recipe"], "error: unknown recipe 'no-such-recipe'; choose one of: mlp-regression"),
+        (["train", "no-such-recipe"],
+         "error: unknown recipe 'no-such-recipe'; choose one of: fashion-mnist-cnn, mlp-regression, mnist-cnn"),
         (["train"], "error: missing recipe"),
         (["frobnicate"], "error: unknown command 'frobnicate'"),
         (["train", "mlp-regression", "--batch-size", "0"], "error: batch_size=0 must be an integer >= 1"),

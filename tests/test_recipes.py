@@ -1,8 +1,10 @@
 """The mlp-regression recipe: deterministic data, and training that learns."""
 
 import dataclasses
+import os
 
 import numpy as np
+import pytest
 
 from jaxtrain import runs
 from jaxtrain.recipes import RECIPES
@@ -31,3 +33,13 @@ def test_recipe_loss_decreases(tmp_path):
     # The teacher's targets have variance ~0.4 and label noise 0.1^2: learning beats predicting zero.
     _, val = make_data(config.data)
     assert result.summary["final_val_loss"] < 0.5 * float(np.mean(val["y"] ** 2))
+
+
+@pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline MNIST files")
+def test_mnist_cnn_smoke(tmp_path):
+    recipe = RECIPES["mnist-cnn"]
+    data = dataclasses.replace(recipe.config.data, limit=768)
+    config = dataclasses.replace(recipe.config, epochs=1, batch_size=64, quiet=True, data=data)
+    result = runs.train(recipe, config, tmp_path)
+    assert result.summary["steps"] == 12 and 0.0 <= result.summary["final_val_accuracy"] <= 1.0
+    assert result.history[0]["val_loss"] < 2.3  # below chance level (ln 10) after 12 steps
