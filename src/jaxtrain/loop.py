@@ -16,7 +16,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from rich.console import Console
 
@@ -24,7 +23,7 @@ from jaxtrain import data as data_lib
 from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import TrainConfig, to_dict
 from jaxtrain.errors import ConfigError, JaxtrainError, NonFiniteLossError
-from jaxtrain.optim import build_optimizer, build_schedule
+from jaxtrain.optim import build_schedule, build_train_optimizer
 from jaxtrain.report import EpochProgress, RunDir, epoch_block, final_block
 from jaxtrain.report.plots import plot_run
 from jaxtrain.state import TrainState, eval_graphdef, init_state
@@ -214,9 +213,7 @@ def fit(
     data_bytes = data_lib.nbytes(train_data) + (data_lib.nbytes(val_data) if n_val else 0)
     placement = data_lib.choose_placement(config.data.placement, data_bytes, budget)
 
-    tx = build_optimizer(config.optim, total_steps)
-    if config.on_nan == "skip":  # a composed transform: non-finite gradients leave the state as it was
-        tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
+    tx = build_train_optimizer(config, total_steps)
     schedule = build_schedule(config.optim, total_steps)
     step_key, data_key = jax.random.split(jax.random.key(config.seed))
     graphdef, state = init_state(model, tx, step_key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optax
 
-from jaxtrain.config import OptimConfig
+from jaxtrain.config import OptimConfig, TrainConfig
 
 
 def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -49,3 +49,12 @@ def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTran
             optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
         )
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+
+def build_train_optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTransformation:
+    """`build_optimizer` for a training run; with `on_nan="skip"` wrapped in
+    `optax.apply_if_finite`, so a non-finite gradient leaves the state unchanged (and is counted)."""
+    tx = build_optimizer(config.optim, total_steps)
+    if config.on_nan == "skip":
+        tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
+    return tx

@@ -17,7 +17,7 @@ from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import from_dict
 from jaxtrain.errors import ConfigError
 from jaxtrain.loop import FitResult, device_description, fit
-from jaxtrain.optim import build_optimizer
+from jaxtrain.optim import build_train_optimizer
 from jaxtrain.recipes import Recipe, RecipeConfig, get_recipe
 from jaxtrain.state import eval_graphdef, init_state
 from jaxtrain.step import make_eval_step, make_evaluate
@@ -73,9 +73,7 @@ def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best") -> tuple
     recipe, config = load_config(run_dir)
     workload = recipe.build(config)
     spe = jax.tree.leaves(workload.train)[0].shape[0] // config.batch_size
-    tx = build_optimizer(config.optim, config.epochs * spe)
-    if config.on_nan == "skip":
-        tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
+    tx = build_train_optimizer(config, config.epochs * spe)
     _, template = init_state(workload.model, tx, jax.random.key(config.seed))
     ckpt_dir = Path(run_dir) / "checkpoints"
     if not ckpt_dir.is_dir():
