@@ -40,7 +40,7 @@ class OverheadConfig:
     repeats: int = 5
     """Interleaved repetitions of each variant (medians are reported)."""
     samples: int = 50_000
-    """Dataset size (45,000 train at the default 5,000 validation... validation is not used)."""
+    """Samples of the mlp-regression data, all used for training (no validation split)."""
     batch_size: int = 32
     """Batch size for both loops."""
     call_repeats: int = 2000

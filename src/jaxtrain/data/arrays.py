@@ -37,7 +37,7 @@ def num_samples(data: Any, name: str = "data") -> int:
 
 def nbytes(data: Any) -> int:
     """Total bytes of every array in `data`."""
-    return sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes for x in jax.tree.leaves(data))
+    return sum(getattr(x, "nbytes", None) or np.asarray(x).nbytes for x in jax.tree.leaves(data))
 
 
 def default_budget_bytes(device: jax.Device) -> int:
