@@ -1,5 +1,6 @@
 """Reference models."""
 
+from jaxtrain.models.cnn import CNN, Conv2D
 from jaxtrain.models.mlp import MLP
 
-__all__ = ["MLP"]
+__all__ = ["CNN", "Conv2D", "MLP"]

@@ -1,4 +1,5 @@
-"""`mnist-cnn` and `fashion-mnist-cnn`: a small CNN on 28×28 grey images, as in the Flax example.
+"""`mnist-cnn` and `fashion-mnist-cnn`: a small CNN on 28×28 grey images, as in the Flax example
+(`jaxtrain.models.CNN`).
 
 The images stay on the device as uint8 (47 MB for the 60,000 training images); scaling and
 normalisation run inside the compiled step. Validation is the official 10,000-image test set.
@@ -17,23 +18,8 @@ from flax import nnx
 from jaxtrain.config import DataConfig, OptimConfig
 from jaxtrain.data.datasets import load_mnist
 from jaxtrain.errors import ConfigError
+from jaxtrain.models import CNN
 from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
-
-
-class CNN(nnx.Module):
-    """Conv(32, 3×3) → ReLU → avg-pool 2 → Conv(64, 3×3) → ReLU → avg-pool 2 → Dense(256) → ReLU → Dense(10)."""
-
-    def __init__(self, num_classes: int = 10, *, rngs: nnx.Rngs):
-        self.conv1 = nnx.Conv(1, 32, kernel_size=(3, 3), rngs=rngs)
-        self.conv2 = nnx.Conv(32, 64, kernel_size=(3, 3), rngs=rngs)
-        self.dense1 = nnx.Linear(7 * 7 * 64, 256, rngs=rngs)
-        self.dense2 = nnx.Linear(256, num_classes, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:  # (B, 28, 28, 1) -> (B, 10)
-        x = nnx.avg_pool(jax.nn.relu(self.conv1(x)), window_shape=(2, 2), strides=(2, 2))  # (B, 14, 14, 32)
-        x = nnx.avg_pool(jax.nn.relu(self.conv2(x)), window_shape=(2, 2), strides=(2, 2))  # (B, 7, 7, 64)
-        x = x.reshape(x.shape[0], -1)  # (B, 3136)
-        return self.dense2(jax.nn.relu(self.dense1(x)))
 
 
 @dataclasses.dataclass(frozen=True)
