@@ -13,7 +13,7 @@ ATOL = 1e-6  # float32 results near zero
 def _run(config, steps=5):
     """Minimise sum(w^2 * c) from w0; returns the parameter after each step."""
     c = np.array([1.0, 2.0, 0.5], np.float32)
-    w = jnp.array([1.0, -2.0, 3.0])
+    w = jnp.array([[1.0, -2.0, 3.0]])  # a (1, 3) matrix: weight decay applies to ndim >= 2
     tx = build_optimizer(config, total_steps=steps)
     state = tx.init(w)
     out = []
@@ -21,7 +21,7 @@ def _run(config, steps=5):
         grad = 2 * c * w
         updates, state = tx.update(grad, state, w)
         w = w + updates
-        out.append(np.asarray(w))
+        out.append(np.asarray(w)[0])
     return c, out
 
 
@@ -76,3 +76,16 @@ def test_warmup_cosine_schedule():
 
 def test_constant_schedule():
     assert float(build_schedule(OptimConfig(lr=0.3), total_steps=10)(7)) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_weight_decay_skips_biases_and_norm_scales(name):
+    """A 1-D parameter gets exactly the update it would get without weight decay."""
+    params = {"w": jnp.ones((2, 3)), "b": jnp.ones((3,))}
+    grads = {"w": jnp.full((2, 3), 0.5), "b": jnp.full((3,), 0.5)}
+    updates = {}
+    for wd in (0.0, 0.1):
+        tx = build_optimizer(OptimConfig(name=name, lr=0.1, weight_decay=wd), total_steps=1)
+        updates[wd], _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(updates[0.1]["b"], updates[0.0]["b"], rtol=RTOL)
+    assert not np.allclose(updates[0.1]["w"], updates[0.0]["w"])

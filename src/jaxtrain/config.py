@@ -136,7 +136,11 @@ class TrainConfig:
     """How to train: epochs, batching, fused execution, logging, optimizer and data placement."""
 
     epochs: int = 10
-    """Passes over the training set."""
+    """Passes over the training set (or blocks of steps_per_epoch steps)."""
+    steps_per_epoch: int = 0
+    """0: an epoch is one pass over the training set. N: an epoch is N steps on batches drawn without
+    replacement from a fresh permutation of the training set, for iteration-based training (nanoGPT:
+    evaluate every N iterations); N * batch_size must not exceed the training set."""
     batch_size: int = 32
     """Samples per optimizer step."""
     eval_batch_size: int = 0
@@ -164,7 +168,7 @@ class TrainConfig:
         for field in ("epochs", "batch_size", "log_every", "eval_every"):
             value = getattr(self, field)
             _check(isinstance(value, int) and value >= 1, f"{field}={value!r} must be an integer >= 1")
-        for field in ("eval_batch_size", "steps_per_call"):
+        for field in ("eval_batch_size", "steps_per_call", "steps_per_epoch"):
             value = getattr(self, field)
             _check(
                 isinstance(value, int) and value >= 0,

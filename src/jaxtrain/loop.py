@@ -197,13 +197,9 @@ def fit(
     console = console or Console(highlight=False, soft_wrap=True)
     B = config.batch_size
     n_train = data_lib.num_samples(train_data, "train_data")
-    if B > n_train:
-        raise ConfigError(
-            f"batch_size={B} is larger than the training set ({n_train} samples); use --batch-size {n_train} or less"
-        )
+    steps_per_epoch, dropped = epoch_steps(config, n_train)
     n_val = data_lib.num_samples(val_data, "val_data") if val_data is not None else 0
     eval_B = min(config.eval_batch_size or B, n_val) if n_val else 0
-    steps_per_epoch, dropped = divmod(n_train, B)
     total_steps = config.epochs * steps_per_epoch
     if resume and run_dir is None:
         raise ConfigError("resume needs the run directory of the run to continue")
@@ -269,6 +265,7 @@ def fit(
         f"  data: {n_train:,} train / {n_val:,} val samples on the device ({placement.reason})\n"
         f"  batch {B}: {steps_per_epoch:,} steps/epoch"
         + (f" ({dropped} samples/epoch dropped: partial batch)" if dropped else "")
+        + (f" ({steps_per_epoch * B:,} samples per epoch drawn without replacement)" if config.steps_per_epoch else "")
         + (f"\n  run dir: {writer.path}" if writer else "")
         + (f"\n  resumed from the checkpoint at step {step:,} (epoch {first_epoch}, step {resume_index:,} of it)"
            if resume else "")
@@ -408,6 +405,27 @@ def fit(
         console.print(f"  loss curves: {plot_run(writer.path)}")
     console.print(final_block(summary))
     return FitResult(model, state, history, summary, writer.path if writer else None)
+
+
+def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
+    """(steps per epoch, samples of the last partial batch that a full pass drops) for `n_train` samples.
+
+    Raises:
+      ConfigError: the batch, or steps_per_epoch batches, need more samples than there are.
+    """
+    B = config.batch_size
+    if B > n_train:
+        raise ConfigError(
+            f"batch_size={B} is larger than the training set ({n_train} samples); use --batch-size {n_train} or less"
+        )
+    if config.steps_per_epoch:
+        if config.steps_per_epoch * B > n_train:
+            raise ConfigError(
+                f"steps_per_epoch={config.steps_per_epoch} batches of {B} need {config.steps_per_epoch * B:,} "
+                f"samples but the training set has {n_train:,}; use --steps-per-epoch {n_train // B} or less"
+            )
+        return config.steps_per_epoch, 0  # a sample of the set, not a pass: nothing is "dropped"
+    return divmod(n_train, B)
 
 
 def _resume_hint(ckpt: Checkpointer | None, name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import optax
 
 from jaxtrain.config import OptimConfig, TrainConfig
@@ -27,8 +28,16 @@ def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
     )
 
 
+def decay_mask(params: optax.Params) -> optax.Params:
+    """Weight decay applies to matrices and embeddings (ndim >= 2), not to biases or norm scales,
+    as in nanoGPT and most transformer recipes."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
 def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
     """An optax chain: [clip by global norm] → [L2 decay] → update rule with the schedule.
+
+    Weight decay (L2 for sgd/adam, decoupled for adamw) skips parameters with ndim < 2 (`decay_mask`).
 
     Args:
       config: optimizer settings.
@@ -39,14 +48,15 @@ def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTran
     if config.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(config.clip_norm))
     if config.weight_decay > 0 and config.name != "adamw":
-        parts.append(optax.add_decayed_weights(config.weight_decay))
+        parts.append(optax.add_decayed_weights(config.weight_decay, mask=decay_mask))
     if config.name == "sgd":
         parts.append(optax.sgd(lr, momentum=config.momentum or None))
     elif config.name == "adam":
         parts.append(optax.adam(lr, b1=config.b1, b2=config.b2, eps=config.eps))
     else:
         parts.append(
-            optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
+            optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
+                        mask=decay_mask)
         )
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
 

@@ -31,6 +31,8 @@ class Workload:
     val: Any
     preprocess: Preprocess | None = None
     augment: Augment | None = None
+    tokenizer: Any = None
+    """Text recipes: the tokenizer that maps text to the model's token ids and back."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,3 +43,5 @@ class Recipe:
     description: str
     config: RecipeConfig
     build: Callable[[Any], Workload]
+    presets: dict[str, RecipeConfig] = dataclasses.field(default_factory=dict)
+    """Named alternative default configs (`jaxtrain train RECIPE --preset NAME`); `config` is one of them."""
