@@ -66,7 +66,7 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path):
     "args, message",
     [
         (["train", "no-such-recipe"],
-         "error: unknown recipe 'no-such-recipe'; choose one of: fashion-mnist-cnn, mlp-regression, mnist-cnn"),
+         "error: unknown recipe 'no-such-recipe'; choose one of: char-gpt, fashion-mnist-cnn, mlp-regression, mnist-cnn"),
         (["train"], "error: missing recipe"),
         (["frobnicate"], "error: unknown command 'frobnicate'"),
         (["train", "mlp-regression", "--batch-size", "0"], "error: batch_size=0 must be an integer >= 1"),
@@ -118,3 +118,16 @@ def test_plot_command_draws_a_run_and_rejects_other_directories(tmp_path, capsys
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert main(["plot", str(tmp_path / "nothing")]) == 2
     assert "has no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_unknown_preset_and_preset_with_resume_are_one_line_errors(capsys):
+    assert main(["train", "char-gpt", "--preset", "huge"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown preset 'huge' for char-gpt; presets: baby, seed"
+    assert main(["train", "mlp-regression", "--preset", "baby"]) == 2
+    assert "presets: none" in capsys.readouterr().err
+
+
+def test_sample_on_a_run_that_is_not_a_text_model_is_one_line_error(tmp_path, capsys):
+    assert main(["sample", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: run directory {tmp_path / 'nope'} does not exist"

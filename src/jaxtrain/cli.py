@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import re
@@ -15,15 +16,20 @@ from jaxtrain.errors import ConfigError, JaxtrainError
 USAGE = """usage: jaxtrain COMMAND ...
 
 commands:
-  train RECIPE [OPTIONS]   train a recipe; `jaxtrain train RECIPE --help` lists every option
+  train RECIPE [--preset NAME] [OPTIONS]
+                           train a recipe; `jaxtrain train RECIPE --help` lists every option
   train RECIPE --resume [RUN_DIR] [OPTIONS]
                            continue a run from its newest checkpoint (default: the newest run)
   eval RUN_DIR [--checkpoint best|latest|STEP]
                            evaluate a run's checkpoint on its validation data
   plot RUN_DIR             draw a run's loss curves to RUN_DIR/curves.png
+  sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
+                           generate text from a trained char-gpt run
   recipes                  list the recipes
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
+  data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
+  data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 
 examples:
   jaxtrain train mlp-regression
@@ -84,13 +90,20 @@ def _train(args: Sequence[str]) -> int:
     recipe = get_recipe(args[0])
     rest = list(args[1:])
     resume, run_dir = _pop_option(rest, "--resume")
+    has_preset, preset = _pop_option(rest, "--preset")
     prog = f"jaxtrain train {recipe.name}"
+    if has_preset and (preset not in recipe.presets):
+        known = ", ".join(recipe.presets) if recipe.presets else "none"
+        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
     if resume:
+        if has_preset:
+            raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
         run_dir = run_dir or str(runs.latest_run(recipe.name))
         _, saved = runs.load_config(run_dir, recipe.name)
         config = parse_config(type(recipe.config), saved, rest, prog)
     else:
-        config = parse_config(type(recipe.config), recipe.config, rest, prog)
+        default = recipe.presets[preset] if has_preset else recipe.config
+        config = parse_config(type(recipe.config), default, rest, prog)
     runs.train(recipe, config, run_dir or config.run_dir, resume=resume)
     return 0
 
@@ -105,6 +118,34 @@ def _eval(args: Sequence[str]) -> int:
     if len(rest) != 1 or rest[0].startswith("-"):
         raise ConfigError("usage: jaxtrain eval RUN_DIR [--checkpoint best|latest|STEP]")
     print(json.dumps(runs.evaluate(rest[0], checkpoint or "best"), indent=2))
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+    """jaxtrain sample RUN_DIR: generate text from a trained char-gpt run."""
+
+    prompt: str = "\n"
+    """Text the sample continues (every character must be in the training vocabulary)."""
+    length: int = 500
+    """Characters to generate."""
+    temperature: float = 0.8
+    """Softmax temperature (> 0): lower is more conservative."""
+    top_k: int = 200
+    """Sample only among the k most likely characters (0: all)."""
+    seed: int = 0
+    """Sampling seed: the same seed gives the same text."""
+    checkpoint: str = "best"
+    """best (lowest validation loss), latest, or a step number."""
+
+
+def _sample(args: Sequence[str]) -> int:
+    from jaxtrain import runs
+
+    if not args or args[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K]")
+    c = parse_config(SampleConfig, SampleConfig(), args[1:], "jaxtrain sample RUN_DIR")
+    print(runs.sample_text(args[0], c.prompt, c.length, c.temperature, c.top_k, c.seed, c.checkpoint))
     return 0
 
 
@@ -136,6 +177,16 @@ def _bench(args: Sequence[str]) -> int:
     return main(config)
 
 
+def _data(args: Sequence[str]) -> int:
+    from jaxtrain.data import generate, inspect
+
+    commands = {"generate": generate.command, "inspect": inspect.command}
+    if not args or args[0] not in commands:
+        given = f" {args[0]!r}" if args else ""
+        raise ConfigError(f"unknown data command{given}; choose one of: {', '.join(commands)}")
+    return commands[args[0]](args[1:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit code (0 ok, 2 bad input, 3 non-finite loss)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -150,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Enable tracemalloc")
 
     commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "plot": lambda: _plot(rest),
+                "sample": lambda: _sample(rest),
                 "recipes": _recipes,
-                "bench": lambda: _bench(rest)}
+                "bench": lambda: _bench(rest), "data": lambda: _data(rest)}
     try:
         if command not in commands:
             raise ConfigError(f"unknown command {command!r}; choose one of: {', '.join(commands)}")
