@@ -245,7 +245,10 @@ def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
         proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--epochs", "30", "--data.samples", "20500",
                     "--checkpoint.every-steps", "0")
         proc.stdout.readline()
-        time.sleep(1.0)
+        ckpt_dir, deadline = run_dir / "checkpoints", time.monotonic() + 240
+        while not (ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir())):  # one finished save
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.05)
         # A bind mount made read-only: a plain remount refuses while files are open for writing.
         subprocess.run(["mount", "--bind", str(mount), str(mount)], check=True)
         subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True)

@@ -9,7 +9,7 @@ import pytest
 from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from flax import nnx
 
-from jaxtrain import DataConfig, NonFiniteLossError, OptimConfig, TrainConfig, fit
+from jaxtrain import NonFiniteLossError, OptimConfig, TrainConfig, fit
 from jaxtrain.errors import ConfigError, DataError
 from jaxtrain.step import epoch_permutation
 
@@ -132,8 +132,6 @@ def test_bad_inputs_raise_clear_errors():
         _fit(regression_data(50), batch_size=64)
     with pytest.raises(DataError, match="different numbers of rows"):
         _fit({"x": np.zeros((10, 8), np.float32), "y": np.zeros((9, 3), np.float32)}, batch_size=2)
-    with pytest.raises(DataError, match="over the device memory budget"):
-        _fit(regression_data(100), batch_size=10, data=DataConfig(memory_budget_gb=1e-6))
 
 
 def test_run_dir_files(tmp_path):

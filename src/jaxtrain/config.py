@@ -15,7 +15,7 @@ from jaxtrain.errors import ConfigError
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine"]
-Placement = Literal["auto", "device"]
+Placement = Literal["auto", "device", "stream"]
 OnNaN = Literal["stop", "skip"]
 BestMode = Literal["min", "max"]
 
@@ -95,13 +95,22 @@ class DataConfig:
     """Where the training data lives while training."""
 
     placement: Placement = "auto"
-    """auto: keep the dataset on the device when it fits the memory budget; device: always."""
+    """auto: keep the dataset on the device when it fits the memory budget, else stream it; device:
+    always on the device; stream: read batches from host memory or disk in a background thread."""
     memory_budget_gb: float = 0.0
     """Device memory the dataset may take, in GiB; 0 means a quarter of device memory (2 GiB on CPU)."""
+    prefetch: int = 2
+    """Streaming: batches kept on the device ahead of the compiled step (at least 2 to overlap
+    reading, copying and compute)."""
+    shuffle_window_mb: int = 32
+    """Streaming: MiB of rows shuffled together (the shuffle buffer); blocks of ~1 MiB are read whole."""
 
     def __post_init__(self) -> None:
         _check_choice("data.placement", self.placement, Placement)
         _check_non_negative("data.memory_budget_gb", self.memory_budget_gb)
+        _check(isinstance(self.prefetch, int) and self.prefetch >= 1, f"data.prefetch={self.prefetch!r} must be >= 1")
+        _check(isinstance(self.shuffle_window_mb, int) and self.shuffle_window_mb >= 1,
+               f"data.shuffle_window_mb={self.shuffle_window_mb!r} must be an integer >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,9 @@ from rich.console import Console
 from jaxtrain import data as data_lib
 from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import TrainConfig, to_dict
-from jaxtrain.errors import ConfigError, JaxtrainError, NonFiniteLossError
+from jaxtrain.data.sources import ArraySource
+from jaxtrain.data.stream import DevicePrefetcher, StreamLoader
+from jaxtrain.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
 from jaxtrain.optim import build_schedule, build_train_optimizer
 from jaxtrain.report import EpochProgress, RunDir, epoch_block, final_block
 from jaxtrain.report.plots import plot_run
@@ -35,6 +37,7 @@ from jaxtrain.step import (
     make_eval_step,
     make_evaluate,
     make_multi_step,
+    make_scan_steps,
     make_train_step,
 )
 
@@ -196,8 +199,11 @@ def fit(
     t_start = time.perf_counter()
     console = console or Console(highlight=False, soft_wrap=True)
     B = config.batch_size
-    n_train = data_lib.num_samples(train_data, "train_data")
+    train_source = train_data if _is_source(train_data) else None
+    n_train = len(train_source) if train_source is not None else data_lib.num_samples(train_data, "train_data")
     steps_per_epoch, dropped = epoch_steps(config, n_train)
+    if _is_source(val_data):
+        val_data = val_data.read(0, len(val_data))  # validation data is held on the device whole
     n_val = data_lib.num_samples(val_data, "val_data") if val_data is not None else 0
     eval_B = min(config.eval_batch_size or B, n_val) if n_val else 0
     total_steps = config.epochs * steps_per_epoch
@@ -206,8 +212,15 @@ def fit(
 
     device = jax.devices()[0]
     budget = int(config.data.memory_budget_gb * 1024**3) or data_lib.default_budget_bytes(device)
-    data_bytes = data_lib.nbytes(train_data) + (data_lib.nbytes(val_data) if n_val else 0)
-    placement = data_lib.choose_placement(config.data.placement, data_bytes, budget)
+    train_bytes = train_source.row_nbytes * n_train if train_source is not None else data_lib.nbytes(train_data)
+    placement = data_lib.choose_placement(config.data.placement, train_bytes, budget)
+    streaming = placement.where == "stream"
+    if streaming and train_source is None:
+        if not isinstance(train_data, dict):
+            raise DataError("streaming in-memory data needs a dict of arrays; pass train_data as {name: array}")
+        train_source = ArraySource(train_data)
+    elif not streaming and train_source is not None:
+        train_data = train_source.read(0, n_train)  # fits the budget: read it whole, once
 
     tx = build_train_optimizer(config, total_steps)
     schedule = build_schedule(config.optim, total_steps)
@@ -231,7 +244,14 @@ def fit(
     first_epoch += 1
 
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment)
-    train_dev = jax.device_put(jax.tree.map(jnp.asarray, train_data), device)
+    loader, train_dev = None, None
+    if streaming:
+        loader = StreamLoader(train_source, B, seed=config.seed, queue_depth=max(16, 2 * config.data.prefetch),
+                              window_bytes=config.data.shuffle_window_mb << 20)
+        row = train_source.read(0, 1)
+        batch_spec = {name: (v.shape[1:], v.dtype) for name, v in row.items()}
+    else:
+        train_dev = jax.device_put(jax.tree.map(jnp.asarray, train_data), device)
     val_dev = jax.device_put(jax.tree.map(jnp.asarray, val_data), device) if n_val else None
 
     writer = RunDir(run_dir) if run_dir is not None else None
@@ -240,15 +260,22 @@ def fit(
 
     # Compile ahead of time: compile time is measured exactly and kept out of epoch times.
     compile_s = 0.0
-    permute, seconds = _compile(lambda key, epoch: epoch_permutation(key, epoch, n_train), data_key, 1, donate=False)
-    compile_s += seconds
+    if not streaming:
+        permute, seconds = _compile(lambda key, e: epoch_permutation(key, e, n_train), data_key, 1, donate=False)
+        compile_s += seconds
     multi_steps: dict[int, Callable] = {}
 
     def multi_step_for(k: int) -> Callable:
         nonlocal compile_s
         if k not in multi_steps:
-            perm0 = jnp.arange(n_train)
-            multi_steps[k], seconds = _compile(make_multi_step(train_step, B, k), state, train_dev, perm0, jnp.int32(0))
+            if streaming:
+                batches = {n: jax.ShapeDtypeStruct((k, B, *shape), dtype) for n, (shape, dtype) in batch_spec.items()}
+                multi_steps[k], seconds = _compile(make_scan_steps(train_step), state, batches)
+            else:
+                perm0 = jnp.arange(n_train)
+                multi_steps[k], seconds = _compile(
+                    make_multi_step(train_step, B, k), state, train_dev, perm0, jnp.int32(0)
+                )
             compile_s += seconds
         return multi_steps[k]
 
@@ -262,13 +289,19 @@ def fit(
 
     console.print(
         f"[bold]jaxtrain[/bold] {name} on {device_description(device)}\n"
-        f"  data: {n_train:,} train / {n_val:,} val samples on the device ({placement.reason})\n"
-        f"  batch {B}: {steps_per_epoch:,} steps/epoch"
+        f"  data: {n_train:,} train / {n_val:,} val samples"
+        + (f"; training data streamed ({placement.reason}; shuffle window "
+           f"{loader.window_nbytes / 1024**2:,.0f} MiB, {config.data.prefetch} batches prefetched)\n"
+           if streaming else f" on the device ({placement.reason})\n")
+        + f"  batch {B}: {steps_per_epoch:,} steps/epoch"
         + (f" ({dropped} samples/epoch dropped: partial batch)" if dropped else "")
         + (f" ({steps_per_epoch * B:,} samples per epoch drawn without replacement)" if config.steps_per_epoch else "")
         + (f"\n  run dir: {writer.path}" if writer else "")
         + (f"\n  resumed from the checkpoint at step {step:,} (epoch {first_epoch}, step {resume_index:,} of it)"
            if resume else "")
+        + (f"\n  note: the interrupted run's data were placed as {meta['placement']}, now {placement.where}: "
+           "the data order from here on differs from an uninterrupted run's"
+           if resume and meta.get("placement", "device") != placement.where else "")
     )
 
     def save(epoch: int, index: int, means: _EpochMeans, metrics: dict[str, float] | None = None) -> None:
@@ -276,7 +309,7 @@ def fit(
         if ckpt is None:
             return
         ckpt.save(step, state, {
-            "epoch": epoch, "index_in_epoch": index, "steps_per_call": chooser.k,
+            "epoch": epoch, "index_in_epoch": index, "steps_per_call": chooser.k, "placement": placement.where,
             "data_key": np.asarray(jax.random.key_data(data_key)).tolist(), "history": history,
             "epoch_means": means.to_json(), "train_time_s": train_time_s, "skipped_steps": skipped_steps,
         }, metrics)
@@ -286,14 +319,20 @@ def fit(
         return f"the last good checkpoint is step {latest}" if latest is not None else "no checkpoint was saved"
 
     progress = EpochProgress(console, B, enabled=not quiet)
+    feeder: DevicePrefetcher | None = None
     status = "interrupted"
     try:
         with _StopSignals() as signals:
             for epoch in range(first_epoch, config.epochs + 1):
                 t_epoch = time.perf_counter()
                 compile_before = compile_s
-                perm = permute(data_key, epoch)
                 start = resume_index if epoch == first_epoch else 0
+                if streaming:
+                    perm = None
+                    feeder = DevicePrefetcher(loader.iter_epoch(epoch, start), depth=config.data.prefetch)
+                else:
+                    perm = permute(data_key, epoch)
+                input_wait_s = 0.0
                 saved = meta.get("epoch_means", {}) if epoch == first_epoch and start else {}
                 means = _EpochMeans(saved.get("sums"), saved.get("counts"), saved.get("skipped", 0))
                 progress.start_epoch(epoch, config.epochs, steps_per_epoch, completed=start)
@@ -321,8 +360,17 @@ def fit(
                 while start < steps_per_epoch:
                     k = chooser.next_length(steps_per_epoch - start)
                     fn = multi_step_for(k)
-                    t_call = time.perf_counter()
-                    state, metrics = fn(state, train_dev, perm, jnp.int32(start))
+                    if streaming:
+                        if pending:  # from here the device is idle: waiting for batches is input-bound time
+                            jax.block_until_ready(pending[-1][1])
+                        t_wait = time.perf_counter()
+                        batches = feeder.next_batches(k)
+                        input_wait_s += time.perf_counter() - t_wait
+                        t_call = time.perf_counter()
+                        state, metrics = fn(state, batches)
+                    else:
+                        t_call = time.perf_counter()
+                        state, metrics = fn(state, train_dev, perm, jnp.int32(start))
                     if chooser.measuring:  # the first calls of the run are timed one by one
                         jax.block_until_ready(metrics)
                         if message := chooser.record(k, time.perf_counter() - t_call):
@@ -349,6 +397,8 @@ def fit(
                             raise TrainingStopped(signals.signum, step, _resume_hint(ckpt, name))
                 if pending:
                     collect(pending, log=False)
+                if streaming:
+                    feeder.close()
                 train_s = time.perf_counter() - t_epoch - (compile_s - compile_before)
                 train_time_s += train_s
                 progress.end_epoch()
@@ -364,6 +414,8 @@ def fit(
                     samples=steps_per_epoch * B, samples_dropped=dropped, train_time_s=train_s,
                     eval_time_s=eval_s, epoch_time_s=train_s + eval_s,
                 )
+                if streaming:
+                    record.update(input_wait_s=input_wait_s, input_wait_fraction=input_wait_s / max(train_s, 1e-9))
                 if means.skipped:
                     record["skipped_steps"] = means.skipped
                 history.append(record)
@@ -387,6 +439,8 @@ def fit(
         status = "failed: checkpoint not written"
         raise
     finally:
+        if feeder is not None:
+            feeder.close()
         progress.end_epoch()
         nnx.update(model, state.params, state.model_state)
         total_s = time.perf_counter() - t_start
@@ -405,6 +459,11 @@ def fit(
         console.print(f"  loss curves: {plot_run(writer.path)}")
     console.print(final_block(summary))
     return FitResult(model, state, history, summary, writer.path if writer else None)
+
+
+def _is_source(data: Any) -> bool:
+    """A row source (`HDF5Source`, `ArraySource`, ...) rather than a pytree of arrays."""
+    return hasattr(data, "read") and hasattr(data, "chunk_rows")
 
 
 def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:

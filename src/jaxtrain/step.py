@@ -110,6 +110,22 @@ def make_multi_step(
     return multi_step
 
 
+def make_scan_steps(
+    train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Fuses K training steps over batches that arrive stacked, for streamed data.
+
+    `scan_steps(state, batches)` takes `batches` with a leading axis of K batches, shape
+    (K, B, ...), and runs `train_step` on each in order; K is the leading size. Returns the new
+    state and each metric stacked to shape (K,).
+    """
+
+    def scan_steps(state: TrainState, batches: Batch) -> tuple[TrainState, Metrics]:
+        return jax.lax.scan(train_step, state, batches)
+
+    return scan_steps
+
+
 def make_evaluate(
     eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int
 ) -> Callable[[TrainState, Batch], Metrics]:

@@ -1,4 +1,4 @@
-"""In-memory datasets: validation and the device-placement decision."""
+"""In-memory datasets: validation and the placement decision (device-resident or streamed)."""
 
 from __future__ import annotations
 
@@ -57,18 +57,11 @@ class Placement:
 
 
 def choose_placement(policy: str, data_bytes: int, budget_bytes: int) -> Placement:
-    """Decides whether the dataset goes on the device whole.
-
-    Raises:
-      DataError: when `auto` finds the data over the budget (streaming is not available yet).
-    """
-    size = f"{data_bytes / 1024**2:.1f} MiB"
-    budget = f"{budget_bytes / 1024**2:.0f} MiB"
-    if policy == "device":
-        return Placement("device", f"{size}, placement=device requested")
+    """Decides whether the training set goes on the device whole or is streamed in batches."""
+    size = f"{data_bytes / 1024**2:,.1f} MiB"
+    budget = f"{budget_bytes / 1024**2:,.0f} MiB"
+    if policy in ("device", "stream"):
+        return Placement(policy, f"{size}, placement={policy} requested")
     if data_bytes <= budget_bytes:
-        return Placement("device", f"{size}, within the {budget} budget")
-    raise DataError(
-        f"the dataset takes {size}, over the device memory budget of {budget}; raise "
-        "--data.memory-budget-gb or use --data.placement device if the device can hold it"
-    )
+        return Placement("device", f"{size}, within the {budget} device budget")
+    return Placement("stream", f"{size}, over the {budget} device budget")

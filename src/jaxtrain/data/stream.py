@@ -198,9 +198,10 @@ class StreamLoader:
       batch_size: rows per batch (B).
       seed: the data-order seed; the order of epoch e is a function of (seed, e) only.
       block_rows: rows per contiguous read, a multiple of `source.chunk_rows`; default about 1 MiB.
-      window_blocks: blocks per shuffle window; default about 32 MiB of rows.
+      window_blocks: blocks per shuffle window; default `window_bytes` (32 MiB) of rows.
       drop_last: drop the epoch's final partial batch (its rows differ per epoch).
       queue_depth: ready host batches kept ahead of the consumer.
+      window_bytes: the shuffle window's size in bytes, when window_blocks is not given.
 
     Raises:
       ConfigError: a non-positive size, or block_rows not a multiple of the chunk size.
@@ -208,13 +209,14 @@ class StreamLoader:
     """
 
     def __init__(self, source: RowSource, batch_size: int, *, seed: int, block_rows: int | None = None,
-                 window_blocks: int | None = None, drop_last: bool = True, queue_depth: int = 16):
+                 window_blocks: int | None = None, drop_last: bool = True, queue_depth: int = 16,
+                 window_bytes: int = WINDOW_BYTES):
         chunk = max(1, int(source.chunk_rows))
         row_nbytes = max(1, int(getattr(source, "row_nbytes", 1)))
         if block_rows is None:
             block_rows = chunk * max(1, round(BLOCK_BYTES / (chunk * row_nbytes)))
         if window_blocks is None:
-            window_blocks = max(1, WINDOW_BYTES // (block_rows * row_nbytes))
+            window_blocks = max(1, window_bytes // (block_rows * row_nbytes))
         for name, value in (("batch_size", batch_size), ("block_rows", block_rows),
                             ("window_blocks", window_blocks), ("queue_depth", queue_depth)):
             if not isinstance(value, (int, np.integer)) or value < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 RULE = "=" * 80
+INPUT_BOUND_FRACTION = 0.10  # an epoch whose step waited longer than this share of its time is input-bound
 
 
 def _fmt(value: float | None) -> str:
@@ -29,6 +30,14 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
         f"  Epoch Time:     {epoch_s / 60:.2f} min ({epoch_s:.1f}s)",
         f"  Elapsed Time:   {elapsed_s / 60:.2f} min",
     ]
+    if "input_wait_fraction" in record:
+        lines.append(f"  Input Wait:     {record['input_wait_fraction']:.1%} of training time (streamed data)")
+        if record["input_wait_fraction"] > INPUT_BOUND_FRACTION:
+            lines.append(
+                "  Input-bound: the compiled step waited for data. Hold the data on the device if it fits "
+                "(--data.placement device or a larger --data.memory-budget-gb), store the HDF5 file uncompressed "
+                "or with lzf and chunks of >= 1 MiB, use a larger batch, or move the file to faster storage."
+            )
     if record.get("skipped_steps"):
         lines.append(f"  Skipped Steps:  {record['skipped_steps']} (non-finite loss or gradient; --on-nan skip)")
     if record.get("samples_dropped"):
