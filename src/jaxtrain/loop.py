@@ -199,10 +199,10 @@ def fit(
     t_start = time.perf_counter()
     console = console or Console(highlight=False, soft_wrap=True)
     B = config.batch_size
-    train_source = train_data if _is_source(train_data) else None
+    train_source = train_data if data_lib.is_source(train_data) else None
     n_train = len(train_source) if train_source is not None else data_lib.num_samples(train_data, "train_data")
     steps_per_epoch, dropped = epoch_steps(config, n_train)
-    if _is_source(val_data):
+    if data_lib.is_source(val_data):
         val_data = val_data.read(0, len(val_data))  # validation data is held on the device whole
     n_val = data_lib.num_samples(val_data, "val_data") if val_data is not None else 0
     eval_B = min(config.eval_batch_size or B, n_val) if n_val else 0
@@ -459,11 +459,6 @@ def fit(
         console.print(f"  loss curves: {plot_run(writer.path)}")
     console.print(final_block(summary))
     return FitResult(model, state, history, summary, writer.path if writer else None)
-
-
-def _is_source(data: Any) -> bool:
-    """A row source (`HDF5Source`, `ArraySource`, ...) rather than a pytree of arrays."""
-    return hasattr(data, "read") and hasattr(data, "chunk_rows")
 
 
 def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:

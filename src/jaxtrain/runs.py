@@ -13,6 +13,7 @@ import optax
 from flax import nnx
 from rich.console import Console
 
+from jaxtrain import data as data_lib
 from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import from_dict
 from jaxtrain.errors import ConfigError
@@ -72,7 +73,7 @@ def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best") -> tuple
     """
     recipe, config = load_config(run_dir)
     workload = recipe.build(config)
-    spe, _ = epoch_steps(config, jax.tree.leaves(workload.train)[0].shape[0])
+    spe, _ = epoch_steps(config, data_lib.num_rows(workload.train))
     tx = build_train_optimizer(config, config.epochs * spe)
     _, template = init_state(workload.model, tx, jax.random.key(config.seed))
     ckpt_dir = Path(run_dir) / "checkpoints"
@@ -110,11 +111,12 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, 
     model, workload, step = restore_model(run_dir, checkpoint)
     if workload.val is None:
         raise ConfigError(f"recipe {recipe.name} with this config has no validation data to evaluate on")
-    n = jax.tree.leaves(workload.val)[0].shape[0]
+    val = workload.val.read(0, len(workload.val)) if data_lib.is_source(workload.val) else workload.val
+    n = data_lib.num_samples(val)
     _, state = init_state(model, optax.identity(), jax.random.key(config.seed))
     eval_step = make_eval_step(eval_graphdef(model), workload.loss_fn, workload.preprocess)
     metrics = jax.jit(make_evaluate(eval_step, n, min(config.eval_batch_size or config.batch_size, n)))(
-        state, jax.tree.map(jax.numpy.asarray, workload.val)
+        state, jax.tree.map(jax.numpy.asarray, val)
     )
     return {"recipe": recipe.name, "step": step, "samples": n, "device": device_description(jax.devices()[0]),
             **{f"val_{k}": float(v) for k, v in jax.device_get(metrics).items()}}

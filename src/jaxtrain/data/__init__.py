@@ -1,6 +1,14 @@
 """Datasets, placement, in-graph preprocessing, and HDF5 streaming in bounded memory."""
 
-from jaxtrain.data.arrays import Placement, choose_placement, default_budget_bytes, nbytes, num_samples
+from jaxtrain.data.arrays import (
+    Placement,
+    choose_placement,
+    default_budget_bytes,
+    is_source,
+    nbytes,
+    num_rows,
+    num_samples,
+)
 from jaxtrain.data.datasets import CharTokenizer, fetch, load_mnist, load_tinyshakespeare, read_idx
 from jaxtrain.data.generate import generate_dataset, make_rows
 from jaxtrain.data.inspect import inspect_file
@@ -22,11 +30,13 @@ __all__ = [
     "gaussian_noise",
     "generate_dataset",
     "inspect_file",
+    "is_source",
     "load_mnist",
     "load_tinyshakespeare",
     "make_rows",
     "nbytes",
     "normalize",
+    "num_rows",
     "num_samples",
     "read_idx",
 ]

@@ -35,6 +35,16 @@ def num_samples(data: Any, name: str = "data") -> int:
     return next(iter(lengths.values()))
 
 
+def is_source(data: Any) -> bool:
+    """A row source (`HDF5Source`, `ArraySource`, ...) rather than a pytree of arrays."""
+    return hasattr(data, "read") and hasattr(data, "chunk_rows")
+
+
+def num_rows(data: Any, name: str = "data") -> int:
+    """Rows of a row source or of a pytree of arrays (see `num_samples`)."""
+    return len(data) if is_source(data) else num_samples(data, name)
+
+
 def nbytes(data: Any) -> int:
     """Total bytes of every array in `data`."""
     return sum(getattr(x, "nbytes", None) or np.asarray(x).nbytes for x in jax.tree.leaves(data))

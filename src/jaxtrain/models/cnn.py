@@ -68,3 +68,23 @@ class CNN(nnx.Module):
         x = avg_pool_2x2(jax.nn.relu(self.conv2(x)))  # (B, 7, 7, 64)
         x = x.reshape(x.shape[0], -1)  # (B, 3136), (h, w, c) order
         return self.dense2(jax.nn.relu(self.dense1(x)))
+
+
+class SequenceCNN(nnx.Module):
+    """Token embedding → `layers` × (Conv1D(k) → ReLU) → mean over positions → Linear(outputs).
+
+    A 1-D convolution over a sequence is `Conv2D` with a (k, 1) kernel on a (B, L, 1, C) view.
+    """
+
+    def __init__(self, vocab_size: int, outputs: int, *, embed: int = 32, channels: int = 64, layers: int = 3,
+                 kernel: int = 5, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(vocab_size, embed, rngs=rngs)
+        widths = [embed] + [channels] * layers
+        self.convs = nnx.List([Conv2D(a, b, (kernel, 1), rngs=rngs) for a, b in zip(widths[:-1], widths[1:])])
+        self.head = nnx.Linear(channels, outputs, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:  # (B, L) int -> (B, outputs)
+        x = self.embed(tokens.astype(jnp.int32))[:, :, None, :]  # (B, L, 1, E)
+        for conv in self.convs:
+            x = jax.nn.relu(conv(x))  # (B, L, 1, C)
+        return self.head(x.mean(axis=(1, 2)))  # (B, outputs)

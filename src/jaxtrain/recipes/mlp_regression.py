@@ -4,6 +4,9 @@ A protein-structure-like regression: 128 features → 64 targets, 50,000 samples
 10 epochs, MLP 128→512→512→64 with ReLU, MSE loss, Adam 1e-3. The data are synthetic and
 deterministic from a seed: features with per-feature offsets and scales (so normalisation
 matters), targets from a fixed random two-layer tanh teacher plus Gaussian noise.
+
+`--data.path FILE.h5` trains on a file from `jaxtrain data generate mlp-regression` instead, of
+any size: `--data.placement auto` holds it on the device when it fits the budget, else streams it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from flax import nnx
 
 from jaxtrain import data as data_lib
 from jaxtrain.config import DataConfig
+from jaxtrain.data.sources import HDF5Source
 from jaxtrain.errors import ConfigError
 from jaxtrain.models import MLP
 from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
@@ -24,8 +28,12 @@ from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
 
 @dataclasses.dataclass(frozen=True)
 class RegressionDataConfig(DataConfig):
-    """The synthetic regression dataset."""
+    """The synthetic regression dataset, made in memory or read from an HDF5 file."""
 
+    path: str = ""
+    """An HDF5 file from `jaxtrain data generate mlp-regression FILE.h5` (datasets features, targets;
+    its last val_samples rows are the validation set). Empty: make the data in memory from the
+    settings below."""
     samples: int = 50_000
     """Samples in all; the last val_samples are the validation set."""
     val_samples: int = 5_000
@@ -95,15 +103,38 @@ def mse_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> 
     return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
 
 
+HDF5_KEYS = {"x": "features", "y": "targets"}  # batch names -> the datasets `data generate` writes
+STATS_ROWS = 100_000  # rows read to normalise a file that carries no feature_mean/feature_std attributes
+
+
+def open_hdf5(config: RegressionDataConfig) -> tuple[HDF5Source, HDF5Source | None, np.ndarray, np.ndarray]:
+    """(train source, validation source or None, feature mean, feature std) of `config.path`."""
+    val_rows = config.val_samples
+    train = HDF5Source(config.path, HDF5_KEYS, 0, -val_rows if val_rows else None)
+    val = HDF5Source(config.path, HDF5_KEYS, -val_rows) if val_rows else None
+    if "feature_mean" in train.attrs and "feature_std" in train.attrs:
+        mean, std = np.asarray(train.attrs["feature_mean"]), np.asarray(train.attrs["feature_std"])
+    else:
+        x = train.read(0, min(len(train), STATS_ROWS))["x"]
+        mean, std = x.mean(0), x.std(0)
+    return train, val, mean.astype(np.float32), std.astype(np.float32)
+
+
 def build(config: MLPRegressionConfig) -> Workload:
-    train, val = make_data(config.data)
-    sizes = (config.data.features, *config.model.hidden, config.data.targets)
+    if config.data.path:
+        train, val, mean, std = open_hdf5(config.data)
+        features, targets = train.row_shapes["x"][0], train.row_shapes["y"][0]
+    else:
+        train, val = make_data(config.data)
+        val = val if len(val["x"]) else None
+        mean, std = train["x"].mean(0), train["x"].std(0)
+        features, targets = config.data.features, config.data.targets
     return Workload(
-        model=MLP(sizes, rngs=nnx.Rngs(config.seed)),
+        model=MLP((features, *config.model.hidden, targets), rngs=nnx.Rngs(config.seed)),
         loss_fn=mse_loss,
         train=train,
-        val=val if len(val["x"]) else None,
-        preprocess=data_lib.normalize("x", train["x"].mean(0), train["x"].std(0)),
+        val=val,
+        preprocess=data_lib.normalize("x", mean, std),
         augment=data_lib.gaussian_noise("x", config.data.input_noise) if config.data.input_noise else None,
     )
 

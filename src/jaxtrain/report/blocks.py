@@ -24,7 +24,7 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
         lines.append(f"  Val Loss:       {_fmt(record['val_loss'])}")
     for name, value in record.items():
         if name.startswith("val_") and name != "val_loss":
-            lines.append(f"  {'Val ' + _label(name[4:]) + ':':<16}{_fmt(value)}")
+            lines.append(f"  {'Val ' + _label(name[4:]) + ':':<15} {_fmt(value)}")
     epoch_s = record["epoch_time_s"]
     lines += [
         f"  Epoch Time:     {epoch_s / 60:.2f} min ({epoch_s:.1f}s)",
@@ -64,7 +64,7 @@ def final_block(summary: dict[str, Any]) -> str:
     for name, value in summary.items():
         if name.startswith("final_val_") and name != "final_val_loss":
             label = "Final Val " + _label(name[len("final_val_") :]) + ":"
-            lines.append(f"  {label:<22}{_fmt(value)}")
+            lines.append(f"  {label:<21} {_fmt(value)}")
     lines += [
         "",
         "TIMING STATISTICS:",
