@@ -168,3 +168,15 @@ def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
     summary = {(s["workload"], s["variant"]): s for s in payload["summary"]}
     assert summary[("mnist-cnn", "jaxtrain")]["vs_torch_eager"] > 0
     assert "jaxtrain speedup" in capsys.readouterr().out
+
+
+def test_data_benchmark_quick(tmp_path, capsys):
+    from jaxtrain.bench.data import DataBenchConfig, main
+
+    assert main(DataBenchConfig(quick=True, dir=str(tmp_path))) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["runs"]) == {"device (small file in memory)", "stream (large file)", "stream (small file)"}
+    for runs in results["runs"].values():
+        assert runs[0]["samples_per_s"] > 0 and runs[0]["peak_rss_mib"] > 0
+    assert 0 <= results["runs"]["stream (large file)"][0]["input_wait_fraction"] <= 1
+    assert results["generate_rows_per_s"]["large"] > 0 and not list(tmp_path.glob("*.h5"))  # files removed

@@ -28,6 +28,9 @@ commands:
   recipes                  list the recipes
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
+  bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
+  bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
+  bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
   data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 

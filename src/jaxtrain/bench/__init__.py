@@ -1,10 +1,11 @@
 """Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
 
-from jaxtrain.bench import checkpoint, frameworks, ladder, overhead
+from jaxtrain.bench import checkpoint, data, frameworks, ladder, overhead
 
 # name -> (config class, main(config) -> exit code)
 BENCHMARKS = {
     "checkpoint": (checkpoint.CheckpointBenchConfig, checkpoint.main),
+    "data": (data.DataBenchConfig, data.main),
     "frameworks": (frameworks.FrameworksConfig, frameworks.main),
     "ladder": (ladder.LadderConfig, ladder.main),
     "overhead": (overhead.OverheadConfig, overhead.main),
