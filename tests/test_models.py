@@ -90,9 +90,10 @@ def test_top_1_sampling_is_greedy_decoding_over_a_sliding_window():
     """Independent reference: a Python loop that re-runs the model on the last block_size tokens."""
     model = _gpt()
     out = sample(model, jnp.array([4]), 12, jax.random.key(0), top_k=1)  # 13 tokens > block_size 8
+    forward = nnx.jit(lambda m, idx: m(idx))  # compiled per context length (1..8), not per token
     tokens = [4]
     for _ in range(12):
-        logits = model(jnp.asarray(tokens[-8:])[None])[0, -1]
+        logits = forward(model, jnp.asarray(tokens[-8:])[None])[0, -1]
         tokens.append(int(jnp.argmax(logits)))
     assert list(np.asarray(out)) == tokens
 
