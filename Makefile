@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/jaxtrain train mlp-regression
 
+# Both cores: one pytest worker per test file (module fixtures are built once), about 1.5x faster.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile tests
 
 bench: $(STAMP)
 	$(VENV)/bin/jaxtrain bench overhead

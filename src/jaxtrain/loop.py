@@ -174,8 +174,10 @@ def fit(
       model: a Flax NNX module; it is trained in place and also returned in the result.
       loss_fn: `loss_fn(model, batch, key) -> (loss, metrics)`, with `metrics` a dict of scalar
         batch means (may be empty). `key` is fresh for every step.
-      train_data: a pytree (dict, tuple) of arrays with one row per sample.
-      val_data: the same structure for validation, or None.
+      train_data: a pytree (dict, tuple) of arrays with one row per sample, or a row source
+        (`jaxtrain.data.HDF5Source`, `ArraySource`). `config.data.placement` decides whether it is
+        held on the device whole or streamed in batches (auto: streamed when over the budget).
+      val_data: the same for validation (a row source is read whole onto the device), or None.
       config: training settings.
       preprocess: `batch -> batch`, traced into training and evaluation (e.g. normalisation).
       augment: `(batch, key) -> batch`, traced into training only (e.g. input noise).
