@@ -180,3 +180,11 @@ def test_data_benchmark_quick(tmp_path, capsys):
         assert runs[0]["samples_per_s"] > 0 and runs[0]["peak_rss_mib"] > 0
     assert 0 <= results["runs"]["stream (large file)"][0]["input_wait_fraction"] <= 1
     assert results["generate_rows_per_s"]["large"] > 0 and not list(tmp_path.glob("*.h5"))  # files removed
+
+
+def test_scan_benchmark_quick(capsys):
+    from jaxtrain.bench.scan import ScanBenchConfig, main
+
+    assert main(ScanBenchConfig(quick=True)) == 0
+    out = capsys.readouterr().out
+    assert "lax.conv" in out and "im2col" in out and "char-gpt" in out and out.count("x │") == 3

@@ -78,7 +78,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path):
          "error: invalid choice 'lion' for argument '--optim.name'"),
         (["train", "mlp-regression", "--data.samples", "100", "--data.val-samples", "10", "--batch-size", "500"],
          "error: batch_size=500 is larger than the training set (90 samples)"),
-        (["bench", "nope"], "error: unknown benchmark 'nope'; choose one of: checkpoint, data, frameworks, ladder, overhead"),
+        (["bench", "nope"],
+         "error: unknown benchmark 'nope'; choose one of: checkpoint, data, frameworks, ladder, overhead, scan"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(args, message, capsys):

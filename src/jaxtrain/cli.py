@@ -31,6 +31,7 @@ commands:
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
   bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
+  bench scan [OPTIONS]     a training step jitted alone vs inside lax.scan (XLA:CPU convolutions)
   data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 

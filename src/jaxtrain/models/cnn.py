@@ -1,10 +1,11 @@
 """A small CNN for 28×28 grey images (the Flax MNIST example's shape), built from layers that
 stay fast inside `lax.scan` on XLA:CPU.
 
-XLA:CPU runs `lax.conv_general_dilated` about 13× slower inside a loop body than outside one
-(jax-ml/jax#12868; measured here: 0.9 s vs 67 ms per training step at batch 128), and jaxtrain
-fuses K steps into one `lax.scan`. `Conv2D` therefore computes a stride-1 SAME convolution as
-im2col + one matmul, which XLA runs at full speed anywhere (50 ms per step inside the scan). The
+XLA:CPU runs `lax.conv_general_dilated` about 9× slower inside a loop body than outside one
+(jax-ml/jax#12868; `jaxtrain bench scan`: 786 ms vs 85 ms per training step at batch 128), and
+jaxtrain fuses K steps into one `lax.scan`. `Conv2D` therefore computes a stride-1 SAME
+convolution as im2col + one matmul, which XLA runs at full speed anywhere (49 ms per step inside
+the scan). The
 parameters have `nnx.Conv`'s layout and initialisation, and the output equals `lax.conv` (tested).
 """
 
