@@ -135,14 +135,14 @@ def sample_text(
     characters; the same seed gives the same text."""
     from jaxtrain.models.gpt import sample
 
-    recipe, _ = load_config(run_dir)
-    model, workload, _ = restore_model(run_dir, checkpoint)
-    if workload.tokenizer is None:
-        raise ConfigError(f"{run_dir} is a run of {recipe.name}, which does not generate text; use a char-gpt run")
     if not prompt:
         raise ConfigError("the prompt is empty; pass at least one character, e.g. --prompt $'\\n'")
     if length < 1:
         raise ConfigError(f"length={length} must be >= 1")
+    recipe, _ = load_config(run_dir)
+    model, workload, _ = restore_model(run_dir, checkpoint)
+    if workload.tokenizer is None:
+        raise ConfigError(f"{run_dir} is a run of {recipe.name}, which does not generate text; use a char-gpt run")
     ids = workload.tokenizer.encode(prompt)
     out = sample(model, jax.numpy.asarray(ids), length, jax.random.key(seed), temperature, top_k)
     return workload.tokenizer.decode(jax.device_get(out))
