@@ -22,19 +22,38 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.errors import JaxtrainError
+from jaxtrain.loop_state import FORMAT_VERSION
 from jaxtrain.state import TrainState
-
-FORMAT_VERSION = 1
 
 
 class CheckpointError(JaxtrainError):
     """A checkpoint that cannot be written or restored (exit code 2)."""
 
 
+def _flatten(tree: Any) -> dict[str, Any]:
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def flatten_state(state: TrainState) -> dict[str, jax.Array]:
     """`{path: array}` for every leaf of `state`; the PRNG key is stored as its raw uint32 data."""
-    state = state._replace(rng=jax.random.key_data(state.rng))
-    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]}
+    return _flatten(state._replace(rng=jax.random.key_data(state.rng)))
+
+
+def _unflatten_checked(template: Any, expected: dict[str, Any], flat: dict[str, Any]) -> Any:
+    """`template`'s structure filled from `flat`, checked name by name and shape by shape against `expected`."""
+    missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+    if missing or extra:
+        raise CheckpointError(
+            f"the checkpoint holds other variables than this model (missing {missing[:3]}, unexpected {extra[:3]}); "
+            "it was written by another model or config"
+        )
+    for name, leaf in expected.items():
+        if tuple(np.shape(flat[name])) != tuple(np.shape(leaf)):
+            raise CheckpointError(
+                f"checkpoint variable {name} has shape {tuple(np.shape(flat[name]))} but this config builds "
+                f"{tuple(np.shape(leaf))}; resume with the config the run was started with"
+            )
+    return jax.tree.unflatten(jax.tree.structure(template), [flat[name] for name in expected])
 
 
 def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
@@ -43,21 +62,8 @@ def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
     Raises:
       CheckpointError: when names or shapes differ (the checkpoint is of another model or config).
     """
-    expected = flatten_state(template)
-    missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
-    if missing or extra:
-        raise CheckpointError(
-            f"the checkpoint holds other variables than this model (missing {missing[:3]}, unexpected {extra[:3]}); "
-            "it was written by another model or config"
-        )
-    for name, leaf in expected.items():
-        if tuple(np.shape(flat[name])) != tuple(leaf.shape):
-            raise CheckpointError(
-                f"checkpoint variable {name} has shape {tuple(np.shape(flat[name]))} but this config builds "
-                f"{tuple(leaf.shape)}; resume with the config the run was started with"
-            )
-    leaves = [flat[name] for name in expected]
-    restored = jax.tree.unflatten(jax.tree.structure(template._replace(rng=jax.random.key_data(template.rng))), leaves)
+    raw = template._replace(rng=jax.random.key_data(template.rng))
+    restored = _unflatten_checked(raw, _flatten(raw), flat)
     return restored._replace(rng=jax.random.wrap_key_data(restored.rng, impl=jax.random.key_impl(template.rng)))
 
 
@@ -142,7 +148,7 @@ class Checkpointer:
         flat = flatten_state(state)
         self._preflight(sum(x.nbytes for x in flat.values()))
         # A deep copy: the save is asynchronous and the caller keeps changing its dicts and lists.
-        meta = json.loads(json.dumps({"format": FORMAT_VERSION, "step": step, "metrics": metrics or {}, **meta}))
+        meta = json.loads(json.dumps({"format": FORMAT_VERSION, **meta, "step": step, "metrics": metrics or {}}))
         args = ocp.args.Composite(state=ocp.args.StandardSave(flat))
         scores = {k: v for k, v in (metrics or {}).items() if v is not None} or None
         self._guard(lambda: self._manager.save(step, args=args, metrics=scores, force=True, custom_metadata=meta))
@@ -168,8 +174,8 @@ class Checkpointer:
     def read_meta(self, step: int) -> dict[str, Any]:
         return dict(self._manager.metadata(step).custom_metadata or {})
 
-    def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
-        """The state and meta of checkpoint `step` (the latest by default), checked against `template`."""
+    def read(self, step: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """`({path: array}, meta)` of checkpoint `step` (the latest by default), unchecked."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no complete checkpoint in {self.directory}")
@@ -185,8 +191,22 @@ class Checkpointer:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
         except Exception as e:  # noqa: BLE001 - orbax raises many types for unreadable data
             raise CheckpointError(f"cannot read checkpoint step {step} in {self.directory}: {e}") from None
-        state = unflatten_state(template, {k: jax.numpy.asarray(v) for k, v in restored["state"].items()})
-        return state, meta
+        return dict(restored["state"]), meta
+
+    def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+        """The state and meta of checkpoint `step` (the latest by default), checked against `template`."""
+        flat, meta = self.read(step)
+        return unflatten_state(template, {k: jax.numpy.asarray(v) for k, v in flat.items()}), meta
+
+    def restore_model(self, params: Any, model_state: Any, step: int | None = None) -> tuple[Any, Any]:
+        """Only the model's variables of checkpoint `step`, checked against templates of
+        `(params, model_state)`: no optimizer is needed to rebuild them."""
+        flat, _ = self.read(step)
+        template = TrainState(None, params, model_state, None, None)
+        wanted = {path: leaf for path, leaf in _flatten(template).items()}
+        picked = {path: flat[path] for path in wanted if path in flat}
+        restored = _unflatten_checked(template, wanted, picked)
+        return restored.params, restored.model_state
 
     def close(self) -> None:
         try:

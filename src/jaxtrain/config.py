@@ -100,8 +100,8 @@ class DataConfig:
     memory_budget_gb: float = 0.0
     """Device memory the dataset may take, in GiB; 0 means a quarter of device memory (2 GiB on CPU)."""
     prefetch: int = 2
-    """Streaming: batches kept on the device ahead of the compiled step (at least 2 to overlap
-    reading, copying and compute)."""
+    """Streaming: compiled calls' worth of batches (K batches each) read ahead and placed on the
+    device while the current call runs."""
     shuffle_window_mb: int = 32
     """Streaming: MiB of rows shuffled together (the shuffle buffer); blocks of ~1 MiB are read whole."""
 
@@ -141,6 +141,26 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EarlyStoppingConfig:
+    """Stop training when an epoch metric stops improving (the `EarlyStopping` hook)."""
+
+    patience: int = 0
+    """Epochs without improvement before training stops; 0 disables early stopping."""
+    metric: str = "val_loss"
+    """Epoch metric to watch: val_loss, train_loss or val_<metric>."""
+    mode: BestMode = "min"
+    """Whether lower (min) or higher (max) is better."""
+    min_delta: float = 0.0
+    """Smallest change that counts as an improvement."""
+
+    def __post_init__(self) -> None:
+        _check_choice("early_stopping.mode", self.mode, BestMode)
+        _check(isinstance(self.patience, int) and self.patience >= 0,
+               f"early_stopping.patience={self.patience!r} must be an integer >= 0")
+        _check_non_negative("early_stopping.min_delta", self.min_delta)
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """How to train: epochs, batching, fused execution, logging, optimizer and data placement."""
 
@@ -169,8 +189,12 @@ class TrainConfig:
     """Data placement settings."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """Checkpoint settings."""
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    """Early stopping settings (off by default)."""
     on_nan: OnNaN = "stop"
     """On a NaN/Inf loss or gradient: stop (exit code 3), or skip that update and count it."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to <run dir>/tensorboard (when the run has a directory)."""
 
     def __post_init__(self) -> None:
         _check_choice("on_nan", self.on_nan, OnNaN)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
+import jax.numpy as jnp
 import optax
 
 from jaxtrain.config import OptimConfig, TrainConfig
@@ -61,10 +64,39 @@ def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTran
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
 
 
-def build_train_optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTransformation:
-    """`build_optimizer` for a training run; with `on_nan="skip"` wrapped in
-    `optax.apply_if_finite`, so a non-finite gradient leaves the state unchanged (and is counted)."""
-    tx = build_optimizer(config.optim, total_steps)
+def build_train_optimizer(
+    config: TrainConfig, total_steps: int, optimizer: optax.GradientTransformation | None = None
+) -> optax.GradientTransformation:
+    """The optimizer of a training run: `optimizer` when given, else `build_optimizer(config.optim)`;
+    with `on_nan="skip"` wrapped in `optax.apply_if_finite`, so a non-finite gradient leaves the
+    state unchanged (and is counted)."""
+    tx = optimizer if optimizer is not None else build_optimizer(config.optim, total_steps)
     if config.on_nan == "skip":
         tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
     return tx
+
+
+def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
+    """The `learning_rate` hyperparameter of the first `optax.inject_hyperparams` state inside
+    `opt_state`, or None."""
+    is_injected = lambda x: isinstance(x, optax.InjectHyperparamsState)  # noqa: E731
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_injected):
+        if is_injected(leaf) and "learning_rate" in leaf.hyperparams:
+            return leaf.hyperparams["learning_rate"]
+    return None
+
+
+def learning_rate_fn(
+    tx: optax.GradientTransformation, params: optax.Params, schedule: optax.Schedule | None = None
+) -> Callable[[optax.OptState, jax.Array], jax.Array] | None:
+    """`lr(updated_opt_state, step)`, the learning rate an update used, for logging; None when
+    neither applies.
+
+    It is read from the optimizer state when the optimizer holds it (`optax.inject_hyperparams`),
+    else computed from `schedule` (the config's) at the step's index.
+    """
+    if _injected_learning_rate(jax.eval_shape(tx.init, params)) is not None:
+        return lambda opt_state, step: _injected_learning_rate(opt_state)
+    if schedule is not None:
+        return lambda opt_state, step: jnp.asarray(schedule(step), jnp.float32)
+    return None

@@ -18,6 +18,7 @@ from jaxtrain.state import TrainState
 Batch = Any  # a pytree of arrays with a leading batch axis
 Metrics = dict[str, jax.Array]
 LossFn = Callable[[nnx.Module, Batch, jax.Array], tuple[jax.Array, Metrics]]
+LearningRate = Callable[[optax.OptState, jax.Array], jax.Array]  # (updated optimizer state, step) -> lr
 Preprocess = Callable[[Batch], Batch]
 Augment = Callable[[Batch, jax.Array], Batch]
 
@@ -30,11 +31,13 @@ def make_train_step(
     tx: optax.GradientTransformation,
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
+    learning_rate: LearningRate | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Builds `train_step(state, batch) -> (state, metrics)`: one optimizer step.
 
     The step key is `fold_in(state.rng, state.step)`, split between `augment` and `loss_fn`.
-    `metrics` holds `loss` and whatever `loss_fn` returned as its second output.
+    `metrics` holds `loss`, whatever `loss_fn` returned as its second output, and `lr`, the
+    learning rate of this update, when `learning_rate` is given (see `optim.learning_rate_fn`).
     """
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
@@ -54,6 +57,8 @@ def make_train_step(
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new_state = TrainState(state.step + 1, params, model_state, opt_state, state.rng)
+        if learning_rate is not None:
+            metrics = {**metrics, "lr": learning_rate(opt_state, state.step)}
         return new_state, {"loss": loss, **metrics}
 
     return train_step
@@ -126,17 +131,18 @@ def make_scan_steps(
     return scan_steps
 
 
-def make_evaluate(
+def make_evaluate_sums(
     eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int
 ) -> Callable[[TrainState, Batch], Metrics]:
-    """`evaluate(state, data) -> metrics`: exact means over all `num_samples` rows of `data`.
+    """`evaluate_sums(state, data) -> sums`: each metric summed over all `num_samples` rows of `data`
+    (a batch mean times its batch size, added up).
 
-    Full batches run under `lax.map` (a scan); the remainder runs as one smaller batch, and each batch's
-    means are weighted by its size, so no sample is dropped or counted twice.
+    Full batches run under `lax.map` (a scan); the remainder runs as one smaller batch, so no
+    sample is dropped or counted twice.
     """
     num_full, remainder = divmod(num_samples, batch_size)
 
-    def evaluate(state: TrainState, data: Batch) -> Metrics:
+    def evaluate_sums(state: TrainState, data: Batch) -> Metrics:
         totals = None
         if num_full:
             full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
@@ -146,6 +152,15 @@ def make_evaluate(
             tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)
             tail_totals = jax.tree.map(lambda m: m * remainder, eval_step(state, tail))
             totals = tail_totals if totals is None else jax.tree.map(jnp.add, totals, tail_totals)
-        return jax.tree.map(lambda t: t / num_samples, totals)
+        return totals
 
-    return evaluate
+    return evaluate_sums
+
+
+def make_evaluate(
+    eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int
+) -> Callable[[TrainState, Batch], Metrics]:
+    """`evaluate(state, data) -> metrics`: exact means over all `num_samples` rows of `data`
+    (`make_evaluate_sums` divided by `num_samples`)."""
+    evaluate_sums = make_evaluate_sums(eval_step, num_samples, batch_size)
+    return lambda state, data: jax.tree.map(lambda t: t / num_samples, evaluate_sums(state, data))

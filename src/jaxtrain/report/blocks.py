@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+if TYPE_CHECKING:
+    from jaxtrain.hooks.base import Run
 
 RULE = "=" * 80
 INPUT_BOUND_FRACTION = 0.10  # an epoch whose step waited longer than this share of its time is input-bound
@@ -15,6 +22,74 @@ def _fmt(value: float | None) -> str:
 def _label(metric: str) -> str:
     """`mae` -> `MAE`, `top_5_accuracy` -> `Top 5 Accuracy`."""
     return metric.upper() if len(metric) <= 3 else metric.replace("_", " ").title()
+
+
+def device_description(device: jax.Device) -> str:
+    """A short human-readable name of the device, e.g. `cpu (2 cores)` or `gpu: NVIDIA H100`."""
+    if device.platform == "cpu":
+        return f"cpu ({os.cpu_count()} cores)"
+    return f"{device.platform}: {device.device_kind}"
+
+
+def header_block(run: "Run") -> str:
+    """The lines printed before training: device, data and where they live, batching, run dir."""
+    feed, config = run.feed, run.config
+    lines = [
+        f"[bold]jaxtrain[/bold] {run.name} on {device_description(run.device)}",
+        f"  data: {feed.num_samples:,} train / {run.num_val:,} val samples; training data {feed.describe()}",
+        f"  batch {config.batch_size}: {feed.steps_per_epoch:,} steps/epoch"
+        + (f" ({feed.dropped} samples/epoch dropped: partial batch)" if feed.dropped else "")
+        + (f" ({feed.steps_per_epoch * config.batch_size:,} samples per epoch drawn without replacement)"
+           if config.steps_per_epoch else ""),
+    ]
+    if run.run_dir is not None:
+        lines.append(f"  run dir: {run.run_dir}")
+    if run.resumed_step is not None:
+        loop = run.loop
+        lines.append(f"  resumed from the checkpoint at step {run.resumed_step:,} (epoch {loop.epoch}, "
+                     f"step {loop.position:,} of it)")
+        saved = loop.feed.get("placement", "device")
+        if saved != feed.placement.where:
+            lines.append(f"  note: the interrupted run's data were placed as {saved}, now {feed.placement.where}: "
+                         "the data order from here on differs from an uninterrupted run's")
+    return "\n".join(lines)
+
+
+def build_summary(run: "Run", status: str) -> dict[str, Any]:
+    """The contents of summary.json, a stable contract for scripts (hooks add to it in `on_end`)."""
+    history, loop = run.loop.history, run.loop
+    last = history[-1] if history else {}
+    val_losses = [(r["val_loss"], r["epoch"]) for r in history if "val_loss" in r]
+    best = min(val_losses) if val_losses else (None, None)
+    samples = sum(r["samples"] for r in history)
+    train_s = loop.train_time_s
+    summary = {
+        "recipe": run.name,
+        "status": status,
+        "epochs": len(history),
+        "steps": run.step,
+        "steps_per_call": run.calls.k,
+        "final_train_loss": last.get("train_loss"),
+        "final_val_loss": val_losses[-1][0] if val_losses else None,
+        "best_val_loss": best[0],
+        "best_epoch": best[1],
+        "total_time_s": run.elapsed_s,
+        "compile_time_s": run.calls.compile_s,
+        "train_time_s": train_s,
+        "mean_epoch_time_s": statistics.mean(r["epoch_time_s"] for r in history) if history else 0.0,
+        "samples_per_s": samples / train_s if train_s else 0.0,
+        "steps_per_s": run.step / train_s if train_s else 0.0,
+        "samples_per_epoch": last.get("samples"),
+        "samples_dropped_per_epoch": last.get("samples_dropped"),
+        "device": device_description(run.device),
+        "jax_version": jax.__version__,
+    }
+    if run.stop_reason:
+        summary["stop_reason"] = run.stop_reason
+    for key, value in last.items():
+        if key.startswith("val_") and key != "val_loss":
+            summary[f"final_{key}"] = value
+    return summary
 
 
 def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: float) -> str:

@@ -6,7 +6,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from jaxtrain.errors import ConfigError
 
@@ -40,6 +40,15 @@ class RunDir:
         tmp = self.path / f".{name}.tmp"
         tmp.write_text(json.dumps(_jsonable(payload), indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, self.path / name)
+
+    def keep_rows(self, keep: Callable[[dict[str, Any]], bool]) -> None:
+        """Rewrites metrics.jsonl with only the rows `keep` accepts (atomically), then appends from there."""
+        rows = [r for r in read_jsonl(self.path / "metrics.jsonl") if keep(r)]
+        self._metrics.close()
+        tmp = self.path / ".metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(_jsonable(r)) + "\n" for r in rows), encoding="utf-8")
+        os.replace(tmp, self.path / "metrics.jsonl")
+        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
 
     def log(self, record: dict[str, Any]) -> None:
         try:

@@ -1,0 +1,153 @@
+"""Compiled calls: one ahead-of-time compiled program per call length K, and the choice of K.
+
+A call runs K optimizer steps fused with `lax.scan` (see `step.py`); the feed says what the call
+takes besides the train state (device data and a permutation, or stacked streamed batches).
+Compile time is measured exactly and kept out of epoch times; the train state is donated, so its
+buffers are reused rather than doubled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Protocol
+
+import jax
+
+from jaxtrain.state import TrainState
+from jaxtrain.step import Metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoSteps:
+    """How the automatic K is measured (used when `TrainConfig.steps_per_call` is 0).
+
+    Attributes:
+      probe_lengths: the two call lengths (K_a < K_b) timed at the start of the run.
+      repeats: timed calls of each length; the fastest counts.
+      overhead_target: the per-call overhead allowed, as a fraction of a call's compute.
+    """
+
+    probe_lengths: tuple[int, int] = (16, 128)
+    repeats: int = 3
+    overhead_target: float = 0.02
+
+    def __post_init__(self) -> None:
+        from jaxtrain.errors import ConfigError
+
+        k_a, k_b = self.probe_lengths
+        if not (isinstance(k_a, int) and isinstance(k_b, int) and 1 <= k_a < k_b):
+            raise ConfigError(f"AutoSteps.probe_lengths={self.probe_lengths} must be two integers 1 <= K_a < K_b")
+        if self.repeats < 1 or not self.overhead_target > 0:
+            raise ConfigError("AutoSteps.repeats must be >= 1 and overhead_target > 0")
+
+
+class StepsPerCall:
+    """Chooses K, the optimizer steps fused into one compiled call.
+
+    A K set by the user is used as is. Otherwise the first calls of the run (real training
+    steps) are timed at two lengths, K_a and K_b: `t(K) = overhead + K * step` gives both
+    costs, and K becomes the smallest length whose overhead is under `overhead_target` of its
+    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a.
+    """
+
+    def __init__(self, fixed: int, steps_per_epoch: int, auto: AutoSteps = AutoSteps()):
+        k_a, k_b = (min(k, steps_per_epoch) for k in auto.probe_lengths)
+        self.k = min(fixed, steps_per_epoch) if fixed else k_a
+        can_measure = not fixed and k_a < k_b and auto.repeats * (k_a + k_b) <= steps_per_epoch
+        self._plan = [k_a] * auto.repeats + [k_b] * auto.repeats if can_measure else []
+        self._times: dict[int, list[float]] = {}
+        self._steps_per_epoch = steps_per_epoch
+        self._target = auto.overhead_target
+
+    @property
+    def measuring(self) -> bool:
+        return bool(self._plan)
+
+    def next_length(self, remaining: int) -> int:
+        """Steps for the next call, given the steps left in the epoch."""
+        if self._plan and self._plan[0] > remaining:  # too close to the epoch's end to measure
+            self._plan = []
+        return self._plan[0] if self._plan else min(self.k, remaining)
+
+    def record(self, k: int, seconds: float) -> str | None:
+        """Takes the time of a measured call; after the last one, picks K and describes why."""
+        self._times.setdefault(k, []).append(seconds)
+        self._plan.pop(0)
+        if self._plan:
+            return None
+        (k_a, t_a), (k_b, t_b) = sorted((k, min(ts)) for k, ts in self._times.items())
+        step_s = max((t_b - t_a) / (k_b - k_a), 1e-9)
+        overhead_s = max(t_a - k_a * step_s, 0.0)
+        needed = math.ceil(round(overhead_s / (self._target * step_s), 6))
+        self.k = k_a if needed <= k_a else k_b if needed <= k_b else min(needed, self._steps_per_epoch)
+        share = overhead_s / (overhead_s + self.k * step_s)
+        return (
+            f"K={self.k} steps per compiled call (measured: {step_s * 1e3:.3f} ms per step, "
+            f"{overhead_s * 1e3:.3f} ms per call = {share:.1%} overhead at K={self.k})"
+        )
+
+
+class CallSource(Protocol):
+    """What `CompiledCalls` needs from a feed: the function of one call and its arguments' shapes."""
+
+    def make_call(self, train_step: Callable, k: int) -> Callable[..., tuple[TrainState, Metrics]]: ...
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]: ...
+
+
+class CompiledCalls:
+    """The compiled K-step calls of a run, compiled ahead of time on first use, with donation.
+
+    `calls(k, state, args)` runs one call of k steps and returns `(state, metrics)` with each
+    metric stacked to shape (k,). While the K chooser is measuring, each call is timed (a host
+    sync); afterwards calls are asynchronous.
+
+    Args:
+      source: the feed, which builds the function of a call and describes its arguments.
+      train_step: the pure `train_step(state, batch) -> (state, metrics)`.
+      state: a train state (or its shapes) to compile for.
+      chooser: the K chooser.
+      log: where the K chooser's decision is reported.
+    """
+
+    def __init__(self, source: CallSource, train_step: Callable, state: TrainState, chooser: StepsPerCall,
+                 log: Callable[[str], None] = lambda message: None):
+        self.source, self.train_step, self.chooser, self.log = source, train_step, chooser, log
+        self._state_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        self._compiled: dict[int, Callable] = {}
+        self.compile_s = 0.0
+
+    @property
+    def k(self) -> int:
+        """The K in use (the measured choice once measuring is over)."""
+        return self.chooser.k
+
+    def next_length(self, remaining: int) -> int:
+        return self.chooser.next_length(remaining)
+
+    def compile(self, fn: Callable, *args: Any, donate: bool = False) -> Callable:
+        """Compiles `fn` for `args` ahead of time (donating the first argument if asked); the
+        seconds it takes are added to `compile_s`."""
+        t0 = time.perf_counter()
+        compiled = jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(*args).compile()
+        self.compile_s += time.perf_counter() - t0
+        return compiled
+
+    def get(self, k: int) -> Callable:
+        """The compiled call of k steps (compiled now if it is new)."""
+        if k not in self._compiled:
+            fn = self.source.make_call(self.train_step, k)
+            self._compiled[k] = self.compile(fn, self._state_shapes, *self.source.abstract_args(k), donate=True)
+        return self._compiled[k]
+
+    def __call__(self, k: int, state: TrainState, args: tuple[Any, ...]) -> tuple[TrainState, Metrics]:
+        fn = self.get(k)
+        t0 = time.perf_counter()
+        state, metrics = fn(state, *args)
+        if self.chooser.measuring:  # the first calls of the run are timed one by one
+            jax.block_until_ready(metrics)
+            if message := self.chooser.record(k, time.perf_counter() - t0):
+                self.log(message)
+        return state, metrics

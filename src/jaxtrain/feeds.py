@@ -1,0 +1,271 @@
+"""Feeds: where a compiled call's batches come from.
+
+A feed hands the loop, per compiled call of K steps, the arguments of that call besides the train
+state, and builds the call's function around the pure train step:
+
+- `DeviceFeed`: the whole training set on the device; a permutation per epoch computed there;
+  each step gathers its batch inside the compiled call. No host work per step.
+- `StreamFeed`: rows read from a source (HDF5 file, arrays) by a background thread in a shuffled
+  block order, stacked K batches at a time and placed on the device ahead of the running call.
+  It measures how long the device waited for input.
+
+Feeds are checkpointable like Grain's iterators: `get_state()` is a JSON-ready dict of what,
+besides the loop's epoch and position, fixes the data order, and `set_state()` takes it back.
+`make_feed` holds the placement decision (device-resident when the data fit the memory budget).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtrain import data as data_lib
+from jaxtrain.config import TrainConfig
+from jaxtrain.data.arrays import Placement
+from jaxtrain.data.sources import ArraySource
+from jaxtrain.data.stream import BackgroundIterator, DevicePrefetcher, StreamLoader
+from jaxtrain.errors import ConfigError, DataError
+from jaxtrain.step import epoch_permutation, make_multi_step, make_scan_steps
+
+Compile = Callable[..., Callable]  # CompiledCalls.compile: (fn, *args, donate=False) -> executable
+
+
+class Feed(Protocol):
+    """Where a run's training batches come from (see the module docstring)."""
+
+    placement: Placement
+    num_samples: int  # rows of the training set
+    steps_per_epoch: int
+    dropped: int  # samples a full pass leaves out (the last partial batch)
+    device_bytes: int  # device memory the feed holds for the whole run
+
+    def setup(self, compile: Compile) -> None:
+        """Places what must live on the device and compiles helpers (compile time is counted)."""
+
+    def make_call(self, train_step: Callable, k: int) -> Callable: ...
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]: ...
+
+    def start_epoch(self, epoch: int, position: int) -> None:
+        """Positions the feed at step `position` (0-based) of epoch `epoch` (1-based)."""
+
+    def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
+        """The arguments of the next call of k steps. `previous` holds outputs of the call still
+        running, if any: a feed that measures input wait waits for it first."""
+
+    def epoch_stats(self, train_s: float) -> dict[str, float]:
+        """Figures of the epoch for its record (e.g. input wait)."""
+
+    def describe(self) -> str: ...
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
+    """(steps per epoch, samples of the last partial batch that a full pass drops) for `n_train` samples.
+
+    Raises:
+      ConfigError: the batch, or steps_per_epoch batches, need more samples than there are.
+    """
+    B = config.batch_size
+    if B > n_train:
+        raise ConfigError(
+            f"batch_size={B} is larger than the training set ({n_train} samples); use --batch-size {n_train} or less"
+        )
+    if config.steps_per_epoch:
+        if config.steps_per_epoch * B > n_train:
+            raise ConfigError(
+                f"steps_per_epoch={config.steps_per_epoch} batches of {B} need {config.steps_per_epoch * B:,} "
+                f"samples but the training set has {n_train:,}; use --steps-per-epoch {n_train // B} or less"
+            )
+        return config.steps_per_epoch, 0  # a sample of the set, not a pass: nothing is "dropped"
+    return divmod(n_train, B)
+
+
+class DeviceFeed:
+    """The training set held on the device; batches gathered inside the compiled call."""
+
+    def __init__(self, data: Any, config: TrainConfig, placement: Placement, data_key: jax.Array,
+                 device: jax.Device):
+        self.placement, self._host, self._device = placement, data, device
+        self.num_samples = data_lib.num_samples(data, "train_data")
+        self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
+        self.device_bytes = data_lib.nbytes(data)
+        self._B, self._key = config.batch_size, data_key
+        self._data = self._permute = self._perm = None
+        self._position = 0
+
+    def setup(self, compile: Compile) -> None:
+        self._data = jax.device_put(jax.tree.map(jnp.asarray, self._host), self._device)
+        self._host = None  # the device copy is the one used from here
+        n = self.num_samples
+        self._permute = compile(lambda key, epoch: epoch_permutation(key, epoch, n), self._key, 1)
+
+    def make_call(self, train_step: Callable, k: int) -> Callable:
+        return make_multi_step(train_step, self._B, k)
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]:
+        return self._data, jax.ShapeDtypeStruct((self.num_samples,), jnp.int32), jnp.int32(0)
+
+    def start_epoch(self, epoch: int, position: int) -> None:
+        self._perm, self._position = self._permute(self._key, epoch), position
+
+    def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
+        args = (self._data, self._perm, jnp.int32(self._position))
+        self._position += k
+        return args
+
+    def epoch_stats(self, train_s: float) -> dict[str, float]:
+        return {}
+
+    def describe(self) -> str:
+        return f"on the device ({self.placement.reason})"
+
+    def get_state(self) -> dict[str, Any]:
+        return {"placement": "device", "data_key": np.asarray(jax.random.key_data(self._key)).tolist()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if "data_key" in state:
+            self._key = jax.random.wrap_key_data(jnp.asarray(state["data_key"], jnp.uint32))
+
+    def close(self) -> None:
+        pass
+
+
+class StreamFeed:
+    """Training batches streamed from a row source: a reader thread shuffles blocks and rows
+    (`StreamLoader`), a transfer thread stacks K batches and puts them on the device
+    (`DevicePrefetcher`), up to `config.data.prefetch` calls ahead."""
+
+    def __init__(self, source: Any, config: TrainConfig, placement: Placement, treedef: Any = None):
+        self.placement, self._source, self._treedef = placement, source, treedef
+        self.num_samples = len(source)
+        self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
+        self.device_bytes = 0
+        self._B, self._seed, self._prefetch = config.batch_size, config.seed, config.data.prefetch
+        self._loader = StreamLoader(source, self._B, seed=config.seed, queue_depth=max(16, 2 * self._prefetch),
+                                    window_bytes=config.data.shuffle_window_mb << 20)
+        row = source.read(0, 1)
+        self._spec = {name: (v.shape[1:], v.dtype) for name, v in row.items()}
+        self._epoch, self._position = 1, 0
+        self._prefetcher: DevicePrefetcher | None = None
+        self._wait_s = 0.0
+
+    def setup(self, compile: Compile) -> None:
+        pass
+
+    def make_call(self, train_step: Callable, k: int) -> Callable:
+        scan_steps, treedef, names = make_scan_steps(train_step), self._treedef, list(self._spec)
+        if treedef is None:
+            return scan_steps
+        return lambda state, batches: scan_steps(state, jax.tree.unflatten(treedef, [batches[n] for n in names]))
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]:
+        return ({n: jax.ShapeDtypeStruct((k, self._B, *shape), dtype) for n, (shape, dtype) in self._spec.items()},)
+
+    def start_epoch(self, epoch: int, position: int) -> None:
+        self.close()
+        self._epoch, self._position, self._wait_s = epoch, position, 0.0
+
+    def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
+        if previous is not None:  # from here the device is idle: waiting for batches is input-bound time
+            jax.block_until_ready(previous)
+        if self._prefetcher is None:  # one transfer per call of k batches, `prefetch` calls ahead
+            batches = self._loader.iter_epoch(self._epoch, self._position)
+            self._prefetcher = DevicePrefetcher(batches, depth=self._prefetch * k, group=k)
+        t0 = time.perf_counter()
+        stacked = self._prefetcher.next_batches(k)
+        self._wait_s += time.perf_counter() - t0
+        self._position += k
+        return (stacked,)
+
+    def epoch_stats(self, train_s: float) -> dict[str, float]:
+        return {"input_wait_s": self._wait_s, "input_wait_fraction": self._wait_s / max(train_s, 1e-9)}
+
+    def describe(self) -> str:
+        return (f"streamed ({self.placement.reason}; shuffle window {self._loader.window_nbytes / 1024**2:,.0f} MiB, "
+                f"batches of up to {self._prefetch} calls read ahead onto the device)")
+
+    def get_state(self) -> dict[str, Any]:
+        return {"placement": "stream", "seed": self._seed}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        pass  # the order is a function of (seed, epoch); the seed comes from the config
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+
+def as_source(data: Any, name: str) -> tuple[Any, Any]:
+    """`(row source, treedef)` for `data`: a source as is (treedef None), a dict of arrays as an
+    `ArraySource` (treedef None), any other pytree of arrays as an `ArraySource` over its leaves
+    plus the treedef that rebuilds a batch."""
+    if data_lib.is_source(data):
+        return data, None
+    data_lib.num_samples(data, name)
+    if isinstance(data, dict) and all(isinstance(k, str) for k in data) and not any(
+            isinstance(v, (dict, list, tuple)) for v in data.values()):
+        return ArraySource({k: np.asarray(v) for k, v in data.items()}), None
+    leaves, treedef = jax.tree.flatten(data)
+    return ArraySource({f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}), treedef
+
+
+def budget_bytes(config: TrainConfig, device: jax.Device) -> int:
+    """Device memory the datasets may take (`--data.memory-budget-gb`, else a default)."""
+    return int(config.data.memory_budget_gb * 1024**3) or data_lib.default_budget_bytes(device)
+
+
+def _bytes(data: Any) -> int:
+    return data.row_nbytes * len(data) if data_lib.is_source(data) else data_lib.nbytes(data)
+
+
+def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, device: jax.Device) -> Feed:
+    """The feed for `train_data` (a pytree of arrays or a row source), placed by `config.data.placement`:
+    auto keeps it on the device within the memory budget and streams it otherwise.
+
+    Raises:
+      DataError, ConfigError: data without rows, of different lengths, or fewer rows than a batch.
+    """
+    if not data_lib.is_source(train_data):
+        data_lib.num_samples(train_data, "train_data")
+    placement = data_lib.choose_placement(config.data.placement, _bytes(train_data), budget_bytes(config, device))
+    if placement.where == "stream":
+        source, treedef = as_source(train_data, "train_data")
+        return StreamFeed(source, config, placement, treedef)
+    if data_lib.is_source(train_data):
+        train_data = train_data.read(0, len(train_data))  # fits the budget: read it whole, once
+    return DeviceFeed(train_data, config, placement, data_key, device)
+
+
+def place_validation(val_data: Any, config: TrainConfig, feed: Feed, device: jax.Device) -> tuple[Any, bool]:
+    """`(data, streamed)`: validation data go on the device whole when they fit what the training
+    data leave of the memory budget, and are evaluated streamed from a row source otherwise."""
+    left = budget_bytes(config, device) - feed.device_bytes
+    if _bytes(val_data) > left and config.data.placement != "device":
+        return as_source(val_data, "val_data"), True
+    if data_lib.is_source(val_data):
+        val_data = val_data.read(0, len(val_data))
+    data_lib.num_samples(val_data, "val_data")
+    return val_data, False
+
+
+def stream_blocks(source: Any, rows_per_block: int, depth: int = 2) -> BackgroundIterator:
+    """Consecutive blocks of `rows_per_block` rows of `source` (the last may be shorter), read by a
+    background thread `depth` blocks ahead: `{name: (n, ...)}` host arrays."""
+    def produce(put: Callable[[dict], None]) -> None:
+        for start in range(0, len(source), rows_per_block):
+            put(source.read(start, min(len(source), start + rows_per_block)))
+
+    if rows_per_block < 1:
+        raise DataError(f"rows_per_block={rows_per_block} must be >= 1")
+    return BackgroundIterator(produce, depth, name="jaxtrain-eval-stream")

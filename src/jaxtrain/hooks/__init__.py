@@ -1,0 +1,24 @@
+"""Hooks: small objects that react to the training loop's events (see `hooks.base`)."""
+
+from jaxtrain.hooks.base import Hook, LambdaHook, Run
+from jaxtrain.hooks.checkpointing import CheckpointHook
+from jaxtrain.hooks.early_stopping import EarlyStopping
+from jaxtrain.hooks.evaluation import EvalHook
+from jaxtrain.hooks.metrics import MetricsHook
+from jaxtrain.hooks.progress import PlotHook, ProgressHook
+from jaxtrain.hooks.run_files import RunFilesHook
+from jaxtrain.hooks.tensorboard import TensorBoard
+
+__all__ = [
+    "CheckpointHook",
+    "EarlyStopping",
+    "EvalHook",
+    "Hook",
+    "LambdaHook",
+    "MetricsHook",
+    "PlotHook",
+    "ProgressHook",
+    "Run",
+    "RunFilesHook",
+    "TensorBoard",
+]

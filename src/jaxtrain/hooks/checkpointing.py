@@ -1,0 +1,73 @@
+"""Orbax checkpoints of the train state and the loop state: at every epoch end, every
+`every_steps` steps (at the next call boundary) and when SIGINT/SIGTERM arrives; the newest
+`keep_last` and the `keep_best` best by `best_metric` are kept."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxtrain.checkpoint import Checkpointer, CheckpointError
+from jaxtrain.config import CheckpointConfig
+from jaxtrain.errors import JaxtrainError
+from jaxtrain.hooks.base import Hook, Run
+from jaxtrain.loop_state import LoopState
+from jaxtrain.state import TrainState
+
+
+class CheckpointHook(Hook):
+    """Saves checkpoints into `directory` (`<run dir>/checkpoints`); `restore` resumes from one."""
+
+    def __init__(self, directory: str | os.PathLike, config: CheckpointConfig, name: str = "fit"):
+        self.config, self._name = config, name
+        self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode)
+        self._last_save = 0
+
+    def restore(self, template: TrainState) -> tuple[TrainState, LoopState]:
+        """The newest complete checkpoint's train state (checked against `template`) and loop state."""
+        state, meta = self.ckpt.restore(template)
+        try:
+            loop = LoopState.from_meta(meta)
+        except JaxtrainError as e:
+            raise CheckpointError(f"{self.ckpt.directory}: {e}") from None
+        return state, loop
+
+    def on_start(self, run: Run) -> None:
+        self._last_save = run.step
+        run.last_checkpoint = self._describe_last
+        run.resume_hint = f"checkpoint saved; resume with: jaxtrain train {self._name} --resume {self.ckpt.directory.parent}"
+
+    def _describe_last(self) -> str:
+        latest = self.ckpt.latest_step()
+        return f"the last good checkpoint is step {latest}" if latest is not None else "no checkpoint was saved"
+
+    def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        every = self.config.every_steps
+        due = run.stop_signal is not None or (every and run.step - self._last_save >= every)
+        if due and run.loop.position < run.feed.steps_per_epoch:  # epoch ends save in on_epoch_end
+            run.flush()  # every metric up to this step is fetched and checked finite
+            self._save(run, None)
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._save(run, {self.config.best_metric: record.get(self.config.best_metric)})
+        if run.epoch == run.config.epochs or run.stop_reason is not None:
+            self.ckpt.wait()  # a failed final save is an error of the run
+
+    def _save(self, run: Run, metrics: dict[str, Any] | None) -> None:
+        self.ckpt.save(run.step, run.state, run.snapshot().to_meta(), metrics)
+        self._last_save = run.step
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        try:
+            self.ckpt.wait()
+        except CheckpointError:
+            pass  # reported by the save that failed, or by the wait in on_epoch_end
+        summary["latest_checkpoint_step"] = self.ckpt.latest_step()
+        self.ckpt.close()
+
+    @property
+    def directory(self) -> Path:
+        return self.ckpt.directory

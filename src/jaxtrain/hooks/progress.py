@@ -1,0 +1,60 @@
+"""What a person watches: the run header, a progress bar per epoch, the epoch blocks, the loss
+curves' path and the final block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from rich.console import Console
+
+from jaxtrain.hooks.base import Hook, Run
+from jaxtrain.report import EpochProgress, epoch_block, final_block, header_block
+from jaxtrain.report.plots import plot_run
+
+FINISHED = ("completed", "stopped early")
+
+
+class ProgressHook(Hook):
+    """Prints the header and blocks; with `bar`, a rich progress bar (steps/s, samples/s, ETA,
+    the last logged loss)."""
+
+    def __init__(self, console: Console, bar: bool = True):
+        self.console, self._bar_enabled = console, bar
+        self._bar: EpochProgress | None = None
+
+    def message(self, text: str) -> None:
+        self.console.print(f"  {text}")
+
+    def on_start(self, run: Run) -> None:
+        self._bar = EpochProgress(self.console, run.config.batch_size, enabled=self._bar_enabled)
+        self.console.print(header_block(run))
+
+    def on_epoch_start(self, run: Run) -> None:
+        self._bar.start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch, completed=run.loop.position)
+
+    def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        self._bar.advance(k)
+
+    def on_log(self, run: Run, row: dict[str, Any]) -> None:
+        self._bar.advance(0, row["loss"])
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._bar.end_epoch()
+        self.console.print(epoch_block(run.epoch, run.config.epochs, record, run.elapsed_s))
+        if run.stop_reason:
+            self.message(run.stop_reason)
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        if self._bar is not None:
+            self._bar.end_epoch()
+        if summary["status"] in FINISHED:
+            self.console.print(final_block(summary))
+
+
+class PlotHook(Hook):
+    """Draws the run's loss curves to `<run dir>/curves.png` when training finished."""
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        if run.run_dir is not None and summary["status"] in FINISHED:
+            run.console.print(f"  loss curves: {plot_run(run.run_dir)}")
