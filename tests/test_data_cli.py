@@ -9,8 +9,8 @@ import pytest
 from jaxtrain.cli import main
 from jaxtrain.data import generate as generate_module
 from jaxtrain.data import generate_dataset, inspect_file, make_rows
-from jaxtrain.data.generate import ALPHABET, KYTE_DOOLITTLE
 from jaxtrain.data.inspect import sample_ranges
+from jaxtrain.data.synthetic import ALPHABET, KYTE_DOOLITTLE
 
 
 def read_all(path) -> dict[str, np.ndarray]:

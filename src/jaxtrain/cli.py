@@ -9,7 +9,7 @@ import logging
 import re
 import sys
 import warnings
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from jaxtrain.errors import ConfigError, JaxtrainError
 
@@ -181,10 +181,81 @@ def _bench(args: Sequence[str]) -> int:
     return main(config)
 
 
-def _data(args: Sequence[str]) -> int:
-    from jaxtrain.data import generate, inspect
+@dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """Options of `jaxtrain data generate WORKLOAD OUT.h5`."""
 
-    commands = {"generate": generate.command, "inspect": inspect.command}
+    samples: int
+    """Rows to write (up to 10^8; memory stays bounded)."""
+    seq_len: int = 128
+    """Sequence length L (sequence workload)."""
+    chunk_rows: int | None = None
+    """Rows per HDF5 chunk; default chunks of about 512 KiB."""
+    compression: Literal["none", "gzip", "lzf"] = "none"
+    """Chunk compression."""
+    seed: int = 0
+    """Dataset seed."""
+    force: bool = False
+    """Replace OUT.h5 if it exists."""
+    quiet: bool = False
+    """No progress bar."""
+
+
+def _data_generate(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.data.generate import WORKLOADS, check_arguments, generate_dataset
+    from jaxtrain.report.data_report import print_generated, row_progress
+
+    prog = "jaxtrain data generate WORKLOAD OUT.h5"
+    positional = [a for a in args[:2] if not a.startswith("-")]
+    if len(positional) < 2 and not ("-h" in args or "--help" in args):
+        raise ConfigError(f"usage: {prog} --samples N [OPTIONS]; WORKLOAD is one of: {', '.join(WORKLOADS)}")
+    o = parse_config(GenerateOptions, None, list(args[len(positional):]), prog)
+    workload, out = positional
+    check_arguments(workload, out, o.samples, o.seq_len, o.chunk_rows, o.compression, o.seed, o.force)
+    console = Console()
+    with row_progress(workload, o.samples, console, quiet=o.quiet) as on_rows:
+        result = generate_dataset(workload, out, o.samples, seq_len=o.seq_len, chunk_rows=o.chunk_rows,
+                                  compression=o.compression, seed=o.seed, force=o.force, on_rows=on_rows)
+    print_generated(result, console)
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectOptions:
+    """Options of `jaxtrain data inspect FILE`."""
+
+    rows: int = 100_000
+    """Rows to sample per dataset for the statistics."""
+    json: bool = False
+    """Print the report as JSON."""
+
+
+def _data_inspect(args: Sequence[str]) -> int:
+    import json
+
+    from rich.console import Console
+
+    from jaxtrain.bench.child import peak_rss_bytes
+    from jaxtrain.data.inspect import inspect_file
+    from jaxtrain.report.data_report import print_inspection
+
+    prog = "jaxtrain data inspect FILE"
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
+        raise ConfigError(f"usage: {prog} [--rows N] [--json]")
+    rest = list(args[1:]) if not args[0].startswith("-") else list(args)
+    options = parse_config(InspectOptions, InspectOptions(), rest, prog)
+    report = {**inspect_file(args[0], options.rows), "peak_rss_bytes": peak_rss_bytes()}
+    if options.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_inspection(report, Console())
+    return 0
+
+
+def _data(args: Sequence[str]) -> int:
+    commands = {"generate": _data_generate, "inspect": _data_inspect}
     if not args or args[0] not in commands:
         given = f" {args[0]!r}" if args else ""
         raise ConfigError(f"unknown data command{given}; choose one of: {', '.join(commands)}")

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from jaxtrain.bench.child import child_main, peak_rss_mib, run_child
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,15 +62,14 @@ def _child(spec: dict) -> dict:
     record = result.history[-1]
     return {"samples_per_s": result.summary["samples_per_s"], "train_time_s": result.summary["train_time_s"],
             "input_wait_fraction": record.get("input_wait_fraction"),
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mib": peak_rss_mib()}
 
 
 def _run_child(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "jaxtrain.bench.data", "--child", json.dumps(spec)],
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"benchmark child failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_child("jaxtrain.bench.data", spec)
+    if "error" in result:
+        raise RuntimeError(f"benchmark child failed: {result['error']}")
+    return result
 
 
 def _generate(path: Path, rows: int) -> float:
@@ -167,7 +165,4 @@ def _report(results: dict, config: DataBenchConfig, console: Console) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        print(json.dumps(_child(json.loads(sys.argv[2]))))
-    else:
-        sys.exit("usage: python -m jaxtrain.bench.data --child SPEC (use `jaxtrain bench data`)")
+    child_main(_child)

@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import importlib.util
 import io
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxtrain.bench.child import child_main, peak_rss_mib, run_child, torch_available
 from jaxtrain.errors import ConfigError
 
 WORKLOADS = ("mnist-cnn", "char-gpt")
@@ -212,10 +210,6 @@ def prepare(workload: str, config: FrameworksConfig, directory: Path) -> Prepare
     return Prepared(workload, to_dict(rconfig), spec_path, steps, spe, B, float(flops), n_train, n_val)
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     """One jaxtrain run in this (fresh) process: the recipe's workload through `jaxtrain.fit`, no run
     directory, as `runs.train` would call it."""
@@ -238,25 +232,14 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
         interval.update({k: v for k, v in r.items() if k.startswith("val_")})
         intervals.append(interval)
     return {"train_s": s["train_time_s"], "compile_s": s["compile_time_s"], "steps": s["steps"],
-            "steps_per_call": s["steps_per_call"], "intervals": intervals, "peak_rss_mib": _peak_rss_mib(),
+            "steps_per_call": s["steps_per_call"], "intervals": intervals, "peak_rss_mib": peak_rss_mib(),
             "device": s["device"], "jax_version": s["jax_version"]}
 
 
 def _run_child(prepared: Prepared, variant: str) -> dict[str, Any]:
     if variant == "jaxtrain":
-        command = [sys.executable, "-m", "jaxtrain.bench.frameworks", "--child", prepared.workload,
-                   json.dumps(prepared.recipe_config)]
-    else:
-        command = [sys.executable, str(TORCH_SCRIPT), str(prepared.spec_path), variant]
-    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines = proc.stdout.strip().splitlines()
-    try:
-        result = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        result = {"error": (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}, no output"])[-1]}
-    if proc.returncode != 0 and "error" not in result:
-        result = {"error": f"exit code {proc.returncode}"}
-    return result
+        return run_child("jaxtrain.bench.frameworks", {"workload": prepared.workload, "config": prepared.recipe_config})
+    return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant})
 
 
 def _derive(r: dict[str, Any], prepared: Prepared, peak_gflops: float, target: float) -> None:
@@ -319,10 +302,6 @@ def _summarise(runs: list[dict[str, Any]], workloads: list[str], variants: list[
     return rows
 
 
-def _torch_available() -> bool:
-    return importlib.util.find_spec("torch") is not None
-
-
 def main(config: FrameworksConfig) -> int:
     from rich.console import Console
 
@@ -334,7 +313,7 @@ def main(config: FrameworksConfig) -> int:
         config = dataclasses.replace(config, runs=1)
         if "torch-compile" in variants:
             skipped["torch-compile"] = "not run with --quick (compiling takes minutes on a small CPU)"
-    if not _torch_available():
+    if not torch_available():
         for v in ("torch-eager", "torch-compile"):
             if v in variants:
                 skipped.setdefault(v, "torch is not installed (pip install 'jaxtrain[bench]', or torch==2.13.0 on CPU)")
@@ -554,5 +533,5 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
-    print(json.dumps(jaxtrain_child(sys.argv[2], json.loads(sys.argv[3]))))
+if __name__ == "__main__":
+    child_main(lambda payload: jaxtrain_child(payload["workload"], payload["config"]))

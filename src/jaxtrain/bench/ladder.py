@@ -9,15 +9,14 @@ with the original's. A variant 0–5 that disagrees by more than 1e-5 fails the 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from jaxtrain.bench.child import child_main, run_child, torch_available
 
 TOLERANCE = 1e-5  # max |prediction difference| against the original, float32
 FLOP_PER_SAMPLE = 3 * 2 * (128 * 512 + 512 * 512 + 512 * 64)  # forward + backward ≈ 3 × forward matmuls
@@ -103,13 +102,9 @@ def worker(variant: int, config: LadderConfig) -> dict:
     return result
 
 
-def _run_worker(variant: int, config: LadderConfig) -> dict:
-    command = [sys.executable, "-m", "jaxtrain.bench.ladder", str(variant), json.dumps(dataclasses.asdict(config))]
-    proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"variant": variant, "error": last}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _child(payload: dict) -> dict:
+    config = LadderConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["config"].items()})
+    return worker(payload["variant"], config)
 
 
 def measure_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -128,12 +123,6 @@ def measure_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def _torch_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
-
-
 def main(config: LadderConfig) -> int:
     from rich.console import Console
 
@@ -149,12 +138,13 @@ def main(config: LadderConfig) -> int:
                   f"batch {config.batch_size}; matmul peak measured {peak:.0f} GFLOP/s")
     results = []
     for variant in config.variants:
-        if variant >= 6 and not _torch_available():
+        if variant >= 6 and not torch_available():
             results.append({"variant": variant, "skipped": "torch is not installed (pip install torch==2.13.0)"})
             console.print(f"  variant {variant}: skipped, torch is not installed (pip install torch==2.13.0)")
             continue
         console.print(f"  variant {variant}: running in a fresh process ...")
-        results.append(_run_worker(variant, config))
+        payload = {"variant": variant, "config": dataclasses.asdict(config)}
+        results.append({"variant": variant, **run_child("jaxtrain.bench.ladder", payload)})
         if "error" in results[-1]:
             console.print(f"    failed: {results[-1]['error']}")
 
@@ -168,6 +158,4 @@ def main(config: LadderConfig) -> int:
 
 
 if __name__ == "__main__":
-    print(json.dumps(worker(int(sys.argv[1]), LadderConfig(**{
-        k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[2]).items()
-    }))))
+    child_main(_child)

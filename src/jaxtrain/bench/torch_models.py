@@ -7,26 +7,29 @@ torch.compile, from the arrays and settings the driver (`frameworks.py`) prepare
 data, the initial weights, every step's rows and learning rate, and a batch with JAX's logits
 for the forward check.
 
-The driver runs this file as a script (`python torch_models.py SPEC.json VARIANT`), not as
-`python -m jaxtrain...`: importing the jaxtrain package imports JAX (about 190 MB), which would
-inflate the PyTorch child's peak RSS. So this module imports only the standard library, NumPy and
-torch (the optional `jaxtrain[bench]` extra).
+The driver runs this file as a script (`run_child`: `python torch_models.py --child JSON`), not
+as `python -m jaxtrain...`: importing the jaxtrain package imports JAX (about 190 MB), which would
+inflate the PyTorch child's peak RSS. So this module imports only the standard library, NumPy,
+torch (the optional `jaxtrain[bench]` extra) and its sibling `child.py` (standard library only).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
-import sys
 import time
-import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if __package__:  # imported as jaxtrain.bench.torch_models
+    from jaxtrain.bench.child import child_main, peak_rss_mib
+else:  # run as a script: this file's directory is sys.path[0], and `child` imports only the standard library
+    from child import child_main, peak_rss_mib
 
 FORWARD_TOLERANCE = 1e-4  # max |logit difference| / max |JAX logit| on the initial weights, float32
 
@@ -241,10 +244,6 @@ def _evaluate(task: Any, fn: Callable, eval_batch_size: int) -> dict[str, float]
     return {f"val_{name}": total / n for name, total in zip(task.metric_names, totals)}
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def train(spec: dict[str, Any], variant: str) -> dict[str, Any]:
     """One benchmark run of `variant` (torch-eager or torch-compile) on the prepared workload `spec`.
 
@@ -319,7 +318,7 @@ def train(spec: dict[str, Any], variant: str) -> dict[str, Any]:
         intervals[0]["train_s"] -= excess
     result: dict[str, Any] = {
         "train_s": sum(r["train_s"] for r in intervals), "compile_s": compile_s, "first_step_s": first_step_s,
-        "steps": step, "intervals": intervals, "forward_check": check, "peak_rss_mib": _peak_rss_mib(),
+        "steps": step, "intervals": intervals, "forward_check": check, "peak_rss_mib": peak_rss_mib(),
         "threads": torch.get_num_threads(), "device": "cpu", "torch_version": torch.__version__,
     }
     if variant == "torch-compile":
@@ -332,12 +331,5 @@ def train(spec: dict[str, Any], variant: str) -> dict[str, Any]:
     return result
 
 
-if __name__ == "__main__":
-    try:
-        with open(sys.argv[1]) as f:
-            print(json.dumps(train(json.load(f), sys.argv[2])))
-    except Exception as e:  # the driver records the error (e.g. torch.compile failing) and goes on
-        traceback.print_exc()
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        print(json.dumps({"error": f"{type(e).__name__}: {first_line}"[:500]}))
-        sys.exit(1)
+if __name__ == "__main__":  # errors (e.g. torch.compile failing) are reported to the driver, which goes on
+    child_main(lambda payload: train(json.loads(Path(payload["spec"]).read_text()), payload["variant"]))

@@ -10,10 +10,11 @@ from jaxtrain.data.arrays import (
     num_samples,
 )
 from jaxtrain.data.datasets import CharTokenizer, fetch, load_mnist, load_tinyshakespeare, read_idx
-from jaxtrain.data.generate import generate_dataset, make_rows
+from jaxtrain.data.generate import generate_dataset
 from jaxtrain.data.inspect import inspect_file
 from jaxtrain.data.sources import ArraySource, HDF5Source
 from jaxtrain.data.stream import DevicePrefetcher, StreamLoader
+from jaxtrain.data.synthetic import make_rows
 from jaxtrain.data.transforms import compose, gaussian_noise, normalize
 
 __all__ = [

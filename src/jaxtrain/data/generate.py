@@ -1,25 +1,10 @@
 """Synthetic HDF5 datasets of any size, written block by block in bounded memory.
 
-Each workload is a pure function of (seed, start, stop) -> rows: rows are made in generation
-blocks of `GEN_BLOCK_ROWS` rows, block i from a generator seeded by (seed, 1, i), so a file's
-content depends on the seed and its row count only, not on chunking, compression or block size.
-
-Workloads:
-  mlp-regression: `features` float32 (N, 128) and `targets` float32 (N, 64). z ~ N(0, 1)^128,
-    features = z * scale + offset (per-feature offsets ~ N(0, 2), scales ~ U(0.5, 3)), targets =
-    tanh(z W1) W2 + 0.1 N(0, 1) with a fixed random teacher W1 (128x256), W2 (256x64) drawn from
-    (seed, 0) -- the process of `recipes/mlp_regression.make_data`. The root attributes carry the
-    exact per-feature mean and std (ddof 0, float64 accumulation) of all N rows, so a recipe can
-    normalise without reading the file first.
-  sequence: `input_sequences` int8 (N, L), i.i.d. uniform symbols of a 20-letter amino-acid
-    alphabet; `targets` float32 (N, 2) and `labels` int32 (N,):
-      targets[:, 0] = mean Kyte-Doolittle hydrophobicity of the sequence, standardised with its
-                      exact mean and std under uniform symbols (a linear function of the counts);
-      targets[:, 1] = the number of positions where a positive residue (K, R) is followed by a
-                      negative one (D, E), standardised with its exact mean and std (a motif a
-                      width-2 convolution finds);
-      both plus 0.1 N(0, 1) noise, so each has variance about 1.01;
-      labels = the quartile of targets[:, 0] under N(0, 1.01): 4 balanced classes.
+The rows are those of `jaxtrain.data.synthetic` (a pure function of the seed and the row index),
+so a file's content depends on the workload, its seed and its row count only, not on chunking,
+compression or write size. mlp-regression files also carry, as root attributes, the exact
+per-feature mean and std (ddof 0, float64 accumulation) of all N rows, so a recipe can normalise
+without reading the file first.
 """
 
 from __future__ import annotations
@@ -30,110 +15,26 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable
 
 import h5py
 import numpy as np
 
+from jaxtrain.data.synthetic import (
+    ALPHABET,
+    FEATURES,
+    GEN_BLOCK_ROWS,
+    LABEL_NOISE,
+    NUM_CLASSES,
+    WORKLOADS,
+    make_rows,
+    row_layout,
+)
 from jaxtrain.errors import ConfigError, DataError
 
-WORKLOADS = ("mlp-regression", "sequence")
-GEN_BLOCK_ROWS = 8192  # rows per generator seed: part of the file format (changing it changes the data)
 WRITE_ROWS = 65536  # rows generated and written per step: bounds the writer's memory
 CHUNK_BYTES = 1 << 19  # default HDF5 chunk: about 512 KiB of the widest dataset
 MAX_CHUNK_BYTES = 1 << 30
-
-# mlp-regression
-FEATURES, TARGETS, TEACHER_WIDTH, LABEL_NOISE = 128, 64, 256, 0.1
-
-# sequence
-ALPHABET = "ACDEFGHIKLMNPQRSTVWY"
-KYTE_DOOLITTLE = np.array([1.8, 2.5, -3.5, -3.5, 2.8, -0.4, -3.2, 4.5, -3.9, 3.8,
-                           1.9, -3.5, -1.6, -3.5, -4.5, -0.8, -0.7, 4.2, -0.9, -1.3])  # in ALPHABET order
-POSITIVE, NEGATIVE = [ALPHABET.index(c) for c in "KR"], [ALPHABET.index(c) for c in "DE"]
-SEQUENCE_NOISE = 0.1
-NUM_CLASSES = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class Teacher:
-    """The fixed parameters of the mlp-regression process."""
-
-    offset: np.ndarray  # (F,)
-    scale: np.ndarray  # (F,)
-    w1: np.ndarray  # (F, H)
-    w2: np.ndarray  # (H, T)
-
-
-def regression_teacher(seed: int) -> Teacher:
-    """The per-feature offsets and scales and the tanh teacher of seed `seed`."""
-    rng = np.random.default_rng((seed, 0))
-    F, H, T = FEATURES, TEACHER_WIDTH, TARGETS
-    return Teacher(
-        offset=rng.normal(0.0, 2.0, F).astype(np.float32),
-        scale=rng.uniform(0.5, 3.0, F).astype(np.float32),
-        w1=rng.normal(0.0, 1.0 / np.sqrt(F), (F, H)).astype(np.float32),
-        w2=rng.normal(0.0, 1.0 / np.sqrt(H), (H, T)).astype(np.float32),
-    )
-
-
-def _regression_block(teacher: Teacher, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    z = rng.standard_normal((n, FEATURES), dtype=np.float32)  # (n, F): the teacher sees standardised inputs
-    noise = rng.standard_normal((n, TARGETS), dtype=np.float32)  # (n, T)
-    y = np.tanh(z @ teacher.w1) @ teacher.w2 + LABEL_NOISE * noise  # (n, T)
-    return {"features": z * teacher.scale + teacher.offset, "targets": y.astype(np.float32)}
-
-
-def _sequence_moments(seq_len: int) -> tuple[float, float, float, float]:
-    """Exact mean and std of the mean hydrophobicity and of the motif count for uniform symbols."""
-    p = 1.0 / len(ALPHABET)
-    h_mean, h_std = KYTE_DOOLITTLE.mean(), KYTE_DOOLITTLE.std() / math.sqrt(seq_len)
-    q = (len(POSITIVE) * p) * (len(NEGATIVE) * p)  # P(motif starts at a position)
-    # Motif starts at i and i+1 exclude each other (position i+1 cannot be positive and negative).
-    var = (seq_len - 1) * q * (1 - q) - 2 * max(seq_len - 2, 0) * q * q
-    return h_mean, h_std, (seq_len - 1) * q, math.sqrt(var) if var > 0 else 1.0
-
-
-def _sequence_block(seq_len: int, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-    tokens = rng.integers(0, len(ALPHABET), (n, seq_len), dtype=np.int8)  # (n, L)
-    h_mean, h_std, m_mean, m_std = _sequence_moments(seq_len)
-    hydro = KYTE_DOOLITTLE[tokens].mean(axis=1)  # (n,)
-    motif = (np.isin(tokens[:, :-1], POSITIVE) & np.isin(tokens[:, 1:], NEGATIVE)).sum(axis=1)  # (n,)
-    noise = SEQUENCE_NOISE * rng.standard_normal((n, 2))
-    targets = np.stack([(hydro - h_mean) / h_std, (motif - m_mean) / m_std], axis=1) + noise  # (n, 2)
-    edges = np.array([-0.6744897501960817, 0.0, 0.6744897501960817]) * math.sqrt(1 + SEQUENCE_NOISE**2)
-    labels = np.searchsorted(edges, targets[:, 0]).astype(np.int32)  # (n,) quartile of N(0, 1.01)
-    return {"input_sequences": tokens, "targets": targets.astype(np.float32), "labels": labels}
-
-
-def _layout(workload: str, seq_len: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Dataset name -> (row shape, dtype)."""
-    if workload == "mlp-regression":
-        return {"features": ((FEATURES,), np.dtype(np.float32)), "targets": ((TARGETS,), np.dtype(np.float32))}
-    return {"input_sequences": ((seq_len,), np.dtype(np.int8)), "targets": ((2,), np.dtype(np.float32)),
-            "labels": ((), np.dtype(np.int32))}
-
-
-def make_rows(workload: str, seed: int, start: int, stop: int, seq_len: int = 128) -> dict[str, np.ndarray]:
-    """Rows [start, stop) of a workload's dataset, exactly as `generate_dataset` writes them.
-
-    Returns:
-      mlp-regression: {"features": (n, 128) float32, "targets": (n, 64) float32};
-      sequence: {"input_sequences": (n, L) int8, "targets": (n, 2) float32, "labels": (n,) int32}.
-    """
-    if workload not in WORKLOADS:
-        raise ConfigError(f"unknown workload {workload!r}; choose one of: {', '.join(WORKLOADS)}")
-    teacher = regression_teacher(seed) if workload == "mlp-regression" else None
-    parts = []
-    for block in range(start // GEN_BLOCK_ROWS, -(-stop // GEN_BLOCK_ROWS)):
-        rng = np.random.default_rng((seed, 1, block))
-        rows = (_regression_block(teacher, rng, GEN_BLOCK_ROWS) if teacher is not None
-                else _sequence_block(seq_len, rng, GEN_BLOCK_ROWS))
-        lo, hi = max(start - block * GEN_BLOCK_ROWS, 0), min(stop - block * GEN_BLOCK_ROWS, GEN_BLOCK_ROWS)
-        parts.append({k: v[lo:hi] for k, v in rows.items()})
-    if not parts:
-        return {k: np.empty((0, *shape), dtype) for k, (shape, dtype) in _layout(workload, seq_len).items()}
-    return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in parts[0]}
 
 
 class _MomentAccumulator:
@@ -173,7 +74,7 @@ class GenerateResult:
 
 def default_chunk_rows(workload: str, samples: int, seq_len: int = 128) -> int:
     """A power of two with chunks of about 512 KiB for the widest dataset (at most `samples`)."""
-    widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in _layout(workload, seq_len).values())
+    widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in row_layout(workload, seq_len).values())
     rows = 1 << max(0, int(math.log2(max(1, CHUNK_BYTES // widest))))
     return max(1, min(rows, samples))
 
@@ -202,7 +103,7 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
       DataError: the file cannot be written (a missing or read-only directory, a full disk).
     """
     chunk_rows = check_arguments(workload, out, samples, seq_len, chunk_rows, compression, seed, force)
-    layout = _layout(workload, seq_len)
+    layout = row_layout(workload, seq_len)
     widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
     out = Path(out)
     tmp = out.with_name(out.name + ".partial")
@@ -237,7 +138,7 @@ def check_arguments(workload: str, out: str | os.PathLike, samples: int, seq_len
             raise ConfigError(f"{name}={value} must be an integer >= 1")
     if seed < 0:
         raise ConfigError(f"seed={seed} must be >= 0")
-    widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in _layout(workload, seq_len).values())
+    widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in row_layout(workload, seq_len).values())
     chunk_rows = chunk_rows or default_chunk_rows(workload, samples, seq_len)
     if chunk_rows < 1 or chunk_rows * widest > MAX_CHUNK_BYTES:
         raise ConfigError(f"chunk_rows={chunk_rows} must be >= 1 and give chunks of at most 1 GiB "
@@ -278,51 +179,3 @@ def _write(f: h5py.File, workload: str, samples: int, seq_len: int, chunk_rows: 
     else:
         f.attrs.update({"seq_len": seq_len, "alphabet_size": len(ALPHABET), "alphabet": ALPHABET,
                         "num_classes": NUM_CLASSES})
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateOptions:
-    """Options of `jaxtrain data generate WORKLOAD OUT.h5`."""
-
-    samples: int
-    """Rows to write (up to 10^8; memory stays bounded)."""
-    seq_len: int = 128
-    """Sequence length L (sequence workload)."""
-    chunk_rows: int | None = None
-    """Rows per HDF5 chunk; default chunks of about 512 KiB."""
-    compression: Literal["none", "gzip", "lzf"] = "none"
-    """Chunk compression."""
-    seed: int = 0
-    """Dataset seed."""
-    force: bool = False
-    """Replace OUT.h5 if it exists."""
-    quiet: bool = False
-    """No progress bar."""
-
-
-def command(args: Sequence[str]) -> int:
-    """`jaxtrain data generate WORKLOAD OUT.h5 --samples N [OPTIONS]`: writes a dataset with a progress bar."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from jaxtrain.cli import parse_config
-
-    prog = "jaxtrain data generate WORKLOAD OUT.h5"
-    positional = [a for a in args[:2] if not a.startswith("-")]
-    if len(positional) < 2 and not ("-h" in args or "--help" in args):
-        raise ConfigError(f"usage: {prog} --samples N [OPTIONS]; WORKLOAD is one of: {', '.join(WORKLOADS)}")
-    o = parse_config(GenerateOptions, None, list(args[len(positional):]), prog)
-    workload, out = positional
-    check_arguments(workload, out, o.samples, o.seq_len, o.chunk_rows, o.compression, o.seed, o.force)
-    console = Console()
-    progress = Progress(TextColumn(f"[bold]{workload}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows ETA"),
-                        TimeRemainingColumn(), console=console, disable=o.quiet)
-    with progress:
-        task = progress.add_task("generate", total=o.samples)
-        result = generate_dataset(workload, out, o.samples, seq_len=o.seq_len, chunk_rows=o.chunk_rows,
-                                  compression=o.compression, seed=o.seed, force=o.force,
-                                  on_rows=lambda rows: progress.update(task, completed=rows))
-    console.print(f"wrote {result.path}: {result.samples:,} rows in {result.seconds:.1f} s "
-                  f"({result.rows_per_s:,.0f} rows/s), {result.bytes / 1024**2:,.1f} MiB on disk", markup=False,
-                  soft_wrap=True)
-    return 0

@@ -7,14 +7,12 @@ chunks are what HDF5 reads and decompresses anyway), read a few MiB at a time, s
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import resource
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import h5py
 import numpy as np
@@ -164,7 +162,7 @@ def inspect_file(path: str | os.PathLike, rows: int = DEFAULT_ROWS) -> dict[str,
       {"file", "size_bytes", "attrs", "datasets": [per dataset: name, shape, dtype, chunks,
       compression, storage_bytes, nbytes, sampled_rows, overall / columns statistics (mean, std,
       min, max over finite values; nan, inf counts), histogram (integer data with few values)],
-      "seconds", "sample_peak_bytes" (tracemalloc peak while reading), "peak_rss_bytes"}.
+      "seconds", "sample_peak_bytes" (tracemalloc peak while reading)}.
 
     Raises:
       ConfigError: rows < 1.
@@ -189,113 +187,4 @@ def inspect_file(path: str | os.PathLike, rows: int = DEFAULT_ROWS) -> dict[str,
     return {
         "file": str(path), "size_bytes": path.stat().st_size, "attrs": attrs, "datasets": datasets,
         "seconds": time.perf_counter() - t0, "sample_peak_bytes": sample_peak,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
     }
-
-
-def _mib(n: int) -> str:
-    return f"{n / 1024**2:,.1f} MiB"
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
-
-
-def _attr(value: Any) -> str:
-    if isinstance(value, list) and len(value) > 4:
-        head = ", ".join(_num(v) if isinstance(v, float) else str(v) for v in value[:3])
-        return f"[{head}, ...] ({len(value)} values)"
-    return str(value)
-
-
-def render(report: dict[str, Any], console: Any, max_columns: int = 8) -> None:
-    """Prints an `inspect_file` report as rich tables."""
-    from rich.table import Table
-
-    console.print(f"{report['file']}: {_mib(report['size_bytes'])} on disk", style="bold", markup=False, soft_wrap=True)
-    table = Table(title="datasets", title_justify="left")
-    for column in ("name", "shape", "dtype", "chunks", "compression", "on disk", "uncompressed"):
-        table.add_column(column, justify="right" if column in ("on disk", "uncompressed") else "left")
-    for d in report["datasets"]:
-        compression = d["compression"] or "none"
-        if d["compression_opts"] is not None:
-            compression += f" ({d['compression_opts']})"
-        table.add_row(d["name"], str(tuple(d["shape"])), d["dtype"], str(tuple(d["chunks"])) if d["chunks"] else
-                      "contiguous", compression, _mib(d["storage_bytes"]), _mib(d["nbytes"]))
-    console.print(table)
-    if report["attrs"]:
-        attrs = Table(title="attributes", title_justify="left")
-        attrs.add_column("name")
-        attrs.add_column("value", overflow="fold")
-        for key, value in report["attrs"].items():
-            attrs.add_row(key, _attr(value))
-        console.print(attrs)
-    for d in report["datasets"]:
-        _render_dataset(d, console, max_columns)
-    console.print(f"sampled up to {max((d['sampled_rows'] for d in report['datasets']), default=0):,} rows per "
-                  f"dataset in {report['seconds']:.2f} s; peak memory: {_mib(report['sample_peak_bytes'])} of "
-                  f"arrays read (tracemalloc), {_mib(report['peak_rss_bytes'])} process RSS", soft_wrap=True)
-
-
-def _render_dataset(d: dict[str, Any], console: Any, max_columns: int) -> None:
-    from rich.table import Table
-
-    if d["note"]:
-        console.print(f"{d['name']}: {d['note']}", markup=False, soft_wrap=True)
-        return
-    title = (f"{d['name']}: {d['sampled_rows']:,} of {d['shape'][0]:,} rows sampled "
-             f"({d['sample_ranges']} contiguous range{'s' if d['sample_ranges'] != 1 else ''})")
-    table = Table(title=title, title_justify="left")
-    for column in ("column", "mean", "std", "min", "max", "NaN", "Inf"):
-        table.add_column(column, justify="left" if column == "column" else "right")
-
-    def add(label: str, s: dict[str, Any], **style) -> None:
-        table.add_row(label, *(_num(s[k]) for k in ("mean", "std", "min", "max")), f"{s['nan']:,}", f"{s['inf']:,}",
-                      **style)
-
-    columns = d["columns"]
-    tokens = d["histogram"] is not None and len(columns) > 1  # e.g. (N, L) symbols: a histogram says more
-    if not tokens and len(columns) > 1:
-        for i, s in enumerate(columns[:max_columns]):
-            add(str(i), s)
-        if len(columns) > max_columns:
-            table.add_row(f"... {len(columns) - max_columns} more (--json)", *[""] * 6)
-    add(f"all {len(columns)}" if len(columns) > 1 else "all", d["overall"], style="bold")
-    console.print(table)
-    if d["histogram"] is not None:
-        counts = {int(k): v for k, v in d["histogram"].items()}
-        total = sum(counts.values())
-        shown = ", ".join(f"{k}: {100 * v / total:.1f}%" for k, v in list(counts.items())[:32])
-        more = f", ... ({len(counts) - 32} more)" if len(counts) > 32 else ""
-        console.print(f"  values {min(counts)}..{max(counts)}, {len(counts)} distinct: {shown}{more}", soft_wrap=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class InspectOptions:
-    """Options of `jaxtrain data inspect FILE`."""
-
-    rows: int = DEFAULT_ROWS
-    """Rows to sample per dataset for the statistics."""
-    json: bool = False
-    """Print the report as JSON."""
-
-
-def command(args: Sequence[str]) -> int:
-    """`jaxtrain data inspect FILE [--rows N] [--json]`."""
-    import json
-
-    from rich.console import Console
-
-    from jaxtrain.cli import parse_config
-
-    prog = "jaxtrain data inspect FILE"
-    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
-        raise ConfigError(f"usage: {prog} [--rows N] [--json]")
-    rest = list(args[1:]) if not args[0].startswith("-") else list(args)
-    options = parse_config(InspectOptions, InspectOptions(), rest, prog)
-    report = inspect_file(args[0], options.rows)
-    if options.json:
-        print(json.dumps(report, indent=2))
-    else:
-        render(report, Console())
-    return 0

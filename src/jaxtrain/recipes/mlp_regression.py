@@ -21,6 +21,7 @@ from flax import nnx
 from jaxtrain import data as data_lib
 from jaxtrain.config import DataConfig
 from jaxtrain.data.sources import HDF5Source
+from jaxtrain.data.synthetic import regression_rows
 from jaxtrain.errors import ConfigError
 from jaxtrain.models import MLP
 from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
@@ -81,20 +82,16 @@ class MLPRegressionConfig(RecipeConfig):
 
 
 def make_data(config: RegressionDataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The train and validation splits as dicts {"x": (N, F) float32, "y": (N, T) float32}."""
-    rng = np.random.default_rng(config.seed)
-    F, T, H, N = config.features, config.targets, config.teacher_width, config.samples
-    offset = rng.normal(0.0, 2.0, F).astype(np.float32)
-    scale = rng.uniform(0.5, 3.0, F).astype(np.float32)
-    w1 = rng.normal(0.0, 1.0 / np.sqrt(F), (F, H)).astype(np.float32)
-    w2 = rng.normal(0.0, 1.0 / np.sqrt(H), (H, T)).astype(np.float32)
-    z = rng.standard_normal((N, F), dtype=np.float32)  # the teacher sees standardised inputs
-    x = z * scale + offset
-    y = np.tanh(z @ w1) @ w2 + config.label_noise * rng.standard_normal((N, T), dtype=np.float32)
-    n_train = N - config.val_samples
-    split = lambda a: (a[:n_train], a[n_train:])  # noqa: E731
-    (x_tr, x_va), (y_tr, y_va) = split(x), split(y.astype(np.float32))
-    return {"x": x_tr, "y": y_tr}, {"x": x_va, "y": y_va}
+    """The train and validation splits as dicts {"x": (N, F) float32, "y": (N, T) float32}.
+
+    Rows 0..N-1 of `jaxtrain.data.synthetic.regression_rows`: with the default sizes, the rows of
+    `jaxtrain data generate mlp-regression OUT.h5 --samples N --seed SEED`; the last val_samples validate.
+    """
+    rows = regression_rows(config.seed, 0, config.samples, features=config.features, targets=config.targets,
+                           teacher_width=config.teacher_width, label_noise=config.label_noise)
+    n_train = config.samples - config.val_samples
+    x, y = rows["features"], rows["targets"]  # (N, F), (N, T)
+    return {"x": x[:n_train], "y": y[:n_train]}, {"x": x[n_train:], "y": y[n_train:]}
 
 
 def mse_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
