@@ -24,6 +24,15 @@ from jaxtrain.state import init_state
 from jaxtrain.step import epoch_permutation
 
 
+TIMINGS = ("elapsed_s", "train_time_s", "eval_time_s", "epoch_time_s", "input_wait_s", "input_wait_fraction")
+
+
+def _log_rows(run_dir) -> list[dict]:
+    """metrics.jsonl without its timings: what must equal between a resumed and an uninterrupted run."""
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]
+
+
 def _params(state) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
@@ -75,6 +84,32 @@ def test_resume_from_every_checkpoint_is_bit_exact(tmp_path):
         np.testing.assert_allclose([r["train_loss"] for r in resumed.history],
                                    [r["train_loss"] for r in reference.history], rtol=1e-6)
         assert resumed.history[-1]["val_loss"] == reference.history[-1]["val_loss"]
+        assert _log_rows(run) == _log_rows(tmp_path / "full")
+
+
+def test_format_1_checkpoints_still_resume(tmp_path):
+    """A checkpoint written by jaxtrain 0.1 (flat metadata, format 1) resumes to the same result."""
+    reference = _run(tmp_path / "full", log_every=1000)
+    run = tmp_path / "old"
+    shutil.copytree(tmp_path / "full", run)
+    step = next(s for s in Checkpointer(run / "checkpoints").steps() if s > 25 and s % 25)  # mid-epoch 2
+    for later in (p for p in (run / "checkpoints").iterdir() if p.name.isdigit() and int(p.name) > step):
+        shutil.rmtree(later)
+    meta_file = run / "checkpoints" / str(step) / "_CHECKPOINT_METADATA"
+    stored = json.loads(meta_file.read_text())
+    new = stored["custom_metadata"]
+    metrics = new["hooks"]["metrics"]["epoch"]
+    stored["custom_metadata"] = {  # the 0.1 layout of the same checkpoint
+        "format": 1, "step": step, "metrics": {}, "epoch": new["epoch"], "index_in_epoch": new["position"],
+        "steps_per_call": new["steps_per_call"], "placement": "device", "data_key": new["feed"]["data_key"],
+        "history": new["history"], "epoch_means": metrics, "train_time_s": new["train_time_s"],
+        "skipped_steps": metrics["skipped"],
+    }
+    meta_file.write_text(json.dumps(stored))
+    resumed = _run(run, resume=True, log_every=1000)
+    _assert_bit_equal(_params(resumed.state), _params(reference.state))
+    np.testing.assert_allclose([r["train_loss"] for r in resumed.history],
+                               [r["train_loss"] for r in reference.history], rtol=1e-6)
 
 
 def test_keeps_the_last_k_and_the_best(tmp_path):
@@ -144,6 +179,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, reference_
         trials.append((kills, attempts))
         _assert_bit_equal(_final_params(run_dir), expected)
         assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4 * (4000 // 32)
+        assert _log_rows(run_dir) == _log_rows(reference_run)  # rows written after a checkpoint appear once
     assert sum(k for k, _ in trials) >= 2  # the kills really happened
 
 

@@ -1,9 +1,11 @@
 """jaxtrain: fast, memory-efficient neural-network training on JAX by default."""
 
-from jaxtrain import data, models
+from jaxtrain import data, hooks, models
+from jaxtrain.calls import AutoSteps
 from jaxtrain.checkpoint import CheckpointError
-from jaxtrain.config import CheckpointConfig, DataConfig, OptimConfig, TrainConfig
+from jaxtrain.config import CheckpointConfig, DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig
 from jaxtrain.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
+from jaxtrain.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
 from jaxtrain.loop import FitResult, TrainingStopped, fit
 from jaxtrain.optim import build_optimizer, build_schedule
 from jaxtrain.runs import load
@@ -13,15 +15,21 @@ from jaxtrain.step import make_eval_step, make_evaluate, make_multi_step, make_t
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoSteps",
     "CheckpointConfig",
     "CheckpointError",
     "ConfigError",
     "DataConfig",
     "DataError",
+    "EarlyStopping",
+    "EarlyStoppingConfig",
     "FitResult",
+    "Hook",
     "JaxtrainError",
+    "LambdaHook",
     "NonFiniteLossError",
     "OptimConfig",
+    "TensorBoard",
     "TrainConfig",
     "TrainState",
     "TrainingStopped",
@@ -29,6 +37,7 @@ __all__ = [
     "build_schedule",
     "data",
     "fit",
+    "hooks",
     "init_state",
     "load",
     "make_eval_step",

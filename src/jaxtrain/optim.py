@@ -79,7 +79,7 @@ def build_train_optimizer(
 def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
     """The `learning_rate` hyperparameter of the first `optax.inject_hyperparams` state inside
     `opt_state`, or None."""
-    is_injected = lambda x: isinstance(x, optax.InjectHyperparamsState)  # noqa: E731
+    is_injected = lambda x: isinstance(x, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState))  # noqa: E731
     for leaf in jax.tree.leaves(opt_state, is_leaf=is_injected):
         if is_injected(leaf) and "learning_rate" in leaf.hyperparams:
             return leaf.hyperparams["learning_rate"]

@@ -1,0 +1,225 @@
+"""The engine's seams: user hooks, early stopping, TensorBoard, your own optimizer, automatic K
+inside fit, streamed validation, any pytree streamed, and argument errors."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import leaves_close, mse, regression_data, silent, small_mlp
+
+from jaxtrain import DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig, fit
+from jaxtrain.calls import AutoSteps
+from jaxtrain.errors import ConfigError
+from jaxtrain.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
+
+
+def _config(**overrides):
+    return TrainConfig(**{"epochs": 2, "batch_size": 16, "steps_per_call": 3, **overrides})
+
+
+class Recorder(Hook):
+    def __init__(self):
+        self.calls, self.rows, self.epochs, self.events = [], [], [], []
+
+    def on_start(self, run):
+        self.events.append("start")
+
+    def after_call(self, run, k, metrics):
+        self.calls.append((run.step, k, metrics))
+
+    def on_log(self, run, row):
+        self.rows.append(row)
+
+    def on_epoch_end(self, run, record):
+        self.epochs.append(dict(record))
+
+    def on_end(self, run, summary):
+        self.events.append(summary["status"])
+
+
+def test_user_hook_sees_every_call_and_its_metrics_equal_the_logged_rows():
+    recorder = Recorder()
+    data = regression_data(160)  # 10 steps per epoch; K=3 gives calls of 3, 3, 3, 1
+    result = fit(small_mlp(), mse, data, None, _config(log_every=4), hooks=[recorder], quiet=True, console=silent())
+    assert [k for _, k, _ in recorder.calls] == [3, 3, 3, 1] * 2
+    assert [s for s, _, _ in recorder.calls] == [3, 6, 9, 10, 13, 16, 19, 20]
+    losses = np.concatenate([np.asarray(m["loss"]) for _, _, m in recorder.calls])  # (20,) every step's loss
+    assert losses.shape == (20,)
+    # Rows are means over fixed windows of 4 steps, whatever the call boundaries.
+    assert [r["step"] for r in recorder.rows] == [4, 8, 12, 16, 20]
+    for row in recorder.rows:
+        np.testing.assert_allclose(row["loss"], losses[row["step"] - 4 : row["step"]].mean(), rtol=1e-6)
+    np.testing.assert_allclose(result.history[0]["train_loss"], losses[:10].mean(), rtol=1e-6)
+    assert recorder.epochs[1]["train_loss"] == result.history[1]["train_loss"]
+    assert recorder.events == ["start", "completed"]
+
+
+def test_lambda_hook_and_learning_rate_from_the_schedule():
+    rows = []
+    optim = OptimConfig(lr=0.01, schedule="warmup-cosine", warmup_steps=5, min_lr=0.001)
+    fit(small_mlp(), mse, regression_data(160), None, _config(log_every=5, optim=optim),
+        hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], quiet=True, console=silent())
+    schedule = optax.warmup_cosine_decay_schedule(0.0, 0.01, 5, 20, 0.001)
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    for row in rows:  # the rate of the window's last update, step index row["step"] - 1
+        np.testing.assert_allclose(row["lr"], float(schedule(row["step"] - 1)), rtol=1e-6)
+
+
+def test_custom_optax_chain_trains_and_logs_its_injected_learning_rate():
+    everything = regression_data(400)
+    train, val = {k: v[:320] for k, v in everything.items()}, {k: v[320:] for k, v in everything.items()}
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.inject_hyperparams(optax.sgd)(learning_rate=0.05,
+                                                                                          momentum=0.9))
+    rows = []
+    result = fit(small_mlp(), mse, train, val, _config(epochs=4, log_every=10), optimizer=tx,
+                 hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], quiet=True, console=silent())
+    losses = [r["train_loss"] for r in result.history]
+    assert losses[-1] < 0.6 * losses[0]
+    assert all(r["lr"] == pytest.approx(0.05) for r in rows)
+    # K does not change the result with your own optimizer either.
+    again = fit(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx, quiet=True,
+                console=silent())
+    assert leaves_close(again.state.params, result.state.params) <= 1e-6
+
+
+def test_early_stopping_stops_and_says_so(tmp_path):
+    everything = regression_data(300)
+    train, val = {k: v[:200] for k, v in everything.items()}, {k: v[200:] for k, v in everything.items()}
+    # A learning rate this large makes validation loss stop improving within a few epochs.
+    config = _config(epochs=40, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
+    console = silent()
+    result = fit(small_mlp(), mse, train, val, config, run_dir=tmp_path, quiet=True, console=console)
+    val_losses = [r["val_loss"] for r in result.history]
+    stopped = len(val_losses)
+    assert stopped < 40
+    best = int(np.argmin(val_losses))
+    assert stopped == best + 3  # two epochs after the best without improvement, then stop
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "stopped early" and "did not improve for 2 epochs" in summary["stop_reason"]
+    assert "stopped early: val_loss" in console.file.getvalue()
+
+
+def test_early_stopping_hook_with_max_mode_and_min_delta():
+    hook = EarlyStopping("val_accuracy", patience=2, mode="max", min_delta=0.01)
+
+    class FakeRun:
+        epoch, stop_reason = 0, None
+
+    run = FakeRun()
+    for epoch, accuracy in enumerate([0.5, 0.6, 0.605, 0.609, 0.7], start=1):
+        run.epoch = epoch
+        hook.on_epoch_end(run, {"val_accuracy": accuracy, "val_loss": 1.0})
+        if run.stop_reason:
+            break
+    assert run.epoch == 4 and hook.best == 0.6 and hook.best_epoch == 2  # +0.005, +0.009: not > 0.01
+    with pytest.raises(ConfigError, match="'val_acc' is not in the epoch record; choose one of: .*val_accuracy"):
+        EarlyStopping("val_acc").on_epoch_end(FakeRun(), {"train_loss": 1.0, "val_loss": 1.0, "val_accuracy": 0.5})
+
+
+def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data, val = regression_data(160), regression_data(40, seed=1)
+    recorder = Recorder()
+    fit(small_mlp(), mse, data, val, _config(log_every=5), hooks=[recorder], run_dir=tmp_path, quiet=True,
+        console=silent())
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/mae", "train/lr", "epoch/train_loss", "val/loss", "val/mae",
+            "throughput/samples_per_s"} <= tags
+    logged = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert [s for s, _ in logged] == [r["step"] for r in recorder.rows]
+    np.testing.assert_allclose([v for _, v in logged], [r["loss"] for r in recorder.rows], rtol=1e-6)
+    val_logged = [e.value for e in events.Scalars("val/loss")]
+    np.testing.assert_allclose(val_logged, [r["val_loss"] for r in recorder.epochs], rtol=1e-6)
+
+
+def test_tensorboard_without_a_directory_is_a_clear_error():
+    with pytest.raises(ConfigError, match="TensorBoard hook needs a run directory"):
+        fit(small_mlp(), mse, regression_data(64), None, _config(epochs=1), hooks=[TensorBoard()], quiet=True,
+            console=silent())
+
+
+def test_automatic_k_inside_fit_with_injected_thresholds():
+    data = regression_data(800)  # 50 steps per epoch; probes of 2 and 4 steps, 3 of each
+    one = fit(small_mlp(), mse, data, None, _config(steps_per_call=1), quiet=True, console=silent())
+    console = silent()
+    everything = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=console,
+                     auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e-12))
+    # Any real per-call overhead needs more than an epoch of steps to be 1e-12 of compute: K = the epoch.
+    assert everything.summary["steps_per_call"] == 50
+    assert "K=50 steps per compiled call (measured:" in console.file.getvalue()
+    lenient = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=silent(),
+                  auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9))
+    assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a
+    for result in (everything, lenient):
+        assert leaves_close(result.state.params, one.state.params) <= 1e-6
+
+
+def test_any_pytree_streams_and_large_validation_is_evaluated_streamed():
+    everything = regression_data(400)
+    as_dict = {k: v[:300] for k, v in everything.items()}
+    val = {k: v[300:] for k, v in everything.items()}  # 100 rows: 4.4 KiB
+
+    def tuple_mse(model, batch, key):
+        x, y = batch
+        return mse(model, {"x": x, "y": y}, key)
+
+    budget = DataConfig(placement="stream", memory_budget_gb=1e-9, shuffle_window_mb=1)
+    config = _config(epochs=2, eval_batch_size=16, data=budget)  # validation over the tiny budget: streamed
+    from_tuple = fit(small_mlp(), tuple_mse, (as_dict["x"], as_dict["y"]), (val["x"], val["y"]), config,
+                     quiet=True, console=silent())
+    from_dict = fit(small_mlp(), mse, as_dict, val, config, quiet=True, console=silent())
+    assert leaves_close(from_tuple.state.params, from_dict.state.params) == 0.0
+    # The streamed validation loss equals NumPy's on the final parameters (100 = 6 batches of 16 + 4).
+    p = jax.tree.map(np.asarray, from_dict.state.params)
+    h = np.maximum(val["x"] @ p["layers"][0]["kernel"] + p["layers"][0]["bias"], 0)
+    err = h @ p["layers"][1]["kernel"] + p["layers"][1]["bias"] - val["y"]
+    np.testing.assert_allclose(from_dict.history[-1]["val_loss"], np.mean(err**2), rtol=1e-5)
+    np.testing.assert_allclose(from_tuple.history[-1]["val_loss"], np.mean(err**2), rtol=1e-5)
+
+
+def test_bad_arguments_are_one_clear_error():
+    data = regression_data(64)
+    cases = [
+        (dict(optimizer="adam"), "optimizer must be an optax.GradientTransformation"),
+        (dict(hooks=[lambda run: None]), "hooks must be a list of jaxtrain.hooks.Hook"),
+        (dict(hooks=Hook()), "hooks must be a list"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            fit(small_mlp(), mse, data, None, _config(), quiet=True, console=silent(), **kwargs)
+    with pytest.raises(ConfigError, match="model must be a flax.nnx.Module; got function"):
+        fit(lambda x: x, mse, data, None, _config(), quiet=True, console=silent())
+    with pytest.raises(ConfigError, match="config must be a jaxtrain.TrainConfig; got NoneType"):
+        fit(small_mlp(), mse, data, None, None, quiet=True, console=silent())
+    with pytest.raises(ConfigError, match="early_stopping.patience=-1"):
+        EarlyStoppingConfig(patience=-1)
+
+
+def test_hook_state_survives_a_resume(tmp_path):
+    """EarlyStopping's counters are saved in checkpoints: a run resumed mid-way stops where an
+    uninterrupted one stops."""
+    everything = regression_data(300)
+    train, val = {k: v[:200] for k, v in everything.items()}, {k: v[200:] for k, v in everything.items()}
+    config = _config(epochs=40, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
+    full = fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "full", quiet=True, console=silent())
+    stopped_at = len(full.history)
+    short = _config(epochs=stopped_at - 1, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
+    fit(small_mlp(), mse, train, val, short, run_dir=tmp_path / "part", quiet=True, console=silent())
+    resumed = fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "part", resume=True, quiet=True,
+                  console=silent())
+    assert len(resumed.history) == stopped_at and resumed.summary["status"] == "stopped early"
+    assert leaves_close(resumed.state.params, full.state.params) == 0.0
+
+
+def test_jnp_and_numpy_leaves_train_alike():
+    data = regression_data(96)
+    as_jnp = {k: jnp.asarray(v) for k, v in data.items()}
+    a = fit(small_mlp(), mse, data, None, _config(epochs=1), quiet=True, console=silent())
+    b = fit(small_mlp(), mse, as_jnp, None, _config(epochs=1), quiet=True, console=silent())
+    assert leaves_close(a.state.params, b.state.params) == 0.0
