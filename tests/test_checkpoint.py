@@ -1,6 +1,7 @@
 """Checkpoints: exact resume from any checkpoint, kills at random moments, graceful stop, NaN
 guard, storage faults, eval/load, and bad --resume input."""
 
+import dataclasses
 import json
 import os
 import random
@@ -351,3 +352,50 @@ def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path):
 
     after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_load_a_python_fit_run_with_a_template(tmp_path):
+    from flax import nnx
+
+    from jaxtrain.models import MLP
+
+    result = _run(tmp_path / "py", epochs=1)
+    template = nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(123)))  # no weights allocated
+    loaded = jaxtrain.load(tmp_path / "py", "latest", model=template)
+    _assert_bit_equal([np.asarray(x) for x in jax.tree.leaves(nnx.state(loaded, nnx.Param))],
+                      _params(result.state))
+    x = regression_data(5, seed=9)["x"]
+    np.testing.assert_allclose(loaded(x), result.model(x), rtol=1e-6)
+    with pytest.raises(jaxtrain.ConfigError, match="written by jaxtrain.fit from Python .*model=template"):
+        jaxtrain.load(tmp_path / "py")
+    with pytest.raises(CheckpointError, match="has shape"):
+        jaxtrain.load(tmp_path / "py", model=nnx.eval_shape(lambda: MLP((8, 32, 3), rngs=nnx.Rngs(0))))
+
+
+def test_load_reads_no_data(tmp_path, monkeypatch):
+    """Recipe runs restore weights into `Recipe.model(config, model.json)`: building the workload
+    (which reads the datasets) is not needed, so here it is made to fail."""
+    from jaxtrain import runs
+    from jaxtrain.recipes import get_recipe
+
+    recipe = get_recipe("mlp-regression")
+    config = dataclasses.replace(recipe.config, epochs=1, quiet=True, data=dataclasses.replace(
+        recipe.config.data, samples=600, val_samples=100))
+    result = runs.train(recipe, config, tmp_path / "run", console=silent())
+    info = json.loads((tmp_path / "run" / "model.json").read_text())
+    assert info == {"recipe": "mlp-regression", "features": 128, "targets": 64}
+
+    def no_data(config):
+        raise AssertionError("the datasets were built")
+
+    from jaxtrain.recipes import RECIPES
+
+    monkeypatch.setitem(RECIPES, "mlp-regression", dataclasses.replace(recipe, build=no_data))
+    loaded = jaxtrain.load(tmp_path / "run", "latest")
+    _assert_bit_equal([np.asarray(x) for x in jax.tree.leaves(nnx_params(loaded))], _params(result.state))
+
+
+def nnx_params(model):
+    from flax import nnx
+
+    return nnx.state(model, nnx.Param)

@@ -48,10 +48,11 @@ def _unflatten_checked(template: Any, expected: dict[str, Any], flat: dict[str, 
             "it was written by another model or config"
         )
     for name, leaf in expected.items():
-        if tuple(np.shape(flat[name])) != tuple(np.shape(leaf)):
+        shape = tuple(getattr(leaf, "shape", None) or np.shape(leaf))  # arrays or abstract (eval_shape) leaves
+        if tuple(np.shape(flat[name])) != shape:
             raise CheckpointError(
                 f"checkpoint variable {name} has shape {tuple(np.shape(flat[name]))} but this config builds "
-                f"{tuple(np.shape(leaf))}; resume with the config the run was started with"
+                f"{shape}; resume with the config the run was started with"
             )
     return jax.tree.unflatten(jax.tree.structure(template), [flat[name] for name in expected])
 

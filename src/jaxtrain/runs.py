@@ -16,23 +16,35 @@ from rich.console import Console
 from jaxtrain import data as data_lib
 from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import from_dict
+from jaxtrain.data.datasets import CharTokenizer
 from jaxtrain.errors import ConfigError
-from jaxtrain.loop import FitResult, device_description, epoch_steps, fit
-from jaxtrain.optim import build_train_optimizer
-from jaxtrain.recipes import Recipe, RecipeConfig, get_recipe
+from jaxtrain.hooks import LambdaHook
+from jaxtrain.loop import FitResult, fit
+from jaxtrain.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
+from jaxtrain.report import device_description
 from jaxtrain.state import eval_graphdef, init_state
 from jaxtrain.step import make_eval_step, make_evaluate
+
+MODEL_INFO = "model.json"  # the workload's `info`: what rebuilds the model without reading data
 
 
 def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | None = None, resume: bool = False,
           console: Console | None = None) -> FitResult:
     """Builds `recipe`'s workload for `config` and fits it into `run_dir` (a new timestamped
-    directory under runs/ by default)."""
-    run_dir = run_dir or config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    directory under runs/ by default); the data sources it opened are closed afterwards."""
+    run_dir = Path(run_dir or config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     w = recipe.build(config)
-    return fit(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment,
-               name=recipe.name, run_dir=run_dir, resume=resume, quiet=config.quiet, run_config=config,
-               console=console)
+
+    def save_info(run: Any) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
+
+    try:
+        return fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info)],
+                   preprocess=w.preprocess, augment=w.augment, name=recipe.name, run_dir=run_dir, resume=resume,
+                   quiet=config.quiet, run_config=config, console=console)
+    finally:
+        w.close()
 
 
 def latest_run(recipe: str, root: str | os.PathLike = "runs") -> Path:
@@ -49,38 +61,65 @@ def load_config(run_dir: str | os.PathLike, recipe: str | None = None) -> tuple[
     Raises:
       ConfigError: missing directory or config.json, another recipe than `recipe`, unknown keys.
     """
-    path = Path(run_dir) / "config.json"
-    if not Path(run_dir).is_dir():
-        raise ConfigError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
-        raise ConfigError(f"{run_dir} is not a jaxtrain run directory (no config.json)")
-    try:
-        values = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    values = _read_config(Path(run_dir))
     saved = values.pop("recipe", None)
     if recipe is not None and saved != recipe:
         raise ConfigError(f"{run_dir} is a run of recipe {saved!r}, not {recipe!r}")
+    if saved not in RECIPES:
+        raise ConfigError(f"{run_dir} was written by jaxtrain.fit from Python (run {saved!r}), not by a recipe; "
+                          "load it with jaxtrain.load(run_dir, model=template), the template a model of the same "
+                          "structure")
     found = get_recipe(saved)
     return found, from_dict(type(found.config), values)
 
 
-def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best") -> tuple[nnx.Module, Any, int]:
-    """The model of a run with the weights of checkpoint `checkpoint` (best, latest or a step).
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    """A run directory's config.json as a dict."""
+    path = run_dir / "config.json"
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a jaxtrain run directory (no config.json)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _model_info(run_dir: Path, recipe: Recipe, config: RecipeConfig) -> dict[str, Any]:
+    """The run's model.json; a run written before it existed rebuilds the workload once to learn it."""
+    path = run_dir / MODEL_INFO
+    if path.is_file():
+        info = json.loads(path.read_text())
+        info.pop("recipe", None)
+        return info
+    workload = recipe.build(config)
+    workload.close()
+    return workload.info
+
+
+def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None
+                  ) -> tuple[nnx.Module, int]:
+    """A run's model with the weights of checkpoint `checkpoint` (best, latest or a step).
+
+    The model comes from `model` (a template of the same structure) or, for runs of a recipe,
+    from the recipe and the run's config.json and model.json; no training data are read and no
+    optimizer is rebuilt: only the model's variables are restored.
 
     Returns:
-      `(model, workload, step)`.
+      `(model, step)`.
     """
-    recipe, config = load_config(run_dir)
-    workload = recipe.build(config)
-    spe, _ = epoch_steps(config, data_lib.num_rows(workload.train))
-    tx = build_train_optimizer(config, config.epochs * spe)
-    _, template = init_state(workload.model, tx, jax.random.key(config.seed))
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    run_dir = Path(run_dir)
+    config = _read_config(run_dir)
+    if model is None:
+        recipe, recipe_config = load_config(run_dir)
+        model = recipe.model(recipe_config, _model_info(run_dir, recipe, recipe_config))
+    ckpt_dir = run_dir / "checkpoints"
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"{run_dir} has no checkpoints/ directory")
-    ckpt = Checkpointer(ckpt_dir, read_only=True, best_metric=config.checkpoint.best_metric,
-                        best_mode=config.checkpoint.best_mode)
+    saved = config.get("checkpoint", {})
+    ckpt = Checkpointer(ckpt_dir, read_only=True, best_metric=saved.get("best_metric", "val_loss"),
+                        best_mode=saved.get("best_mode", "min"))
     try:
         if checkpoint in ("best", "latest"):
             step = ckpt.best_step() if checkpoint == "best" else ckpt.latest_step()
@@ -88,30 +127,45 @@ def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best") -> tuple
             step = int(checkpoint)
         else:
             raise ConfigError(f"checkpoint={checkpoint!r} must be best, latest or a step number")
-        state, _ = ckpt.restore(template, step)
+        _, params, model_state = nnx.split(model, nnx.Param, ...)
+        params, model_state = ckpt.restore_model(params, model_state, step)
     finally:
         ckpt.close()
-    nnx.update(workload.model, state.params, state.model_state)
-    return workload.model, workload, step
+    nnx.update(model, *jax.tree.map(jax.numpy.asarray, (params, model_state)))
+    return model, step
 
 
-def load(run_dir: str | os.PathLike, checkpoint: str = "best") -> nnx.Module:
+def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None) -> nnx.Module:
     """The trained model of a run directory, for prediction in Python.
 
     Args:
-      run_dir: a directory written by `jaxtrain train` (or `runs.train`).
+      run_dir: a directory written by `jaxtrain train` or by `jaxtrain.fit(..., run_dir=...)`.
       checkpoint: `best` (by the run's best metric), `latest`, or a step number.
+      model: for runs written from Python, a model of the same structure to fill, e.g.
+        `nnx.eval_shape(lambda: MyModel(..., rngs=nnx.Rngs(0)))` (no memory is spent on its
+        initial weights); recipe runs need none.
+
+    Example:
+      >>> model = jaxtrain.load("runs/mine", model=nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(0))))
     """
-    return restore_model(run_dir, checkpoint)[0]
+    return restore_model(run_dir, checkpoint, model)[0]
 
 
 def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, Any]:
-    """Validation metrics of checkpoint `checkpoint` of a run, computed like `fit` does."""
+    """Validation metrics of checkpoint `checkpoint` of a recipe run, computed like `fit` does.
+
+    The workload is built for its validation data and preprocessing (whose statistics can come
+    from the training data); the sources it opens are closed.
+    """
     recipe, config = load_config(run_dir)
-    model, workload, step = restore_model(run_dir, checkpoint)
-    if workload.val is None:
-        raise ConfigError(f"recipe {recipe.name} with this config has no validation data to evaluate on")
-    val = workload.val.read(0, len(workload.val)) if data_lib.is_source(workload.val) else workload.val
+    model, step = restore_model(run_dir, checkpoint)
+    workload = recipe.build(config)
+    try:
+        if workload.val is None:
+            raise ConfigError(f"recipe {recipe.name} with this config has no validation data to evaluate on")
+        val = workload.val.read(0, len(workload.val)) if data_lib.is_source(workload.val) else workload.val
+    finally:
+        workload.close()
     n = data_lib.num_samples(val)
     _, state = init_state(model, optax.identity(), jax.random.key(config.seed))
     eval_step = make_eval_step(eval_graphdef(model), workload.loss_fn, workload.preprocess)
@@ -139,10 +193,11 @@ def sample_text(
         raise ConfigError("the prompt is empty; pass at least one character, e.g. --prompt $'\\n'")
     if length < 1:
         raise ConfigError(f"length={length} must be >= 1")
-    recipe, _ = load_config(run_dir)
-    model, workload, _ = restore_model(run_dir, checkpoint)
-    if workload.tokenizer is None:
+    recipe, config = load_config(run_dir)
+    vocabulary = _model_info(Path(run_dir), recipe, config).get("vocabulary")
+    if vocabulary is None:
         raise ConfigError(f"{run_dir} is a run of {recipe.name}, which does not generate text; use a char-gpt run")
-    ids = workload.tokenizer.encode(prompt)
-    out = sample(model, jax.numpy.asarray(ids), length, jax.random.key(seed), temperature, top_k)
-    return workload.tokenizer.decode(jax.device_get(out))
+    model, _ = restore_model(run_dir, checkpoint)
+    tokenizer = CharTokenizer(vocabulary)
+    out = sample(model, jax.numpy.asarray(tokenizer.encode(prompt)), length, jax.random.key(seed), temperature, top_k)
+    return tokenizer.decode(jax.device_get(out))

@@ -33,6 +33,15 @@ class Workload:
     augment: Augment | None = None
     tokenizer: Any = None
     """Text recipes: the tokenizer that maps text to the model's token ids and back."""
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """JSON-ready facts the model's shape depends on besides the config (sizes read from the data,
+    a vocabulary), saved as the run's model.json so that `Recipe.model` rebuilds it without data."""
+
+    def close(self) -> None:
+        """Closes the row sources (HDF5 files) the workload opened."""
+        for data in (self.train, self.val):
+            if hasattr(data, "close"):
+                data.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,5 +52,8 @@ class Recipe:
     description: str
     config: RecipeConfig
     build: Callable[[Any], Workload]
+    model: Callable[[Any, dict[str, Any]], nnx.Module]
+    """`model(config, info)`: the untrained model, from the config and the workload's `info`
+    alone (no data is read): what `load` and `sample` restore weights into."""
     presets: dict[str, RecipeConfig] = dataclasses.field(default_factory=dict)
     """Named alternative default configs (`jaxtrain train RECIPE --preset NAME`); `config` is one of them."""

@@ -104,8 +104,13 @@ def build(config: CharGPTConfig) -> Workload:
     rng = np.random.default_rng(config.data.seed)
     n_val = min(config.data.eval_batches * config.batch_size, len(val))
     val = val[np.sort(rng.choice(len(val), n_val, replace=False))]
-    model = GPT(tokenizer.vocab_size, config.model, rngs=nnx.Rngs(config.seed))
-    return Workload(model, lm_loss, {"tokens": train}, {"tokens": val}, tokenizer=tokenizer)
+    info = {"vocabulary": tokenizer.chars}
+    return Workload(build_model(config, info), lm_loss, {"tokens": train}, {"tokens": val}, tokenizer=tokenizer,
+                    info=info)
+
+
+def build_model(config: CharGPTConfig, info: dict) -> GPT:
+    return GPT(len(info["vocabulary"]), config.model, rngs=nnx.Rngs(config.seed))
 
 
 RECIPE = Recipe(
@@ -113,5 +118,6 @@ RECIPE = Recipe(
     description="character-level GPT on Tiny Shakespeare (presets: baby = nanoGPT's CPU config, seed)",
     config=BABY,
     build=build,
+    model=build_model,
     presets={"baby": BABY, "seed": SEED},
 )

@@ -101,11 +101,15 @@ def build(config: HDF5SequenceConfig) -> Workload:
     val = HDF5Source(d.path, keys, -d.val_samples) if d.val_samples else None
     vocab = int(train.attrs.get("alphabet_size", 256))
     outputs = train.row_shapes["y"][0] if d.task == "regression" else int(train.attrs.get("num_classes", 4))
-    m = config.model
-    model = SequenceCNN(vocab, outputs, embed=m.embed, channels=m.channels, layers=m.layers, kernel=m.kernel,
-                        rngs=nnx.Rngs(config.seed))
+    info = {"vocab": vocab, "outputs": int(outputs)}
     loss = regression_loss if d.task == "regression" else classification_loss
-    return Workload(model, loss, train, val)
+    return Workload(build_model(config, info), loss, train, val, info=info)
+
+
+def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:
+    m = config.model
+    return SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels, layers=m.layers,
+                       kernel=m.kernel, rngs=nnx.Rngs(config.seed))
 
 
 RECIPE = Recipe(
@@ -113,4 +117,5 @@ RECIPE = Recipe(
     description="1-D CNN on protein-like sequences streamed from HDF5 (make one with `jaxtrain data generate`)",
     config=HDF5SequenceConfig(),
     build=build,
+    model=build_model,
 )

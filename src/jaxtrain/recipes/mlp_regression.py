@@ -126,14 +126,20 @@ def build(config: MLPRegressionConfig) -> Workload:
         val = val if len(val["x"]) else None
         mean, std = train["x"].mean(0), train["x"].std(0)
         features, targets = config.data.features, config.data.targets
+    info = {"features": int(features), "targets": int(targets)}
     return Workload(
-        model=MLP((features, *config.model.hidden, targets), rngs=nnx.Rngs(config.seed)),
+        model=build_model(config, info),
         loss_fn=mse_loss,
         train=train,
         val=val,
         preprocess=data_lib.normalize("x", mean, std),
         augment=data_lib.gaussian_noise("x", config.data.input_noise) if config.data.input_noise else None,
+        info=info,
     )
+
+
+def build_model(config: MLPRegressionConfig, info: dict) -> MLP:
+    return MLP((info["features"], *config.model.hidden, info["targets"]), rngs=nnx.Rngs(config.seed))
 
 
 RECIPE = Recipe(
@@ -141,4 +147,5 @@ RECIPE = Recipe(
     description="MLP 128→512→512→64 regression on 50k synthetic samples (the case-study workload)",
     config=MLPRegressionConfig(),
     build=build,
+    model=build_model,
 )

@@ -76,7 +76,11 @@ def build(config: MNISTConfig) -> Workload:
         train = {k: v[: config.data.limit] for k, v in train.items()}
         test = {k: v[: max(config.data.limit // 6, 1)] for k, v in test.items()}
     mean, std = NORMALISATION[config.data.dataset]
-    return Workload(CNN(rngs=nnx.Rngs(config.seed)), cross_entropy, train, test, preprocess=_preprocess(mean, std))
+    return Workload(build_model(config, {}), cross_entropy, train, test, preprocess=_preprocess(mean, std))
+
+
+def build_model(config: MNISTConfig, info: dict) -> CNN:
+    return CNN(rngs=nnx.Rngs(config.seed))
 
 
 MNIST = Recipe(
@@ -84,6 +88,7 @@ MNIST = Recipe(
     description="small CNN on MNIST (target >= 99.0% test accuracy in 3 epochs)",
     config=MNISTConfig(),
     build=build,
+    model=build_model,
 )
 
 FASHION = Recipe(
@@ -91,4 +96,5 @@ FASHION = Recipe(
     description="the same CNN on Fashion-MNIST (target >= 90% test accuracy)",
     config=MNISTConfig(epochs=10, data=ImageDataConfig(dataset="fashion_mnist")),
     build=build,
+    model=build_model,
 )
