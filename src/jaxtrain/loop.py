@@ -22,8 +22,8 @@ from flax import nnx
 from rich.console import Console
 
 from jaxtrain.calls import AutoSteps, CompiledCalls, StepsPerCall
-from jaxtrain.config import TrainConfig, to_dict
 from jaxtrain.checkpoint import CheckpointError
+from jaxtrain.config import TrainConfig, to_dict
 from jaxtrain.errors import ConfigError, JaxtrainError, NonFiniteLossError
 from jaxtrain.feeds import epoch_steps, make_feed, place_validation
 from jaxtrain.hooks import (
@@ -184,10 +184,9 @@ def fit(
     chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps)
     progress = ProgressHook(console, bar=not quiet)
     calls = CompiledCalls(feed, train_step, state, chooser, log=progress.message)
-    evaluation = None
-    if val is not None:
-        evaluation = EvalHook(model, loss_fn, preprocess, val, val_streamed, config.eval_batch_size or config.batch_size,
-                              config.eval_every)
+    eval_batch = config.eval_batch_size or config.batch_size
+    evaluation = None if val is None else EvalHook(model, loss_fn, preprocess, val, val_streamed, eval_batch,
+                                                   config.eval_every)
     run = Run(name, config, console, Path(run_dir) if run_dir is not None else None, device, feed, calls, state,
               int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
               resumed_step=int(state.step) if resume else None, t_start=t_start)
@@ -230,6 +229,7 @@ def fit(
                     run.each("after_call", k, metrics)
                     if run.stop_signal is not None and loop.position < feed.steps_per_epoch:
                         raise TrainingStopped(run.stop_signal, run.step, run.resume_hint)
+                jax.block_until_ready(running)  # the epoch's time includes its last call
                 train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
                 loop.train_time_s += train_s
                 record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.batch_size,

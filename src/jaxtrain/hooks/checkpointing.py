@@ -38,7 +38,8 @@ class CheckpointHook(Hook):
     def on_start(self, run: Run) -> None:
         self._last_save = run.step
         run.last_checkpoint = self._describe_last
-        run.resume_hint = f"checkpoint saved; resume with: jaxtrain train {self._name} --resume {self.ckpt.directory.parent}"
+        run_dir = self.ckpt.directory.parent
+        run.resume_hint = f"checkpoint saved; resume with: jaxtrain train {self._name} --resume {run_dir}"
 
     def _describe_last(self) -> str:
         latest = self.ckpt.latest_step()
