@@ -24,7 +24,6 @@ from jaxtrain.checkpoint import Checkpointer, flatten_state, unflatten_state
 from jaxtrain.state import init_state
 from jaxtrain.step import epoch_permutation
 
-
 TIMINGS = ("elapsed_s", "train_time_s", "eval_time_s", "epoch_time_s", "input_wait_s", "input_wait_fraction")
 
 
@@ -304,20 +303,23 @@ def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
         _unmount(mount)
 
 
-def test_eval_and_load(tmp_path):
+def test_eval_and_load(tmp_path, capsys):
+    from jaxtrain.cli import main  # in-process: nothing here needs a separate process
+
     run_dir = tmp_path / "run"
-    proc = _cli("train", "mlp-regression", "--data.samples", "2000", "--data.val-samples", "300", "--epochs", "2",
-                "--quiet", "--run-dir", str(run_dir))
-    assert proc.wait(timeout=300) == 0
+    assert main(["train", "mlp-regression", "--data.samples", "2000", "--data.val-samples", "300", "--epochs", "2",
+                 "--quiet", "--run-dir", str(run_dir)]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
-    proc = _cli("eval", str(run_dir), "--checkpoint", "latest")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    evaluated = json.loads(out)
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--checkpoint", "latest"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["step"] == summary["steps"]
     np.testing.assert_allclose(evaluated["val_loss"], summary["final_val_loss"], rtol=1e-6)
-    best = jaxtrain.load(run_dir)  # best by val_loss
-    assert type(best).__name__ == "MLP"
+    best = jaxtrain.load(run_dir)  # best by val_loss: the only checkpoint kept by keep_best
+    best_epoch = summary["best_epoch"]
+    x = np.random.default_rng(0).normal(size=(4, 128)).astype(np.float32)
+    latest = jaxtrain.load(run_dir, "latest")
+    assert (np.asarray(best(x)) == np.asarray(latest(x))).all() == (best_epoch == 2)
 
 
 def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path):

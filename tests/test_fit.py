@@ -153,7 +153,7 @@ def test_run_dir_files(tmp_path):
 
 
 def test_steps_per_call_choice_from_two_timed_lengths():
-    from jaxtrain.loop import StepsPerCall
+    from jaxtrain.calls import StepsPerCall
 
     chooser = StepsPerCall(0, 1000)
     lengths = []
