@@ -4,10 +4,13 @@ import dataclasses
 import json
 import os
 
+import h5py
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxtrain import runs
+from jaxtrain.data.datasets import load_mnist
 from jaxtrain.recipes import RECIPES
 from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data
 
@@ -42,8 +45,16 @@ def test_mnist_cnn_smoke(tmp_path):
     data = dataclasses.replace(recipe.config.data, limit=768)
     config = dataclasses.replace(recipe.config, epochs=1, batch_size=64, quiet=True, data=data)
     result = runs.train(recipe, config, tmp_path)
-    assert result.summary["steps"] == 12 and 0.0 <= result.summary["final_val_accuracy"] <= 1.0
+    assert result.summary["steps"] == 12
     assert result.history[0]["val_loss"] < 2.3  # below chance level (ln 10) after 12 steps
+    # Independent recount: the trained model on the 768 // 6 = 128 held-out test images, standardised by hand.
+    _, test = load_mnist("mnist")
+    images = (test["image"][:128].astype(np.float32) / 255.0 - 0.1307) / 0.3081  # (128, 28, 28)
+    logits = np.asarray(result.model(jnp.asarray(images[..., None])))  # (128, 10)
+    correct = int(np.sum(np.argmax(logits, -1) == test["label"][:128]))
+    # Within one image: a near-tie between two logits may break differently in the jitted evaluation.
+    assert abs(result.summary["final_val_accuracy"] * 128 - correct) <= 1
+    assert correct > 2 * 128 // 10  # well above chance (10%)
 
 
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline Tiny Shakespeare file")
@@ -80,10 +91,13 @@ def test_mlp_regression_from_an_hdf5_file_streams_or_holds_it(tmp_path, capsys):
     assert "2,500 train / 500 val samples; training data streamed" in out and "Input Wait:" in out
     assert main([*common, "--run-dir", str(tmp_path / "auto")]) == 0
     assert "on the device (" in capsys.readouterr().out
+    with h5py.File(path) as f:
+        val_y = f["targets"][-500:]  # (500, 64): the validation rows
     for run in ("stream", "auto"):
         summary = json.loads((tmp_path / run / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["steps"] == 2 * (2500 // 64)
-        assert summary["final_val_loss"] < summary["final_train_loss"] * 3  # learning, not diverging
+        # Learning: well below predicting zero on the file's last 500 rows (mean y^2 ~0.41; measured ~0.12).
+        assert summary["final_val_loss"] < 0.5 * float(np.mean(val_y.astype(np.float64) ** 2))
     assert main(["eval", str(tmp_path / "stream")]) == 0  # validation rows come back from the file
 
 
@@ -98,6 +112,11 @@ def test_hdf5_sequence_recipe_learns_from_a_streamed_file(tmp_path, capsys):
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in history if r["kind"] == "epoch"]
     assert epochs[-1]["val_accuracy"] > 0.4  # 4 balanced classes: chance is 0.25
+    import h5py
+
+    assert not h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE)  # training closed the file it streamed from
+    assert main(["eval", str(run)]) == 0
+    assert not h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE)  # and so did evaluation
     assert main(["train", "hdf5-sequence", "--quiet"]) == 2
     assert "needs --data.path FILE.h5" in capsys.readouterr().err
     assert main(["train", "mlp-regression", "--data.path", str(tmp_path / "missing.h5"), "--quiet"]) == 2
