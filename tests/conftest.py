@@ -42,3 +42,17 @@ def leaves_close(a, b) -> float:
 @pytest.fixture
 def data():
     return regression_data(200)
+
+
+# `@pytest.mark.devices(n)`: a test needing n JAX devices re-runs in a fresh process when this one
+# has fewer (JAX reads XLA_FLAGS only at backend start); see tests/_devices.py.
+import _devices  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", _devices.MARKER)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    return _devices.pyfunc_call(pyfuncitem)

@@ -1,8 +1,13 @@
 """Benchmarks run in quick mode (their figures are not checked: tests never time the machine)."""
 
 import json
+import statistics
+
+import numpy as np
+import pytest
 
 from jaxtrain.bench import overhead
+from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data
 
 
 def test_overhead_benchmark_runs_in_quick_mode(tmp_path, capsys):
@@ -12,7 +17,10 @@ def test_overhead_benchmark_runs_in_quick_mode(tmp_path, capsys):
     assert "hand-written jit + lax.scan" in printed and "jaxtrain.fit" in printed and "nnx.jit" in printed
     results = json.loads(out.read_text())
     assert len(results["fit_epoch_s"]) == len(results["hand_written_epoch_s"]) == 2
-    assert results["ratio"] > 0 and set(results["per_call_s"]) == {"nnx.jit", "jax.jit"}
+    # The reported ratio is jaxtrain's steps/s over the hand-written loop's, from the median epoch times.
+    want = statistics.median(results["hand_written_epoch_s"]) / statistics.median(results["fit_epoch_s"])
+    assert results["ratio"] == pytest.approx(want, rel=1e-12)
+    assert set(results["per_call_s"]) == {"nnx.jit", "jax.jit"}
 
 
 def test_ladder_quick_runs_and_validates(tmp_path, capsys):
@@ -21,11 +29,20 @@ def test_ladder_quick_runs_and_validates(tmp_path, capsys):
     out = tmp_path / "ladder"
     config = ladder.LadderConfig(quick=True, variants=(0, 1, 2, 3, 4, 5), out=str(out))
     assert ladder.main(config) == 0
-    results = json.loads((out / "results.json").read_text())["results"]
+    payload = json.loads((out / "results.json").read_text())
+    results = payload["results"]
     assert [r["variant"] for r in results] == [0, 1, 2, 3, 4, 5]
+    # The test targets, made independently from the benchmark's data settings.
+    _, test = make_data(RegressionDataConfig(samples=payload["config"]["samples"],
+                                             val_samples=payload["config"]["test_samples"]))
     for r in results:
         assert r["max_abs_pred_diff"] <= 1e-5 and r["validated"], r
-        assert r["epoch_s"] > 0 and r["speedup"] > 0 and r["test_mse"] > 0
+        assert r["epoch_s"] == pytest.approx(r["step_s"] * r["steps_per_epoch"], rel=1e-12)
+        assert r["speedup"] == pytest.approx(results[0]["epoch_s"] / r["epoch_s"], rel=1e-12)
+        predictions = np.load(out / f"predictions-{r['variant']}.npy")  # (500, 64)
+        assert r["test_mse"] == pytest.approx(float(np.mean((predictions - test["y"]) ** 2)), rel=1e-6)
+        # Predictions within 1e-5 of variant 0's (|y - p| ~ 1) give test MSEs within ~1e-5 relative of its MSE.
+        assert r["test_mse"] == pytest.approx(results[0]["test_mse"], rel=1e-4)
     assert results[0]["extrapolated"] and results[0]["max_abs_pred_diff"] == 0.0
     assert (out / "results.md").read_text().startswith("| variant |")
     assert (out / "ladder.png").stat().st_size > 1000
@@ -33,8 +50,6 @@ def test_ladder_quick_runs_and_validates(tmp_path, capsys):
 
 
 def test_ladder_validation_fails_on_a_prediction_mismatch(tmp_path):
-    import numpy as np
-
     from jaxtrain.bench import ladder, ladder_report
 
     config = ladder.LadderConfig(out=str(tmp_path))
@@ -59,3 +74,37 @@ def test_checkpoint_benchmark_runs_in_quick_mode(tmp_path, capsys):
     assert trial["all_bit_exact"] and trial["bit_exact"] == trial["kills"] <= 1
     assert len(results["checkpoint_s"]) == len(results["no_checkpoint_s"]) == 1
     assert "checkpoint overhead:" in capsys.readouterr().out
+
+
+CHILD = """
+import os, sys, time
+sys.path.insert(0, {bench!r})  # as torch_models.py imports it: a sibling, without the jaxtrain package
+from child import child_main
+
+
+def work(payload):
+    if payload.get("fail"):
+        raise ValueError("bad payload\\nsecond line")
+    if payload.get("exit"):
+        os._exit(payload["exit"])
+    time.sleep(payload.get("sleep", 0))
+    print("noise before the result")
+    return {{"double": 2 * payload["x"], "jax_imported": "jax" in sys.modules}}
+
+
+child_main(work)
+"""
+
+
+def test_run_child_returns_the_childs_result_or_one_error_line(tmp_path):
+    from pathlib import Path
+
+    import jaxtrain.bench.child as child
+    from jaxtrain.bench.child import run_child
+
+    script = tmp_path / "work.py"
+    script.write_text(CHILD.format(bench=str(Path(child.__file__).parent)))
+    assert run_child(script, {"x": 21}) == {"double": 42, "jax_imported": False}
+    assert run_child(script, {"fail": True}) == {"error": "ValueError: bad payload"}
+    assert run_child(script, {"exit": 3}) == {"error": "exit code 3, no output"}
+    assert run_child(script, {"x": 1, "sleep": 30}, timeout=0.5) == {"error": "timed out after 0.5 s"}

@@ -146,7 +146,12 @@ def test_nan_and_inf_name_the_dataset_and_rows(tmp_path):
             source.read(2048, 3000)
     with pytest.raises(DataError, match=r"^row 2,100 of 'x' in arrays contains NaN/Inf"):
         ArraySource({"x": x}, start=2095).read(5, 6)
-    assert check_finite(np.full((2, 2), -1, np.int8), "ints", 0, "arrays") is None  # integers cannot be NaN
+    check_finite(np.full((2, 2), -1, np.int8), "ints", 0, "arrays")  # integers and bools cannot be NaN: no error
+    check_finite(np.ones((2, 2), bool), "flags", 0, "arrays")
+    half = np.zeros((4, 3), np.float16)
+    half[2, 1] = np.inf  # a float16 block is checked like float32 ones
+    with pytest.raises(DataError, match=r"^rows 10–13 of 'h' in arrays contain NaN/Inf \(1 bad, first row 12\)"):
+        check_finite(half, "h", 10, "arrays")
 
 
 def test_array_source_validates_its_arrays():

@@ -180,7 +180,15 @@ def test_device_prefetcher_stacks_batches_on_the_device():
     loader = StreamLoader(ArraySource(arrays, chunk_rows=5), 8, seed=0, block_rows=10, window_blocks=2,
                           drop_last=False)
     host = epoch_ids(loader, 0)  # 12 batches of 8, then one of 4
-    with DevicePrefetcher(loader.iter_epoch(0), depth=2) as prefetcher:
+    release = threading.Event()
+
+    def held_back(batches):  # the first batch comes only when `release` is set
+        release.wait()
+        yield from batches
+
+    t0 = time.perf_counter()
+    with DevicePrefetcher(held_back(loader.iter_epoch(0)), depth=2) as prefetcher:
+        threading.Timer(0.25, release.set).start()
         first = prefetcher.next_batches(4)  # group = 4 from here on
         assert first["id"].shape == (4, 8) and first["x"].shape == (4, 8, 2)
         second = prefetcher.next_batches(6)  # 4 + half of the next stack, joined on the device
@@ -188,7 +196,9 @@ def test_device_prefetcher_stacks_batches_on_the_device():
         last = prefetcher.next_batches(5)  # the final batch of 4 rows comes alone
         with pytest.raises(StopIteration):
             prefetcher.next_batches(5)
-        assert prefetcher.wait_s >= 0.0
+        # The consumer waited for the held-back first batch (0.25 s, less thread start-up) and never longer
+        # than the block has run.
+        assert 0.15 <= prefetcher.wait_s <= time.perf_counter() - t0
     assert [s["id"].shape for s in (second, third, last)] == [(6, 8), (2, 8), (1, 4)]
     got = [np.asarray(row) for s in (first, second, third, last) for row in s["id"]]
     assert len(got) == len(host) == 13

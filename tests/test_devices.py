@@ -1,0 +1,39 @@
+"""The `devices(n)` marker (tests/_devices.py): a marked test sees n devices and can compute across them."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _devices import CHILD_ENV
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+@pytest.mark.devices(4)
+def test_marked_test_sees_four_devices():
+    if os.environ.get(CHILD_ENV):  # re-run in a child: exactly the forced virtual CPU devices
+        assert os.environ[CHILD_ENV] == "4"
+        assert jax.device_count() == 4 and {d.platform for d in jax.devices()} == {"cpu"}
+    else:  # this process already had enough devices
+        assert jax.device_count() >= 4
+
+
+@pytest.mark.devices(4)
+def test_sum_over_an_array_sharded_across_four_devices():
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    x = np.random.default_rng(0).normal(size=(4 * 64, 8)).astype(np.float32)  # (N, D), N split 4 ways
+    xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+    assert len(xs.sharding.device_set) == 4
+    shards = sorted(xs.addressable_shards, key=lambda s: s.index[0].start)
+    for i, shard in enumerate(shards):  # each device holds its own quarter of the rows
+        np.testing.assert_array_equal(np.asarray(shard.data), x[i * 64 : (i + 1) * 64])
+
+    want = np.sum(x.astype(np.float64) ** 2, axis=0)  # (D,)
+    got = jax.jit(lambda a: jnp.sum(a**2, axis=0))(xs)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+    # An explicit cross-device reduction: per-device partial sums, then a psum over the mesh axis.
+    psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(jnp.sum(a**2, axis=0), "data"), mesh=mesh,
+                                 in_specs=P("data"), out_specs=P()))
+    np.testing.assert_allclose(np.asarray(psum(xs)), want, rtol=1e-5)
