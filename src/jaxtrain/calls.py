@@ -15,8 +15,14 @@ from typing import Any, Callable, Protocol
 
 import jax
 
+from jaxtrain.errors import ConfigError
 from jaxtrain.state import TrainState
 from jaxtrain.step import Metrics
+
+
+def shapes_of(tree: Any) -> Any:
+    """Abstract shapes (with shardings) of a pytree of arrays, for ahead-of-time compilation."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +40,6 @@ class AutoSteps:
     overhead_target: float = 0.02
 
     def __post_init__(self) -> None:
-        from jaxtrain.errors import ConfigError
-
         k_a, k_b = self.probe_lengths
         if not (isinstance(k_a, int) and isinstance(k_b, int) and 1 <= k_a < k_b):
             raise ConfigError(f"AutoSteps.probe_lengths={self.probe_lengths} must be two integers 1 <= K_a < K_b")
@@ -115,7 +119,7 @@ class CompiledCalls:
     def __init__(self, source: CallSource, train_step: Callable, state: TrainState, chooser: StepsPerCall,
                  log: Callable[[str], None] = lambda message: None):
         self.source, self.train_step, self.chooser, self.log = source, train_step, chooser, log
-        self._state_shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+        self._state_shapes = shapes_of(state)
         self._compiled: dict[int, Callable] = {}
         self.compile_s = 0.0
 

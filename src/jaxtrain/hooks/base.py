@@ -147,6 +147,7 @@ class Run:
         loop = self.loop
         epoch, position = (loop.epoch + 1, 0) if loop.position >= self.feed.steps_per_epoch else (
             loop.epoch, loop.position)
-        hooks = {h.name: h.state_dict() for h in self.hooks if h.name and h.state_dict() is not None}
+        states = {h.name: h.state_dict() for h in self.hooks if h.name}
+        hooks = {name: state for name, state in states.items() if state is not None}
         return dataclasses.replace(loop, epoch=epoch, position=position, steps_per_call=self.calls.k,
                                    feed=self.feed.get_state(), hooks=hooks)

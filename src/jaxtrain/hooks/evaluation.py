@@ -17,17 +17,13 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain import data as data_lib
+from jaxtrain.calls import shapes_of
 from jaxtrain.feeds import stream_blocks
 from jaxtrain.hooks.base import Hook, Run
 from jaxtrain.state import eval_graphdef
 from jaxtrain.step import LossFn, Preprocess, make_eval_step, make_evaluate_sums
 
 STREAM_BLOCK_BYTES = 32 << 20  # rows per streamed evaluation call: about this many bytes, whole batches
-
-
-def shapes_of(tree: Any) -> Any:
-    """Abstract shapes (with shardings) of a pytree of arrays, for ahead-of-time compilation."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
 class EvalHook(Hook):
