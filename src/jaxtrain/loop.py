@@ -25,7 +25,7 @@ from jaxtrain.calls import AutoSteps, CompiledCalls, StepsPerCall
 from jaxtrain.checkpoint import CheckpointError
 from jaxtrain.config import TrainConfig, to_dict
 from jaxtrain.errors import ConfigError, JaxtrainError, NonFiniteLossError
-from jaxtrain.feeds import epoch_steps, make_feed, place_validation
+from jaxtrain.feeds import make_feed, place_validation
 from jaxtrain.hooks import (
     CheckpointHook,
     EarlyStopping,
@@ -40,11 +40,11 @@ from jaxtrain.hooks import (
 )
 from jaxtrain.loop_state import LoopState
 from jaxtrain.optim import build_schedule, build_train_optimizer, learning_rate_fn
-from jaxtrain.report import build_summary, device_description
+from jaxtrain.report import build_summary
 from jaxtrain.state import TrainState, init_state
 from jaxtrain.step import Augment, LossFn, Preprocess, make_train_step
 
-__all__ = ["FitResult", "TrainingStopped", "device_description", "epoch_steps", "fit"]
+__all__ = ["FitResult", "TrainingStopped", "fit"]
 
 
 @dataclasses.dataclass(frozen=True)

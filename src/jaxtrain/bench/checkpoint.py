@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain.config import CheckpointConfig
-from jaxtrain.loop import device_description
+from jaxtrain.report import device_description
 
 
 @dataclasses.dataclass(frozen=True)

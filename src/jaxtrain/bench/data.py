@@ -82,7 +82,7 @@ def _generate(path: Path, rows: int) -> float:
 
 def main(config: DataBenchConfig) -> int:
     from jaxtrain.data.inspect import inspect_file
-    from jaxtrain.loop import device_description
+    from jaxtrain.report import device_description
 
     if config.quick:
         config = dataclasses.replace(config, rows=40_000, small_rows=4_000, steps=100, repeats=1)

@@ -124,7 +124,7 @@ def _recipe_config(workload: str, config: FrameworksConfig):
 
 def _with_steps(workload: str, recipe_config: Any, steps: int, n_train: int) -> Any:
     """`recipe_config` training for `steps` steps, evaluating at the same interval as the recipe."""
-    from jaxtrain.loop import epoch_steps
+    from jaxtrain.feeds import epoch_steps
 
     if not steps:
         return recipe_config
@@ -161,7 +161,7 @@ def prepare(workload: str, config: FrameworksConfig, directory: Path) -> Prepare
 
     from jaxtrain.config import to_dict
     from jaxtrain.data import num_samples
-    from jaxtrain.loop import epoch_steps
+    from jaxtrain.feeds import epoch_steps
     from jaxtrain.models.gpt import num_params, train_flops_per_token
     from jaxtrain.optim import build_schedule
     from jaxtrain.recipes.mnist_cnn import NORMALISATION
@@ -364,7 +364,7 @@ def main(config: FrameworksConfig) -> int:
 def _machine() -> dict[str, Any]:
     import jax
 
-    from jaxtrain.loop import device_description
+    from jaxtrain.report import device_description
 
     try:
         torch_version = importlib.metadata.version("torch")

@@ -26,9 +26,10 @@ from rich.table import Table
 
 from jaxtrain import data as data_lib
 from jaxtrain.config import OptimConfig, TrainConfig
-from jaxtrain.loop import device_description, fit
+from jaxtrain.loop import fit
 from jaxtrain.models import MLP
 from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data, mse_loss
+from jaxtrain.report import device_description
 from jaxtrain.state import init_state
 from jaxtrain.step import epoch_permutation, gather_batch, make_train_step
 

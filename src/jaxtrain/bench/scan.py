@@ -103,9 +103,9 @@ def measure(model: nnx.Module, loss, batch: dict, steps: int, repeats: int) -> t
 
 
 def main(config: ScanBenchConfig) -> int:
-    from jaxtrain.loop import device_description
     from jaxtrain.models import CNN, GPT, GPTConfig
     from jaxtrain.models.cnn import avg_pool_2x2
+    from jaxtrain.report import device_description
 
     if config.quick:
         config = dataclasses.replace(config, steps=2, repeats=1)
