@@ -3,7 +3,8 @@
 A call runs K optimizer steps fused with `lax.scan` (see `step.py`); the feed says what the call
 takes besides the train state (device data and a permutation, or stacked streamed batches).
 Compile time is measured exactly and kept out of epoch times; the train state is donated, so its
-buffers are reused rather than doubled.
+buffers are reused rather than doubled. Calls are compiled with explicit in/out shardings from
+the run's `Layout`: the state stays where the layout puts it, metrics come back replicated.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable, Protocol
 import jax
 
 from jaxtrain.errors import ConfigError
+from jaxtrain.sharding import Layout
 from jaxtrain.state import TrainState
 from jaxtrain.step import Metrics
 
@@ -23,6 +25,12 @@ from jaxtrain.step import Metrics
 def shapes_of(tree: Any) -> Any:
     """Abstract shapes (with shardings) of a pytree of arrays, for ahead-of-time compilation."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+def _shardings_of(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The sharding of every array (or abstract array) in `args`; None (the compiler's choice)
+    for host values such as NumPy scalars."""
+    return jax.tree.map(lambda x: getattr(x, "sharding", None), args)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +121,16 @@ class CompiledCalls:
       train_step: the pure `train_step(state, batch) -> (state, metrics)`.
       state: a train state (or its shapes) to compile for.
       chooser: the K chooser.
+      layout: the mesh and shardings of the run (the state is split as `layout.state_shardings`).
       log: where the K chooser's decision is reported.
     """
 
     def __init__(self, source: CallSource, train_step: Callable, state: TrainState, chooser: StepsPerCall,
-                 log: Callable[[str], None] = lambda message: None):
-        self.source, self.train_step, self.chooser, self.log = source, train_step, chooser, log
-        self._state_shapes = shapes_of(state)
+                 layout: Layout, log: Callable[[str], None] = lambda message: None):
+        self.source, self.train_step, self.chooser, self.layout, self.log = source, train_step, chooser, layout, log
+        self.state_shardings = layout.state_shardings(state)
+        self._state_shapes = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                                          self.state_shardings)
         self._compiled: dict[int, Callable] = {}
         self.compile_s = 0.0
 
@@ -131,19 +142,27 @@ class CompiledCalls:
     def next_length(self, remaining: int) -> int:
         return self.chooser.next_length(remaining)
 
-    def compile(self, fn: Callable, *args: Any, donate: bool = False) -> Callable:
-        """Compiles `fn` for `args` ahead of time (donating the first argument if asked); the
-        seconds it takes are added to `compile_s`."""
+    def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
+                out_shardings: Any = None) -> Callable:
+        """Compiles `fn` for `args` ahead of time (donating the first argument if asked); inputs
+        are placed as `args` are unless `in_shardings` says, outputs replicated unless
+        `out_shardings` says. The seconds it takes are added to `compile_s`."""
         t0 = time.perf_counter()
-        compiled = jax.jit(fn, donate_argnums=(0,) if donate else ()).lower(*args).compile()
+        jitted = jax.jit(fn, donate_argnums=(0,) if donate else (),
+                         in_shardings=in_shardings if in_shardings is not None else _shardings_of(args),
+                         out_shardings=out_shardings if out_shardings is not None else self.layout.replicated)
+        compiled = jitted.lower(*args).compile()
         self.compile_s += time.perf_counter() - t0
         return compiled
 
     def get(self, k: int) -> Callable:
         """The compiled call of k steps (compiled now if it is new)."""
         if k not in self._compiled:
-            fn = self.source.make_call(self.train_step, k)
-            self._compiled[k] = self.compile(fn, self._state_shapes, *self.source.abstract_args(k), donate=True)
+            fn, args = self.source.make_call(self.train_step, k), self.source.abstract_args(k)
+            self._compiled[k] = self.compile(
+                fn, self._state_shapes, *args, donate=True,
+                in_shardings=(self.state_shardings, *_shardings_of(args)),
+                out_shardings=(self.state_shardings, self.layout.replicated))
         return self._compiled[k]
 
     def __call__(self, k: int, state: TrainState, args: tuple[Any, ...]) -> tuple[TrainState, Metrics]:

@@ -119,7 +119,8 @@ class Checkpointer:
             cleanup_tmp_directories=not read_only,
         )
         try:
-            self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",))
+            self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                  item_handlers={"state": ocp.StandardCheckpointHandler()})
         except OSError as e:
             raise CheckpointError(f"cannot open checkpoint directory {self.directory}: {e.strerror or e}") from None
 
@@ -157,7 +158,7 @@ class Checkpointer:
     def _preflight(self, nbytes: int) -> None:
         """Fails before orbax starts writing when the directory is read-only or lacks the space:
         a write that fails inside orbax's threads is reported only later, and noisily."""
-        probe = self.directory / ".write-test"
+        probe = self.directory / f".write-test-{jax.process_index()}"
         try:
             probe.write_bytes(b"0")
             probe.unlink()
@@ -175,8 +176,13 @@ class Checkpointer:
     def read_meta(self, step: int) -> dict[str, Any]:
         return dict(self._manager.metadata(step).custom_metadata or {})
 
-    def read(self, step: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """`({path: array}, meta)` of checkpoint `step` (the latest by default), unchecked."""
+    def read(self, step: int | None = None, shardings: dict[str, Any] | None = None
+             ) -> tuple[dict[str, jax.Array], dict[str, Any]]:
+        """`({path: array}, meta)` of checkpoint `step` (the latest by default), unchecked.
+
+        Each array is placed with `shardings[path]` when given, else on this process's first
+        device: a checkpoint restores onto any mesh, whichever mesh wrote it.
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no complete checkpoint in {self.directory}")
@@ -189,14 +195,20 @@ class Checkpointer:
                 f"({FORMAT_VERSION}); upgrade jaxtrain"
             )
         try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+            saved = self._manager.item_metadata(step)["state"]
+            default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            target = {path: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=(shardings or {}).get(path, default))
+                      for path, m in saved.items()}
+            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
         except Exception as e:  # noqa: BLE001 - orbax raises many types for unreadable data
             raise CheckpointError(f"cannot read checkpoint step {step} in {self.directory}: {e}") from None
         return dict(restored["state"]), meta
 
-    def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
-        """The state and meta of checkpoint `step` (the latest by default), checked against `template`."""
-        flat, meta = self.read(step)
+    def restore(self, template: TrainState, step: int | None = None, shardings: Any = None
+                ) -> tuple[TrainState, dict[str, Any]]:
+        """The state and meta of checkpoint `step` (the latest by default), checked against `template`
+        and placed with `shardings` (a pytree like `template`; default: this process's first device)."""
+        flat, meta = self.read(step, _flatten(shardings) if shardings is not None else None)
         return unflatten_state(template, {k: jax.numpy.asarray(v) for k, v in flat.items()}), meta
 
     def restore_model(self, params: Any, model_state: Any, step: int | None = None) -> tuple[Any, Any]:

@@ -104,6 +104,7 @@ def _train(args: Sequence[str]) -> int:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
         run_dir = run_dir or str(runs.latest_run(recipe.name))
         _, saved = runs.load_config(run_dir, recipe.name)
+        saved = dataclasses.replace(saved, mesh="auto", dist=type(saved.dist)())  # where it runs is not the run
         config = parse_config(type(recipe.config), saved, rest, prog)
     else:
         default = recipe.presets[preset] if has_preset else recipe.config

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from typing import Literal, get_args
 
@@ -161,6 +162,36 @@ class EarlyStoppingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistConfig:
+    """Many processes (hosts) through jax.distributed. Without a coordinator, a SLURM job of several
+    tasks or an Open MPI job is detected and joined; otherwise the run is one process."""
+
+    coordinator: str = ""
+    """host:port where process 0 serves JAX's coordination service (every process gives the same)."""
+    num_processes: int = 0
+    """Processes in the job (with --dist.coordinator)."""
+    process_id: int = -1
+    """This process's index, 0 .. num_processes-1 (with --dist.coordinator)."""
+    timeout_s: float = 60.0
+    """Seconds to wait for the coordinator at start-up, and for a silent peer before this process
+    stops with a message rather than waiting forever."""
+
+    def __post_init__(self) -> None:
+        _check_positive("dist.timeout_s", self.timeout_s)
+        if not self.coordinator:
+            _check(self.num_processes == 0 and self.process_id == -1,
+                   "dist.num_processes and dist.process_id need dist.coordinator (host:port of process 0)")
+            return
+        _check(re.fullmatch(r"[^\s:]+:\d{1,5}", self.coordinator) is not None,
+               f"dist.coordinator={self.coordinator!r} must be host:port, e.g. node001:12345")
+        _check(isinstance(self.num_processes, int) and self.num_processes >= 1,
+               f"dist.num_processes={self.num_processes!r} must be an integer >= 1 with dist.coordinator")
+        _check(isinstance(self.process_id, int) and 0 <= self.process_id < self.num_processes,
+               f"dist.process_id={self.process_id!r} is out of range: use 0 .. {self.num_processes - 1} for "
+               f"{self.num_processes} processes")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """How to train: epochs, batching, fused execution, logging, optimizer and data placement."""
 
@@ -195,8 +226,14 @@ class TrainConfig:
     """On a NaN/Inf loss or gradient: stop (exit code 3), or skip that update and count it."""
     tensorboard: bool = True
     """Write TensorBoard scalars to <run dir>/tensorboard (when the run has a directory)."""
+    mesh: str = "auto"
+    """Devices as a mesh: auto (every device, data parallel), data=N, fsdp=N or data=N,fsdp=M (FSDP:
+    parameters and optimizer state split over fsdp). The sizes multiply to the number of devices."""
 
     def __post_init__(self) -> None:
+        from jaxtrain.sharding import parse_mesh
+
+        parse_mesh(self.mesh)
         _check_choice("on_nan", self.on_nan, OnNaN)
         for field in ("epochs", "batch_size", "log_every", "eval_every"):
             value = getattr(self, field)

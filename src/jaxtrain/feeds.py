@@ -4,10 +4,13 @@ A feed hands the loop, per compiled call of K steps, the arguments of that call 
 state, and builds the call's function around the pure train step:
 
 - `DeviceFeed`: the whole training set on the device; a permutation per epoch computed there;
-  each step gathers its batch inside the compiled call. No host work per step.
+  each step gathers its batch inside the compiled call. No host work per step. On a mesh of
+  several devices the set is replicated on each when it fits the per-device budget, else its rows
+  are split over the devices (each step then gathers its batch with one all-reduce of B rows).
 - `StreamFeed`: rows read from a source (HDF5 file, arrays) by a background thread in a shuffled
   block order, stacked K batches at a time and placed on the device ahead of the running call.
-  It measures how long the device waited for input.
+  It measures how long the device waited for input. On a mesh, each process reads only its slice
+  of every global batch and each device receives its share of the rows.
 
 Feeds are checkpointable like Grain's iterators: `get_state()` is a JSON-ready dict of what,
 besides the loop's epoch and position, fixes the data order, and `set_state()` takes it back.
@@ -29,6 +32,7 @@ from jaxtrain.data.arrays import Placement
 from jaxtrain.data.sources import ArraySource
 from jaxtrain.data.stream import BackgroundIterator, DevicePrefetcher, StreamLoader
 from jaxtrain.errors import ConfigError, DataError
+from jaxtrain.sharding import Layout
 from jaxtrain.step import epoch_permutation, make_multi_step, make_scan_steps
 
 Compile = Callable[..., Callable]  # CompiledCalls.compile: (fn, *args, donate=False) -> executable
@@ -91,35 +95,44 @@ def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
 
 
 class DeviceFeed:
-    """The training set held on the device; batches gathered inside the compiled call."""
+    """The training set held on the device(s); batches gathered inside the compiled call."""
 
-    def __init__(self, data: Any, config: TrainConfig, placement: Placement, data_key: jax.Array,
-                 device: jax.Device):
-        self.placement, self._host, self._device = placement, data, device
+    def __init__(self, data: Any, config: TrainConfig, placement: Placement, data_key: jax.Array, layout: Layout):
+        self.placement, self._host, self._layout = placement, data, layout
         self.num_samples = data_lib.num_samples(data, "train_data")
         self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
-        self.device_bytes = data_lib.nbytes(data)
+        self.device_bytes = data_lib.nbytes(data) // (layout.num_devices if placement.split else 1)
         self._B, self._key = config.batch_size, data_key
         self._data = self._permute = self._perm = None
         self._position = 0
 
     def setup(self, compile: Compile) -> None:
-        self._data = jax.device_put(jax.tree.map(jnp.asarray, self._host), self._device)
+        layout, host = self._layout, jax.tree.map(np.asarray, self._host)
+        if self.placement.split:  # rows split over the devices: pad to a multiple (never indexed)
+            pad = -self.num_samples % layout.num_devices
+            host = jax.tree.map(lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]), host)
+            shardings = jax.tree.map(lambda x: layout.rows(x.ndim), host)
+        else:
+            shardings = jax.tree.map(lambda x: layout.replicated, host)
+        self._data = layout.put(host, shardings)
         self._host = None  # the device copy is the one used from here
+        self._key = layout.put(self._key, layout.replicated)
         n = self.num_samples
-        self._permute = compile(lambda key, epoch: epoch_permutation(key, epoch, n), self._key, 1)
+        self._permute = compile(lambda key, epoch: epoch_permutation(key, epoch, n), self._key, np.int32(1))
 
     def make_call(self, train_step: Callable, k: int) -> Callable:
-        return make_multi_step(train_step, self._B, k)
+        return make_multi_step(train_step, self._B, k, constrain=self._layout.constrain_batch)
 
     def abstract_args(self, k: int) -> tuple[Any, ...]:
-        return self._data, jax.ShapeDtypeStruct((self.num_samples,), jnp.int32), jnp.int32(0)
+        replicated = self._layout.replicated
+        return (self._data, jax.ShapeDtypeStruct((self.num_samples,), jnp.int32, sharding=replicated),
+                jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
 
     def start_epoch(self, epoch: int, position: int) -> None:
-        self._perm, self._position = self._permute(self._key, epoch), position
+        self._perm, self._position = self._permute(self._key, np.int32(epoch)), position
 
     def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
-        args = (self._data, self._perm, jnp.int32(self._position))
+        args = (self._data, self._perm, np.int32(self._position))
         self._position += k
         return args
 
@@ -145,14 +158,15 @@ class StreamFeed:
     (`StreamLoader`), a transfer thread stacks K batches and puts them on the device
     (`DevicePrefetcher`), up to `config.data.prefetch` calls ahead."""
 
-    def __init__(self, source: Any, config: TrainConfig, placement: Placement, treedef: Any = None):
-        self.placement, self._source, self._treedef = placement, source, treedef
+    def __init__(self, source: Any, config: TrainConfig, placement: Placement, layout: Layout, treedef: Any = None):
+        self.placement, self._source, self._treedef, self._layout = placement, source, treedef, layout
         self.num_samples = len(source)
         self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
         self.device_bytes = 0
         self._B, self._seed, self._prefetch = config.batch_size, config.seed, config.data.prefetch
         self._loader = StreamLoader(source, self._B, seed=config.seed, queue_depth=max(16, 2 * self._prefetch),
-                                    window_bytes=config.data.shuffle_window_mb << 20)
+                                    window_bytes=config.data.shuffle_window_mb << 20,
+                                    share=(jax.process_index(), jax.process_count()))
         row = source.read(0, 1)
         self._spec = {name: (v.shape[1:], v.dtype) for name, v in row.items()}
         self._epoch, self._position = 1, 0
@@ -169,7 +183,14 @@ class StreamFeed:
         return lambda state, batches: scan_steps(state, jax.tree.unflatten(treedef, [batches[n] for n in names]))
 
     def abstract_args(self, k: int) -> tuple[Any, ...]:
-        return ({n: jax.ShapeDtypeStruct((k, self._B, *shape), dtype) for n, (shape, dtype) in self._spec.items()},)
+        sharding = self._layout.stacked_batches
+        return ({n: jax.ShapeDtypeStruct((k, self._B, *shape), dtype, sharding=sharding)
+                 for n, (shape, dtype) in self._spec.items()},)
+
+    def _place(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """K stacked batches of this process's rows → global arrays, each device its share."""
+        sharding = self._layout.stacked_batches
+        return {n: jax.make_array_from_process_local_data(sharding, x) for n, x in host.items()}
 
     def start_epoch(self, epoch: int, position: int) -> None:
         self.close()
@@ -180,7 +201,7 @@ class StreamFeed:
             jax.block_until_ready(previous)
         if self._prefetcher is None:  # one transfer per call of k batches, `prefetch` calls ahead
             batches = self._loader.iter_epoch(self._epoch, self._position)
-            self._prefetcher = DevicePrefetcher(batches, depth=self._prefetch * k, group=k)
+            self._prefetcher = DevicePrefetcher(batches, depth=self._prefetch * k, group=k, device=self._place)
         t0 = time.perf_counter()
         stacked = self._prefetcher.next_batches(k)
         self._wait_s += time.perf_counter() - t0
@@ -221,7 +242,7 @@ def as_source(data: Any, name: str) -> tuple[Any, Any]:
 
 
 def budget_bytes(config: TrainConfig, device: jax.Device) -> int:
-    """Device memory the datasets may take (`--data.memory-budget-gb`, else a default)."""
+    """Device memory the datasets may take on each device (`--data.memory-budget-gb`, else a default)."""
     return int(config.data.memory_budget_gb * 1024**3) or data_lib.default_budget_bytes(device)
 
 
@@ -229,28 +250,41 @@ def _bytes(data: Any) -> int:
     return data.row_nbytes * len(data) if data_lib.is_source(data) else data_lib.nbytes(data)
 
 
-def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, device: jax.Device) -> Feed:
+def _placement(config: TrainConfig, data_bytes: int, layout: Layout) -> Placement:
+    """Where the training set goes: replicated on every device when it fits the per-device budget,
+    its rows split over the devices when only a share fits (or placement=device asks), else streamed."""
+    policy, budget, n = config.data.placement, budget_bytes(config, jax.local_devices()[0]), layout.num_devices
+    share = -(-data_bytes // n)
+    if n > 1 and data_bytes > budget and (policy == "device" or (policy == "auto" and share <= budget)):
+        return Placement("device", f"{data_bytes / 2**20:,.1f} MiB, rows split over {n} devices "
+                         f"({share / 2**20:,.1f} MiB each; budget {budget / 2**20:,.0f} MiB per device)", split=True)
+    return data_lib.choose_placement(policy, data_bytes, budget)
+
+
+def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout: Layout) -> Feed:
     """The feed for `train_data` (a pytree of arrays or a row source), placed by `config.data.placement`:
-    auto keeps it on the device within the memory budget and streams it otherwise.
+    auto keeps it on the devices within the per-device memory budget and streams it otherwise.
 
     Raises:
-      DataError, ConfigError: data without rows, of different lengths, or fewer rows than a batch.
+      DataError, ConfigError: data without rows, of different lengths, or fewer rows than a batch;
+        a batch that does not split over the mesh.
     """
+    layout.check_batch(config.batch_size)
     if not data_lib.is_source(train_data):
         data_lib.num_samples(train_data, "train_data")
-    placement = data_lib.choose_placement(config.data.placement, _bytes(train_data), budget_bytes(config, device))
+    placement = _placement(config, _bytes(train_data), layout)
     if placement.where == "stream":
         source, treedef = as_source(train_data, "train_data")
-        return StreamFeed(source, config, placement, treedef)
+        return StreamFeed(source, config, placement, layout, treedef)
     if data_lib.is_source(train_data):
         train_data = train_data.read(0, len(train_data))  # fits the budget: read it whole, once
-    return DeviceFeed(train_data, config, placement, data_key, device)
+    return DeviceFeed(train_data, config, placement, data_key, layout)
 
 
-def place_validation(val_data: Any, config: TrainConfig, feed: Feed, device: jax.Device) -> tuple[Any, bool]:
-    """`(data, streamed)`: validation data go on the device whole when they fit what the training
-    data leave of the memory budget, and are evaluated streamed from a row source otherwise."""
-    left = budget_bytes(config, device) - feed.device_bytes
+def place_validation(val_data: Any, config: TrainConfig, feed: Feed) -> tuple[Any, bool]:
+    """`(data, streamed)`: validation data go on the devices whole when they fit what the training
+    data leave of the per-device memory budget, and are evaluated streamed from a row source otherwise."""
+    left = budget_bytes(config, jax.local_devices()[0]) - feed.device_bytes
     if _bytes(val_data) > left and config.data.placement != "device":
         return as_source(val_data, "val_data"), True
     if data_lib.is_source(val_data):

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import jax
 import optax
+from jax.experimental import multihost_utils
 from flax import nnx
 from rich.console import Console
 
@@ -41,6 +42,7 @@ from jaxtrain.hooks import (
 from jaxtrain.loop_state import LoopState
 from jaxtrain.optim import build_schedule, build_train_optimizer, learning_rate_fn
 from jaxtrain.report import build_summary
+from jaxtrain.sharding import make_layout
 from jaxtrain.state import TrainState, init_state
 from jaxtrain.step import Augment, LossFn, Preprocess, make_train_step
 
@@ -83,17 +85,30 @@ class TrainingStopped(JaxtrainError):
 
 
 class _StopSignals:
-    """Turns SIGINT/SIGTERM into a flag the loop checks at call boundaries (main thread only)."""
+    """Turns SIGINT/SIGTERM into a flag the loop checks at call boundaries (main thread only).
+
+    In a job of several processes SIGTERM is left to JAX's preemption service, which makes every
+    process agree on the call at which they all stop (one stopping alone would leave the others
+    waiting in a collective)."""
 
     def __init__(self):
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self._many, self._calls = jax.process_count() > 1, 0
 
     def __enter__(self) -> "_StopSignals":
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGINT,) if self._many else (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
+
+    def poll(self) -> int | None:
+        """The stop signal, once one arrived (in every process of a job at the same call)."""
+        if self._many:
+            self._calls += 1
+            if multihost_utils.reached_preemption_sync_point(self._calls) and self.signum is None:
+                self.signum = signal.SIGTERM
+        return self.signum
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None:  # a second Ctrl-C: stop now
@@ -161,14 +176,16 @@ def fit(
     """
     t_start = time.perf_counter()
     _check_arguments(model, config, optimizer, hooks, run_dir, resume)
-    console = console or Console(highlight=False, soft_wrap=True)
-    device = jax.devices()[0]
+    primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
+    console = console or Console(highlight=False, soft_wrap=True, quiet=not primary)
+    layout, device = make_layout(config.mesh), jax.local_devices()[0]
     step_key, data_key = jax.random.split(jax.random.key(config.seed))
-    feed = make_feed(train_data, config, data_key, device)
-    val, val_streamed = place_validation(val_data, config, feed, device) if val_data is not None else (None, False)
+    feed = make_feed(train_data, config, data_key, layout)
+    val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
     total_steps = config.epochs * feed.steps_per_epoch
     tx = build_train_optimizer(config, total_steps, optimizer)
     graphdef, state = init_state(model, tx, step_key)
+    state = layout.put(state, layout.state_shardings(state))
 
     # Restore before anything is written: a failed resume must leave the run directory untouched.
     checkpoints = None
@@ -176,18 +193,18 @@ def fit(
         checkpoints = CheckpointHook(Path(run_dir) / "checkpoints", config.checkpoint, name)
     loop = LoopState(feed=feed.get_state())
     if resume:
-        state, loop = checkpoints.restore(state)
+        state, loop = checkpoints.restore(state, layout.state_shardings(state))
         feed.set_state(loop.feed)
 
     lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps) if optimizer is None else None)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, learning_rate=lr)
     chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps)
-    progress = ProgressHook(console, bar=not quiet)
-    calls = CompiledCalls(feed, train_step, state, chooser, log=progress.message)
+    progress = ProgressHook(console, bar=not quiet and primary)
+    calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)
     eval_batch = config.eval_batch_size or config.batch_size
     evaluation = None if val is None else EvalHook(model, loss_fn, preprocess, val, val_streamed, eval_batch,
                                                    config.eval_every)
-    run = Run(name, config, console, Path(run_dir) if run_dir is not None else None, device, feed, calls, state,
+    run = Run(name, config, console, Path(run_dir) if run_dir is not None else None, device, layout, feed, calls, state,
               int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
               resumed_step=int(state.step) if resume else None, t_start=t_start)
     run.hooks = [
@@ -196,8 +213,9 @@ def fit(
         *hooks,
         *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
         *([checkpoints] if checkpoints else []),
-        *([RunFilesHook(run_dir, {"recipe": name, **to_dict(run_config or config)}), PlotHook()] if run_dir else []),
-        *([TensorBoard()] if run_dir is not None and config.tensorboard else []),
+        *([RunFilesHook(run_dir, {"recipe": name, **to_dict(run_config or config)}), PlotHook()]
+          if run_dir and primary else []),
+        *([TensorBoard()] if run_dir is not None and config.tensorboard and primary else []),
         progress,
     ]
     for hook in run.hooks:
@@ -225,7 +243,7 @@ def fit(
                     running = metrics
                     loop.position += k
                     run.step += k
-                    run.stop_signal = signals.signum
+                    run.stop_signal = signals.poll()
                     run.each("after_call", k, metrics)
                     if run.stop_signal is not None and loop.position < feed.steps_per_epoch:
                         raise TrainingStopped(run.stop_signal, run.step, run.resume_hint)

@@ -14,6 +14,7 @@ from flax import nnx
 from rich.console import Console
 
 from jaxtrain import data as data_lib
+from jaxtrain import distributed
 from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import from_dict
 from jaxtrain.data.datasets import CharTokenizer
@@ -32,10 +33,15 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
           console: Console | None = None) -> FitResult:
     """Builds `recipe`'s workload for `config` and fits it into `run_dir` (a new timestamped
     directory under runs/ by default); the data sources it opened are closed afterwards."""
+    if distributed.initialize(config.dist) > 1 and not (run_dir or config.run_dir):
+        raise ConfigError("a job of several processes needs one run directory on a filesystem they share; "
+                          "pass --run-dir DIR")
     run_dir = Path(run_dir or config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     w = recipe.build(config)
 
     def save_info(run: Any) -> None:
+        if jax.process_index() != 0:
+            return
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
 

@@ -97,18 +97,21 @@ def make_multi_step(
     train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
     batch_size: int,
     num_steps: int,
+    constrain: Callable[[Batch], Batch] | None = None,
 ) -> Callable[[TrainState, Batch, jax.Array, jax.Array], tuple[TrainState, Metrics]]:
     """Fuses `num_steps` (K) training steps into one function over device-resident data.
 
     `multi_step(state, data, perm, start)` runs steps `start .. start+K-1` of the epoch whose
     sample order is `perm`: step `i` trains on rows `perm[i*B : (i+1)*B]` of `data`, gathered
     inside the compiled call. Returns the new state and each metric stacked to shape (K,).
+    `constrain(batch)` places each gathered batch (e.g. split over a mesh's devices).
     """
 
     def multi_step(state: TrainState, data: Batch, perm: jax.Array, start: jax.Array):
         def body(state: TrainState, i: jax.Array):
             indices = jax.lax.dynamic_slice_in_dim(perm, (start + i) * batch_size, batch_size)  # (B,)
-            return train_step(state, gather_batch(data, indices))
+            batch = gather_batch(data, indices)
+            return train_step(state, constrain(batch) if constrain is not None else batch)
 
         return jax.lax.scan(body, state, jnp.arange(num_steps))
 
@@ -132,21 +135,24 @@ def make_scan_steps(
 
 
 def make_evaluate_sums(
-    eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int
+    eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int,
+    constrain: Callable[[Batch], Batch] | None = None,
 ) -> Callable[[TrainState, Batch], Metrics]:
     """`evaluate_sums(state, data) -> sums`: each metric summed over all `num_samples` rows of `data`
     (a batch mean times its batch size, added up).
 
-    Full batches run under `lax.map` (a scan); the remainder runs as one smaller batch, so no
-    sample is dropped or counted twice.
+    Full batches run under `lax.map` (a scan), each placed by `constrain` when given (e.g. split
+    over a mesh's devices); the remainder runs as one smaller batch, so no sample is dropped or
+    counted twice.
     """
+    place = constrain or (lambda batch: batch)
     num_full, remainder = divmod(num_samples, batch_size)
 
     def evaluate_sums(state: TrainState, data: Batch) -> Metrics:
         totals = None
         if num_full:
             full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
-            per_batch = jax.lax.map(lambda batch: eval_step(state, batch), full)  # each metric (num_full,)
+            per_batch = jax.lax.map(lambda batch: eval_step(state, place(batch)), full)  # each metric (num_full,)
             totals = jax.tree.map(lambda m: jnp.sum(m) * batch_size, per_batch)
         if remainder:
             tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)

@@ -1,6 +1,6 @@
 """Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
 
-from jaxtrain.bench import checkpoint, data, frameworks, ladder, overhead, scan
+from jaxtrain.bench import checkpoint, data, frameworks, ladder, overhead, scale, scan
 
 # name -> (config class, main(config) -> exit code)
 BENCHMARKS = {
@@ -9,6 +9,7 @@ BENCHMARKS = {
     "frameworks": (frameworks.FrameworksConfig, frameworks.main),
     "ladder": (ladder.LadderConfig, ladder.main),
     "overhead": (overhead.OverheadConfig, overhead.main),
+    "scale": (scale.ScaleBenchConfig, scale.main),
     "scan": (scan.ScanBenchConfig, scan.main),
 }
 

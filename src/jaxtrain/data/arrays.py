@@ -64,6 +64,7 @@ class Placement:
 
     where: str
     reason: str
+    split: bool = False  # device-resident rows split over a mesh's devices rather than replicated
 
 
 def choose_placement(policy: str, data_bytes: int, budget_bytes: int) -> Placement:

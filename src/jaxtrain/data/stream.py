@@ -168,14 +168,26 @@ class EpochPlan:
 
 
 class _WindowReader:
-    """Reads one window's blocks into a preallocated buffer, a few blocks at a time."""
+    """Reads one window's blocks into a preallocated buffer, a few blocks at a time.
 
-    def __init__(self, source: RowSource, plan: EpochPlan, window: int, shapes: dict, dtypes: dict):
+    With `keep` (sorted window-buffer indices), only those rows are kept: each block is read whole
+    (it is a run of whole chunks) and the kept rows are copied into a buffer of `len(keep)` rows;
+    `slot[i]` is where window row i went.
+    """
+
+    def __init__(self, source: RowSource, plan: EpochPlan, window: int, shapes: dict, dtypes: dict,
+                 keep: np.ndarray | None = None):
         self.source = source
         self.ranges = plan.block_ranges(window)
         size = int(plan.window_starts[window + 1] - plan.window_starts[window])
-        self.buffer = {k: np.empty((size, *shapes[k]), dtypes[k]) for k in shapes}  # (window rows, ...)
-        self._next, self._filled = 0, 0
+        self.keep = keep
+        rows = size if keep is None else len(keep)
+        self.buffer = {k: np.empty((rows, *shapes[k]), dtypes[k]) for k in shapes}  # (kept rows, ...)
+        self.slot = None
+        if keep is not None:
+            self.slot = np.full(size, -1, np.int64)
+            self.slot[keep] = np.arange(len(keep))
+        self._next, self._filled, self._window_row = 0, 0, 0
 
     @property
     def remaining(self) -> int:
@@ -184,9 +196,14 @@ class _WindowReader:
     def read(self, blocks: int | None = None) -> None:
         end = len(self.ranges) if blocks is None else min(len(self.ranges), self._next + blocks)
         for start, stop in self.ranges[self._next : end]:
-            for k, v in self.source.read(start, stop).items():
+            block = self.source.read(start, stop)
+            if self.keep is not None:  # the rows of this block that this process serves
+                lo, hi = np.searchsorted(self.keep, [self._window_row, self._window_row + stop - start])
+                block = {k: v[self.keep[lo:hi] - self._window_row] for k, v in block.items()}
+            for k, v in block.items():
                 self.buffer[k][self._filled : self._filled + len(v)] = v
-            self._filled += stop - start
+            self._filled += len(next(iter(block.values())))
+            self._window_row += stop - start
         self._next = end
 
 
@@ -202,6 +219,9 @@ class StreamLoader:
       drop_last: drop the epoch's final partial batch (its rows differ per epoch).
       queue_depth: ready host batches kept ahead of the consumer.
       window_bytes: the shuffle window's size in bytes, when window_blocks is not given.
+      share: `(index, count)`: serve only rows `index * B / count .. (index + 1) * B / count - 1` of
+        every batch (one process's slice of a global batch, in the same global order); the rows
+        of other slices are never kept. B must divide by count.
 
     Raises:
       ConfigError: a non-positive size, or block_rows not a multiple of the chunk size.
@@ -210,7 +230,7 @@ class StreamLoader:
 
     def __init__(self, source: RowSource, batch_size: int, *, seed: int, block_rows: int | None = None,
                  window_blocks: int | None = None, drop_last: bool = True, queue_depth: int = 16,
-                 window_bytes: int = WINDOW_BYTES):
+                 window_bytes: int = WINDOW_BYTES, share: tuple[int, int] = (0, 1)):
         chunk = max(1, int(source.chunk_rows))
         row_nbytes = max(1, int(getattr(source, "row_nbytes", 1)))
         if block_rows is None:
@@ -226,6 +246,12 @@ class StreamLoader:
                               "so that every read covers whole chunks")
         if seed < 0:
             raise ConfigError(f"seed={seed} must be >= 0")
+        index, count = share
+        if count > 1 and not drop_last:
+            raise ConfigError("a share of each batch needs drop_last=True (the last batch has fewer rows)")
+        if not (0 <= index < count and batch_size % count == 0):
+            raise ConfigError(f"share={share}: batches of {batch_size} rows cannot be split into {count} equal slices")
+        self.share = (index * batch_size // count, (index + 1) * batch_size // count)  # [lo, hi) of each batch
         self.source, self.batch_size, self.seed = source, batch_size, seed
         self.block_rows, self.window_blocks = block_rows, window_blocks
         self.drop_last, self.queue_depth = drop_last, queue_depth
@@ -257,7 +283,8 @@ class StreamLoader:
         return EpochPlan(len(self.source), self.block_rows, self.window_blocks, self.seed, epoch)
 
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> BackgroundIterator:
-        """Host batches {name: (B, ...)} of epoch `epoch`, from batch `start_batch` on.
+        """Host batches {name: (B, ...)} of epoch `epoch`, from batch `start_batch` on (with a
+        `share`, this process's rows of each batch).
 
         The returned iterator reads ahead in a daemon thread; close it (or use `with`) to stop
         early. A DataError raised while reading (NaN/Inf, a corrupt file) is re-raised by `next()`.
@@ -267,27 +294,41 @@ class StreamLoader:
         produce = lambda put: self._produce(epoch, start_batch, put)  # noqa: E731
         return BackgroundIterator(produce, self.queue_depth, name=f"jaxtrain-stream-epoch{epoch}")
 
+    def _keep(self, plan: EpochPlan, window: int) -> np.ndarray | None:
+        """The window-buffer rows this process serves (sorted), or None for all."""
+        lo, hi = self.share
+        if (lo, hi) == (0, self.batch_size):
+            return None
+        first, last = int(plan.window_starts[window]), int(plan.window_starts[window + 1])
+        offset = np.arange(first, last) % self.batch_size  # each epoch position's place in its batch
+        return np.sort(plan.window_order(window)[(offset >= lo) & (offset < hi)])
+
+    def _reader(self, plan: EpochPlan, window: int) -> _WindowReader:
+        return _WindowReader(self.source, plan, window, self._shapes, self._dtypes, self._keep(plan, window))
+
     def _produce(self, epoch: int, start_batch: int, put: Callable[[dict], None]) -> None:
-        B = self.batch_size
+        B, (lo, hi) = self.batch_size, self.share
         plan = self.plan(epoch)
         end = self.num_batches * B if self.drop_last else len(self.source)  # epoch rows served
         row = start_batch * B
         if row >= end:
             return
         window = plan.window_of(row)
-        reader = _WindowReader(self.source, plan, window, self._shapes, self._dtypes)
+        reader = self._reader(plan, window)
         reader.read()
         pieces: list[dict[str, np.ndarray]] = []
         filled = 0
         while row < end:
             first, last = int(plan.window_starts[window]), min(int(plan.window_starts[window + 1]), end)
-            current, order = reader.buffer, plan.window_order(window)
-            reader = _WindowReader(self.source, plan, window + 1, self._shapes, self._dtypes) if last < end else None
+            current, order, slot = reader.buffer, plan.window_order(window), reader.slot
+            reader = self._reader(plan, window + 1) if last < end else None
             puts_left = -(-(last - row) // B)
             while row < last:
                 take = min(B - filled, last - row)
-                index = order[row - first : row - first + take]
-                pieces.append({k: v[index] for k, v in current.items()})  # (take, ...)
+                a, b = max(filled, lo) - filled, min(filled + take, hi) - filled  # this share's part of the run
+                if a < b:
+                    index = order[row - first + a : row - first + b]
+                    pieces.append({k: v[index if slot is None else slot[index]] for k, v in current.items()})
                 filled, row = filled + take, row + take
                 if filled == B or row == end:
                     put(pieces[0] if len(pieces) == 1 else {k: np.concatenate([p[k] for p in pieces]) for k in current})
@@ -313,7 +354,8 @@ class DevicePrefetcher:
     Args:
       batches: host batches {name: (B, ...)}, e.g. `StreamLoader.iter_epoch(e)`; closed with this.
       depth: batches kept on the device ahead of the consumer.
-      device: a `jax.Device` or `Sharding` for `jax.device_put`; default the default device.
+      device: a `jax.Device` or `Sharding` for `jax.device_put` (default: the default device), or a
+        function that places a host stack {name: (g, B, ...)} and returns the device arrays.
       group: batches per transfer; default the k of the first `next_batches(k)` (1 for `next()`).
         The thread starts at that first request.
     """
@@ -396,13 +438,14 @@ class DevicePrefetcher:
 
 def _transfer(batches: Iterator[dict], device: Any, group: int, put: Callable[[dict], None]) -> None:
     """Stacks up to `group` host batches of one size and puts them on the device."""
+    place = device if callable(device) else lambda host: jax.device_put(host, device)
     it = iter(batches)
     while pending := list(islice(it, group)):
         while pending:  # split where the batch size changes (the last batch without drop_last)
             n = next((i for i, b in enumerate(pending) if _shape(b) != _shape(pending[0])), len(pending))
             run, pending = pending[:n], pending[n:]
             host = {k: np.stack([b[k] for b in run]) for k in run[0]}  # (g, B, ...)
-            put(jax.block_until_ready(jax.device_put(host, device)))
+            put(jax.block_until_ready(place(host)))
 
 
 def _shape(batch: dict, skip: int = 0) -> tuple:

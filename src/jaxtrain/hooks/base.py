@@ -84,7 +84,8 @@ class Run:
       config: the training settings.
       console: where to print.
       run_dir: the run directory, or None.
-      device: the device training runs on.
+      device: this process's first device (the kind of device training runs on).
+      layout: the mesh of devices and the shardings of the train state and batches.
       feed: where batches come from (`feeds.Feed`).
       calls: the compiled calls (`calls.CompiledCalls`): K, compile time.
       state: the train state after the last queued call (it may still be computing).
@@ -106,6 +107,7 @@ class Run:
     console: Console
     run_dir: Path | None
     device: jax.Device
+    layout: Any
     feed: Any
     calls: Any
     state: TrainState

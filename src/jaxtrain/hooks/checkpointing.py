@@ -26,9 +26,10 @@ class CheckpointHook(Hook):
         self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode)
         self._last_save = 0
 
-    def restore(self, template: TrainState) -> tuple[TrainState, LoopState]:
-        """The newest complete checkpoint's train state (checked against `template`) and loop state."""
-        state, meta = self.ckpt.restore(template)
+    def restore(self, template: TrainState, shardings: Any = None) -> tuple[TrainState, LoopState]:
+        """The newest complete checkpoint's train state (checked against `template`, placed with
+        `shardings`, whatever mesh wrote it) and loop state."""
+        state, meta = self.ckpt.restore(template, shardings=shardings)
         try:
             loop = LoopState.from_meta(meta)
         except JaxtrainError as e:

@@ -12,7 +12,6 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -50,10 +49,21 @@ class EvalHook(Hook):
     def on_start(self, run: Run) -> None:
         self._evaluate = self._build_streamed(run) if self._streamed else self._build_on_device(run)
 
+    def _place(self, run: Run, host: Any) -> Any:
+        """Host arrays replicated on every device of the run's mesh."""
+        host = jax.tree.map(np.asarray, host)
+        return run.layout.put(host, jax.tree.map(lambda x: run.layout.replicated, host))
+
+    def _constrain(self, run: Run, batch_size: int) -> Callable | None:
+        """Splits evaluation batches over the devices when they divide evenly (else each device
+        evaluates the whole batch)."""
+        return run.layout.constrain_batch if batch_size % run.layout.num_devices == 0 else None
+
     def _build_on_device(self, run: Run) -> Callable:
-        data = jax.device_put(jax.tree.map(jnp.asarray, self._data), run.device)
+        data = self._place(run, self._data)
         n = self.num_samples
-        sums = run.calls.compile(make_evaluate_sums(self._step, n, self._B), shapes_of(run.state), data)
+        fn = make_evaluate_sums(self._step, n, self._B, self._constrain(run, self._B))
+        sums = run.calls.compile(fn, shapes_of(run.state), data)
         return lambda state: {k: float(v) / n for k, v in jax.device_get(sums(state, data)).items()}
 
     def _build_streamed(self, run: Run) -> Callable:
@@ -70,7 +80,7 @@ class EvalHook(Hook):
 
         def program(size: int, state: Any, example: Any) -> Callable:
             if size not in programs:
-                fn = make_evaluate_sums(self._step, size, min(B, size))
+                fn = make_evaluate_sums(self._step, size, min(B, size), self._constrain(run, min(B, size)))
                 programs[size] = run.calls.compile(fn, shapes_of(state), shapes_of(example))
             return programs[size]
 
@@ -78,7 +88,7 @@ class EvalHook(Hook):
             totals: dict[str, float] = {}
             with stream_blocks(source, rows) as blocks:
                 for block in blocks:
-                    batch = as_batch(jax.device_put(block, run.device))
+                    batch = as_batch(self._place(run, block))
                     size = len(next(iter(block.values())))
                     for k, v in jax.device_get(program(size, state, batch)(state, batch)).items():
                         totals[k] = totals.get(k, 0.0) + float(np.float64(v))

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from flax import nnx
 
-from jaxtrain.config import TrainConfig
+from jaxtrain.config import DistConfig, TrainConfig
 from jaxtrain.step import Augment, LossFn, Preprocess
 
 
@@ -19,6 +19,9 @@ class RecipeConfig(TrainConfig):
     """Directory for config.json, metrics.jsonl, summary.json and checkpoints/; default runs/<recipe>-<timestamp>."""
     quiet: bool = False
     """No progress bar (summary blocks are still printed): for scripts and CI logs."""
+    dist: DistConfig = DistConfig()
+    """Many processes: how this process joins the job (not saved with the run: a resumed run may
+    use other processes and another --mesh)."""
 
 
 @dataclasses.dataclass(frozen=True)

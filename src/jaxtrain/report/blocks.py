@@ -42,6 +42,9 @@ def header_block(run: "Run") -> str:
         + (f" ({feed.steps_per_epoch * config.batch_size:,} samples per epoch drawn without replacement)"
            if config.steps_per_epoch else ""),
     ]
+    if run.layout.num_devices > 1:
+        lines.append(f"  mesh: {run.layout.describe()}; batch split over every device")
+        lines.append(f"  {run.layout.rule(run.state)}")
     if run.run_dir is not None:
         lines.append(f"  run dir: {run.run_dir}")
     if run.resumed_step is not None:
@@ -82,6 +85,7 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
         "samples_per_epoch": last.get("samples"),
         "samples_dropped_per_epoch": last.get("samples_dropped"),
         "device": device_description(run.device),
+        "mesh": run.layout.describe(),
         "jax_version": jax.__version__,
     }
     if run.stop_reason:

@@ -1,0 +1,490 @@
+"""`jaxtrain bench scale`: one recipe trained on six meshes of 4 virtual CPU devices.
+
+Every mesh (`data=1`, `data=2`, `data=4`, `fsdp=2`, `fsdp=4`, `data=2,fsdp=2`) trains the same
+recipe config (fixed K steps per call, small data) in ONE child process started with
+`XLA_FLAGS=--xla_force_host_platform_device_count=4`; a mesh of fewer than 4 devices uses the
+first ones (`make_layout`). Per mesh it reports:
+
+- param+opt bytes per device: `shard_bytes((params, opt_state))` of the trained state, read from
+  the arrays' shards on device 0 (every mesh includes device 0);
+- peak bytes per device of the compiled K-step call, from XLA's `memory_analysis()`:
+  arguments + outputs + temporaries - aliased (donated state counted once). The arguments include
+  the training set when it is held on the device (it is, at these sizes): reported separately;
+- ms per step: the median over the timed epochs of the epoch's `train_time_s` (compile excluded)
+  over its steps; the first epoch is a warm-up and is not timed;
+- collective bytes per step, parsed from the compiled K-step call's HLO (`collective_stats`);
+- the largest relative difference from the `data=1` run of the final parameters (relative L2 per
+  array) and of every epoch's train and validation loss.
+
+Virtual CPU devices share the machine's cores: the step times show the cost of partitioning, never
+a speed-up. `--gpt2-small` compiles (never trains) the char-gpt step at GPT-2-small's shape from
+abstract shapes, to read its collectives and memory without allocating it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import os
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from jaxtrain.bench.child import child_main, run_child
+
+DEVICES = 4
+MESHES = ("data=1", "data=2", "data=4", "fsdp=2", "fsdp=4", "data=2,fsdp=2")
+FSDP_TARGET = 0.3  # per-device param+opt bytes of fsdp=4 over data=4's
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab": 50257}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleBenchConfig:
+    """Settings of the scale benchmark."""
+
+    recipe: Literal["mlp-regression", "char-gpt"] = "mlp-regression"
+    """The recipe to train on every mesh (its default config, with the sizes below)."""
+    steps: int = 32
+    """Optimizer steps per epoch; each of the `repeats` timed epochs is one step-time sample."""
+    steps_per_call: int = 8
+    """K: steps fused into one compiled call (fixed, the same on every mesh)."""
+    repeats: int = 3
+    """Timed epochs per mesh (after one warm-up epoch); the median is reported."""
+    text_chars: int = 100_000
+    """char-gpt: characters of Tiny Shakespeare used (data.limit), to keep building the data quick."""
+    gpt2_small: bool = False
+    """Compile only, no training: the char-gpt step with GPT-2-small's shape (12 layers, 12 heads,
+    768 wide, block 1024, vocabulary 50257) from abstract shapes, on data=1, data=4, fsdp=4 and
+    data=2,fsdp=2."""
+    gpt2_batch_per_device: int = 1
+    """--gpt2-small: sequences of 1024 tokens per device in the compiled step."""
+    quick: bool = False
+    """A tiny run for smoke tests (8 steps per epoch, K=4, one timed epoch, small data)."""
+    out: str | None = None
+    """Write the results as JSON to this file."""
+
+
+# --- collectives in compiled HLO text ------------------------------------------------------------
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5}
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.*?)\s"
+                          r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+                          r"(?P<suffix>-start|-done)?\((?P<operands>[^)]*)\)")
+_HEADER = re.compile(r"^(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_CALLEE = re.compile(r"\b(?P<how>body|condition|calls|to_apply|true_computation|false_computation)=%?(?P<name>[\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+
+
+def _type_bytes(type_text: str) -> float:
+    """Bytes of an HLO type: an array `f32[512,128]{1,0}` or a tuple of arrays."""
+    total = 0.0
+    for dtype, dims in _SHAPE.findall(type_text):
+        if dtype == "token":
+            continue
+        width = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
+        if width is None:
+            raise ValueError(f"unknown HLO element type {dtype!r} in {type_text!r}")
+        total += width * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def _group_size(line: str, devices: int) -> int:
+    """Devices in each replica group of a collective (all of them when the groups are not given)."""
+    if m := re.search(r"replica_groups=\{(\{[^}]*\})", line):  # explicit: {{0,1},{2,3}}
+        return len([x for x in m.group(1).strip("{}").split(",") if x.strip()])
+    if m := re.search(r"replica_groups=\[(\d+)(?:,(\d+))?\]<=", line):  # iota: [groups,size]<=[...]
+        return int(m.group(2) or m.group(1))
+    if m := re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line):  # mesh['a'=4,'b'=1] {'a'}
+        sizes = {k.strip(" '\""): int(v) for k, v in (part.split("=") for part in m.group(1).split(","))}
+        return math.prod(sizes[a.strip(" '\"")] for a in m.group(2).split(",") if a.strip())
+    return devices
+
+
+def _ring_factor(kind: str, n: int) -> float:
+    """Bytes each device sends per byte of S with bandwidth-optimal (ring) algorithms."""
+    if n <= 1:
+        return 0.0
+    return {"all-reduce": 2 * (n - 1) / n, "collective-permute": 1.0}.get(kind, (n - 1) / n)
+
+
+def collective_stats(hlo_text: str, devices: int, steps: int) -> dict[str, Any]:
+    """Collectives per training step of a compiled K-step call, from its HLO text.
+
+    Counting convention: each executed collective counts S bytes, the size of the whole logical
+    array it combines (NCCL's S): the result of an all-reduce, the gathered result of an
+    all-gather, the operand of a reduce-scatter (result x group size), the operands (= results)
+    of an all-to-all or collective-permute; tuples are summed. "sent" is what each device sends
+    with ring algorithms: 2(n-1)/n·S for all-reduce, (n-1)/n·S for all-gather, reduce-scatter and
+    all-to-all, S for collective-permute, n the group size. An instruction counts once per
+    execution: instructions in a while body (the K-step scan) count its trip count
+    (`known_trip_count`; K when XLA did not record one), those outside it once per call; the
+    totals are divided by `steps` (K). Async pairs count once (at their `-done`).
+
+    Returns:
+      {"bytes": S per step, "sent": bytes sent per device per step, "unknown_trip_counts": n,
+       "kinds": {kind: {"count": executions per step, "bytes": ..., "sent": ...}}}
+    """
+    computations: dict[str, list[str]] = {}
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        if current is None:
+            if not line.startswith((" ", "HloModule")) and (m := _HEADER.match(line)):
+                current = m.group("name")
+                computations[current] = []
+                entry = current if m.group("entry") else entry
+        elif line.strip() == "}":
+            current = None
+        else:
+            computations[current].append(line)
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+
+    callers: dict[str, list[tuple[str, float]]] = {}
+    unknown = 0
+    for name, lines in computations.items():
+        for line in lines:
+            for m in _CALLEE.finditer(line):
+                times = 1.0
+                if m.group("how") == "body":
+                    trip = _TRIP_COUNT.search(line)
+                    unknown += trip is None
+                    times = float(trip.group(1)) if trip else float(steps)
+                callers.setdefault(m.group("name"), []).append((name, times))
+            for m in _BRANCHES.finditer(line):
+                for callee in m.group("names").split(","):
+                    callers.setdefault(callee.strip().lstrip("%"), []).append((name, 1.0))
+
+    memo: dict[str, float] = {entry: 1.0}
+
+    def executions(name: str) -> float:
+        if name not in memo:
+            memo[name] = 0.0  # guards against cycles (HLO has none)
+            memo[name] = sum(executions(caller) * times for caller, times in callers.get(name, []))
+        return memo[name]
+
+    kinds = {kind: {"count": 0.0, "bytes": 0.0, "sent": 0.0} for kind in KINDS}
+    for name, lines in computations.items():
+        starts = {}
+        for line in lines:
+            m = _INSTRUCTION.match(line)
+            if m is None:
+                continue
+            if m.group("suffix") == "-start":
+                starts[m.group("name")] = line
+                continue
+            attributes = line
+            if m.group("suffix") == "-done":  # groups are on the start; its operand names it
+                attributes = starts.get(m.group("operands").strip().lstrip("%"), line)
+            kind, n = m.group("op"), _group_size(attributes, devices)
+            size = _type_bytes(m.group("type")) * (n if kind == "reduce-scatter" else 1)
+            times = executions(name) / steps
+            kinds[kind]["count"] += times
+            kinds[kind]["bytes"] += times * size
+            kinds[kind]["sent"] += times * size * _ring_factor(kind, n)
+    return {"bytes": sum(k["bytes"] for k in kinds.values()), "sent": sum(k["sent"] for k in kinds.values()),
+            "unknown_trip_counts": unknown, "kinds": kinds}
+
+
+# --- the child: every mesh in one process of 4 devices ------------------------------------------
+
+def _recipe_config(payload: dict[str, Any]) -> tuple[Any, Any]:
+    from jaxtrain.recipes import get_recipe
+
+    recipe = get_recipe(payload["recipe"])
+    base, steps = recipe.config, payload["steps"]
+    if recipe.name == "mlp-regression":
+        val = 64 if payload["quick"] else 256
+        data = dataclasses.replace(base.data, samples=steps * base.batch_size + val, val_samples=val)
+    else:
+        data = dataclasses.replace(base.data, limit=payload["text_chars"], eval_batches=2 if payload["quick"] else 4)
+    config = dataclasses.replace(base, epochs=payload["repeats"] + 1, steps_per_epoch=steps,
+                                 steps_per_call=payload["steps_per_call"], log_every=steps, data=data, quiet=True,
+                                 tensorboard=False)
+    return recipe, config
+
+
+def _rel_l2(got: Any, want: Any) -> float:
+    import numpy as np
+
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    norm = float(np.linalg.norm(want))
+    return float(np.linalg.norm(got - want)) / (norm if norm > 0 else 1.0)
+
+
+def _memory(compiled: Any) -> dict[str, int] | None:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    parts = {"argument": stats.argument_size_in_bytes, "output": stats.output_size_in_bytes,
+             "temp": stats.temp_size_in_bytes, "alias": stats.alias_size_in_bytes}
+    return {**parts, "peak": parts["argument"] + parts["output"] + parts["temp"] - parts["alias"]}
+
+
+def _train_mesh(recipe: Any, config: Any, mesh: str) -> tuple[dict[str, Any], Any, list[tuple[float, float]]]:
+    import jax
+    import numpy as np
+
+    from jaxtrain.hooks import LambdaHook
+    from jaxtrain.loop import fit
+    from jaxtrain.sharding import shard_bytes, state_bytes_per_device
+
+    config = dataclasses.replace(config, mesh=mesh)
+    w = recipe.build(config)
+    seen: dict[str, Any] = {}
+    try:
+        result = fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=lambda run: seen.update(run=run))],
+                     preprocess=w.preprocess, augment=w.augment, name=recipe.name, quiet=True,
+                     console=Console(file=io.StringIO()))
+    finally:
+        w.close()
+    run = seen["run"]
+    compiled = run.calls.get(config.steps_per_call)
+    state = (result.state.params, result.state.opt_state)
+    timed = [r["train_time_s"] / config.steps_per_epoch for r in result.history[1:]] or \
+            [result.history[0]["train_time_s"] / config.steps_per_epoch]
+    record = {
+        "mesh": mesh,
+        "layout": result.summary["mesh"],
+        "devices": run.layout.num_devices,
+        "state_bytes": shard_bytes(state),
+        "state_bytes_predicted": state_bytes_per_device(run.layout, state),
+        "data_bytes": int(getattr(run.feed, "device_bytes", 0)),
+        "memory": _memory(compiled),
+        "ms_per_step": statistics.median(timed) * 1e3,
+        "ms_per_step_epochs": [t * 1e3 for t in timed],
+        "collectives": collective_stats(compiled.as_text(), run.layout.num_devices, config.steps_per_call),
+        "compile_s": run.calls.compile_s,
+    }
+    losses = [(r["train_loss"], r.get("val_loss")) for r in result.history]
+    return record, jax.tree.map(np.asarray, result.state.params), losses
+
+
+def _child(payload: dict[str, Any]) -> dict[str, Any]:
+    import jax
+
+    from jaxtrain.report import device_description
+
+    if jax.device_count() < DEVICES:
+        raise RuntimeError(f"the benchmark child has {jax.device_count()} devices, needs {DEVICES} "
+                           f"(XLA_FLAGS={os.environ.get('XLA_FLAGS')!r})")
+    if payload.get("gpt2_small"):
+        return _compile_gpt2(payload)
+    recipe, config = _recipe_config(payload)
+    rows, reference = [], None
+    for mesh in payload["meshes"]:
+        record, params, losses = _train_mesh(recipe, config, mesh)
+        if reference is None:
+            reference = (params, losses)
+        ref_params, ref_losses = reference
+        record["max_param_rel_diff"] = max(_rel_l2(a, b) for a, b in
+                                           zip(jax.tree.leaves(params), jax.tree.leaves(ref_params), strict=True))
+        record["max_loss_rel_diff"] = max(abs(a - b) / abs(b) for pair, ref in zip(losses, ref_losses, strict=True)
+                                          for a, b in zip(pair, ref) if a is not None and b)
+        rows.append(record)
+    return {"recipe": recipe.name, "device": device_description(jax.devices()[0]), "jax_version": jax.__version__,
+            "batch_size": config.batch_size, "steps_per_epoch": config.steps_per_epoch,
+            "steps_per_call": config.steps_per_call, "timed_epochs": max(config.epochs - 1, 1), "meshes": rows}
+
+
+def _compile_gpt2(payload: dict[str, Any]) -> dict[str, Any]:
+    """The char-gpt K-step call at GPT-2-small's shape, compiled from abstract shapes on each mesh
+    (nothing of the model is allocated): collectives, memory analysis, param+opt bytes per device
+    (from the layout's rule: there are no arrays to read shards from)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxtrain.calls import CompiledCalls, StepsPerCall
+    from jaxtrain.models.gpt import GPT, GPTConfig, num_params
+    from jaxtrain.optim import build_schedule, build_train_optimizer, learning_rate_fn
+    from jaxtrain.recipes import get_recipe
+    from jaxtrain.recipes.char_gpt import lm_loss
+    from jaxtrain.report import device_description
+    from jaxtrain.sharding import make_layout, state_bytes_per_device
+    from jaxtrain.state import init_state
+    from jaxtrain.step import make_scan_steps, make_train_step
+
+    shape = GPT2_SMALL
+    config = get_recipe("char-gpt").config
+    model_config = GPTConfig(block_size=shape["block_size"], n_layer=shape["n_layer"], n_head=shape["n_head"],
+                             n_embd=shape["n_embd"])
+    k, total_steps = payload["steps_per_call"], 2000
+    tx = build_train_optimizer(config, total_steps, None)
+
+    def make_model() -> GPT:
+        return GPT(shape["vocab"], model_config, rngs=nnx.Rngs(0))
+
+    abstract_model = nnx.eval_shape(make_model)
+    graphdef = nnx.split(abstract_model, nnx.Param, ...)[0]
+    state = jax.eval_shape(lambda: init_state(make_model(), tx, jax.random.key(0))[1])
+    lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps))
+    train_step = make_train_step(graphdef, lm_loss, tx, learning_rate=lr)
+    n_params = num_params(abstract_model, exclude_position=False)
+    rows = []
+    for mesh in payload["meshes"]:
+        layout = make_layout(mesh, jax.devices()[:DEVICES])
+        batch = payload["gpt2_batch_per_device"] * layout.num_devices
+
+        class Source:  # what CompiledCalls needs of a feed: K stacked batches of token windows
+            def make_call(self, step: Any, k: int) -> Any:
+                return make_scan_steps(step)
+
+            def abstract_args(self, k: int) -> tuple[Any, ...]:
+                tokens = jax.ShapeDtypeStruct((k, batch, shape["block_size"] + 1), jnp.int32,
+                                              sharding=layout.stacked_batches)
+                return ({"tokens": tokens},)
+
+        calls = CompiledCalls(Source(), train_step, state, StepsPerCall(k, k), layout)
+        t0 = time.perf_counter()
+        compiled = calls.get(k)
+        rows.append({
+            "mesh": mesh, "layout": layout.describe(), "devices": layout.num_devices, "batch": batch,
+            "state_bytes": state_bytes_per_device(layout, (state.params, state.opt_state)),
+            "memory": _memory(compiled), "compile_s": time.perf_counter() - t0,
+            "collectives": collective_stats(compiled.as_text(), layout.num_devices, k),
+        })
+    return {"recipe": "char-gpt at GPT-2-small shape (compile only)", "device": device_description(jax.devices()[0]),
+            "jax_version": jax.__version__, "model": {**shape, "params": n_params}, "steps_per_call": k,
+            "batch_per_device": payload["gpt2_batch_per_device"], "meshes": rows}
+
+
+# --- the parent: start the child, print the table ------------------------------------------------
+
+@contextlib.contextmanager
+def _devices_env(n: int) -> Iterator[None]:
+    """This process's environment with `n` virtual CPU devices, for the child it starts."""
+    saved = {key: os.environ.get(key) for key in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", saved["XLA_FLAGS"] or "").split()
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n}"])
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.3f}"
+
+
+def _fsdp_ratio(rows: list[dict[str, Any]]) -> float | None:
+    by_mesh = {r["mesh"]: r for r in rows}
+    if "fsdp=4" in by_mesh and "data=4" in by_mesh:
+        return by_mesh["fsdp=4"]["state_bytes"] / by_mesh["data=4"]["state_bytes"]
+    return None
+
+
+def _print(console: Console, results: dict[str, Any], config: ScaleBenchConfig) -> None:
+    rows, trained = results["meshes"], not config.gpt2_small
+    if trained:
+        title = (f"{results['recipe']} on meshes of {DEVICES} virtual CPU devices ({results['device']}), batch "
+                 f"{results['batch_size']}, K={results['steps_per_call']}, {results['steps_per_epoch']} steps × "
+                 f"{results['timed_epochs']} timed epochs (+1 warm-up), jax {results['jax_version']}")
+    else:
+        m = results["model"]
+        title = (f"char-gpt step at GPT-2-small shape ({m['params']:,} parameters), compiled only on "
+                 f"{DEVICES} virtual CPU devices, {results['batch_per_device']} × {m['block_size']} tokens per "
+                 f"device, K={results['steps_per_call']}")
+    table = Table(title=title)
+    columns = ["mesh", "devices", "param+opt MiB/device", "peak MiB/device", *(["ms/step"] if trained else []),
+               "collective MiB/step (S)", "sent MiB/device/step", *(["max Δ params", "max Δ loss"] if trained else [])]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "mesh" else "right")
+    for r in rows:
+        memory = r["memory"]
+        cells = [r["mesh"], str(r["devices"]), _mib(r["state_bytes"]), _mib(memory["peak"]) if memory else "n/a"]
+        if trained:
+            cells.append(f"{r['ms_per_step']:.2f}")
+        cells += [_mib(r["collectives"]["bytes"]), _mib(r["collectives"]["sent"])]
+        if trained:
+            cells += [f"{r['max_param_rel_diff']:.1e}", f"{r['max_loss_rel_diff']:.1e}"]
+        table.add_row(*cells)
+    console.print(table)
+
+    kinds = Table(title="collectives per step by kind: executions, MiB (S)")
+    kinds.add_column("mesh")
+    for kind in KINDS:
+        kinds.add_column(kind, justify="right")
+    for r in rows:
+        cells = []
+        for kind in KINDS:
+            k = r["collectives"]["kinds"][kind]
+            cells.append(f"{k['count']:g} × → {_mib(k['bytes'])}" if k["count"] else "—")
+        kinds.add_row(r["mesh"], *cells)
+    console.print(kinds)
+
+    console.print("param+opt: bytes of parameters + optimizer state on device 0, "
+                  + ("read from the trained arrays' shards (sharding.shard_bytes)." if trained else
+                     "from the layout's rule (sharding.state_bytes_per_device; abstract shapes, no arrays)."))
+    console.print("peak: the compiled K-step call's memory_analysis(), argument + output + temp - alias "
+                  "(the donated state counted once)"
+                  + (f"; the arguments include the training set held on each device "
+                     f"({_mib(rows[0]['data_bytes'])} MiB on data=1)." if trained else "."))
+    console.print("collectives: parsed from the compiled K-step call's HLO, each execution counted at S bytes "
+                  "(the whole array: all-reduce result, all-gather result, reduce-scatter operand), while-loop "
+                  "bodies × their trip count, divided by K; sent = what each device sends with ring "
+                  "algorithms (2(n-1)/n·S all-reduce, (n-1)/n·S the others).")
+    if trained:
+        console.print("max Δ: relative L2 difference per parameter array (largest) and relative difference of "
+                      "every epoch's train/val loss (largest), against data=1.")
+        console.print("[bold]Step times are not speed-ups:[/bold] the 4 virtual devices are threads of one process "
+                      f"sharing this machine's {os.cpu_count()} cores, so more devices split the same arithmetic "
+                      "over the same cores and add partitioning and collective overhead. Read them as the cost of "
+                      "the partitioned program on CPU, nothing about GPUs.")
+    ratio = _fsdp_ratio(rows)
+    if ratio is not None:
+        met = "met" if ratio <= FSDP_TARGET else "MISSED"
+        console.print(f"FSDP (fsdp=4) / DP (data=4) per-device param+opt bytes: {ratio:.3f} "
+                      f"(target <= {FSDP_TARGET}: {met})")
+
+
+def main(config: ScaleBenchConfig) -> int:
+    from jaxtrain.errors import ConfigError
+
+    if config.quick:
+        config = dataclasses.replace(config, steps=8, steps_per_call=4, repeats=1, text_chars=20_000,
+                                     gpt2_batch_per_device=1)
+    if config.steps < 1 or config.steps_per_call < 1 or config.repeats < 1:
+        raise ConfigError("--steps, --steps-per-call and --repeats must be >= 1")
+    if config.steps % config.steps_per_call:
+        raise ConfigError(f"--steps {config.steps} must be a multiple of --steps-per-call {config.steps_per_call}")
+    meshes = ("data=1", "data=4", "fsdp=4", "data=2,fsdp=2") if config.gpt2_small else MESHES
+    payload = {**dataclasses.asdict(config), "meshes": list(meshes)}
+    console = Console(highlight=False)
+    what = "GPT-2-small-shaped char-gpt step (compile only)" if config.gpt2_small else config.recipe
+    console.print(f"scale benchmark: {what} on {', '.join(meshes)}, one child process with {DEVICES} virtual CPU "
+                  "devices")
+    t0 = time.perf_counter()
+    with _devices_env(DEVICES):
+        results = run_child("jaxtrain.bench.scale", payload)
+    if "error" in results:
+        console.print(f"[red]the benchmark child failed: {results['error']}[/red]")
+        return 1
+    _print(console, results, config)
+    console.print(f"({time.perf_counter() - t0:.0f} s in all, child process included)")
+    results["fsdp_over_dp_state_bytes"] = _fsdp_ratio(results["meshes"])
+    results["fsdp_target"] = FSDP_TARGET
+    results["config"] = dataclasses.asdict(config)
+    if config.out:
+        Path(config.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    child_main(_child)
