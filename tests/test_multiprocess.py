@@ -65,8 +65,12 @@ def epoch_rows(run_dir: Path) -> list[dict]:
 
 def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path):
     job, single = tmp_path / "job", tmp_path / "single"
-    procs = [*start_job(job), start([*ARGS, "--run-dir", str(single)], 4, tmp_path / "single.log")]
-    assert wait(procs) == [0, 0, 0], (tmp_path / "job-0.log").read_text()[-3000:]
+    streamed, single_streamed = tmp_path / "streamed", tmp_path / "single-streamed"
+    stream = ["--data.placement", "stream"]  # each process reads only its slice of every batch
+    procs = [*start_job(job), start([*ARGS, "--run-dir", str(single)], 4, tmp_path / "single.log"),
+             *start_job(streamed, *stream),
+             start([*ARGS, *stream, "--run-dir", str(single_streamed)], 4, tmp_path / "single-streamed.log")]
+    assert wait(procs) == [0] * 6, (tmp_path / "job-0.log").read_text()[-3000:]
 
     # One set of run files, written by process 0; process 1 prints no summary.
     assert "TRAINING COMPLETE" in (tmp_path / "job-0.log").read_text()
@@ -75,12 +79,14 @@ def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path
     assert [r["epoch"] for r in rows] == [1, 2]
     summary = json.loads((job / "summary.json").read_text())
     assert summary["status"] == "completed" and "2 processes" in summary["mesh"]
-    # ... equal to one process with four devices.
-    np.testing.assert_allclose([(r["train_loss"], r["val_loss"]) for r in rows],
-                               [(r["train_loss"], r["val_loss"]) for r in epoch_rows(single)], rtol=RTOL)
-    reference = final_arrays(single)
-    for name, array in final_arrays(job).items():
-        assert np.linalg.norm(array - reference[name]) <= RTOL * np.linalg.norm(reference[name]), name
+    # ... equal to one process with four devices, with data on the devices or streamed.
+    for two, one in ((job, single), (streamed, single_streamed)):
+        np.testing.assert_allclose([(r["train_loss"], r["val_loss"]) for r in epoch_rows(two)],
+                                   [(r["train_loss"], r["val_loss"]) for r in epoch_rows(one)], rtol=RTOL)
+        reference = final_arrays(one)
+        for name, array in final_arrays(two).items():
+            assert np.linalg.norm(array - reference[name]) <= RTOL * np.linalg.norm(reference[name]), name
+    assert "training data streamed" in (tmp_path / "streamed-0.log").read_text()
 
     # SIGKILL of process 1 after a checkpoint: process 0 stops with one line, exit code 4.
     killed = tmp_path / "killed"

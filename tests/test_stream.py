@@ -244,3 +244,25 @@ def test_host_memory_does_not_grow_with_the_number_of_rows(tmp_path):
         path.unlink()
     small, large = peaks
     assert large <= small * 1.10 + 8, f"peak RSS {small:.0f} MiB for 2e5 rows, {large:.0f} MiB for 2e6 rows"
+
+
+def test_shares_of_each_batch_are_the_one_process_order_split_and_keep_only_their_rows():
+    """Process p of P serves rows p·B/P .. (p+1)·B/P - 1 of every global batch: concatenated, the
+    shares are the single-process batches, from any start batch, and a share's window buffer holds
+    only its own rows."""
+    source = ArraySource(id_arrays(1537), chunk_rows=16)
+    kwargs = dict(seed=3, block_rows=32, window_blocks=3)
+    whole = StreamLoader(source, 32, **kwargs)
+    shares = [StreamLoader(source, 32, share=(p, 4), **kwargs) for p in range(4)]
+    for epoch, start in ((1, 0), (2, 7)):
+        expected = epoch_ids(whole, epoch, start)
+        parts = [epoch_ids(s, epoch, start) for s in shares]
+        assert len(expected) == len(parts[0]) == whole.num_batches - start
+        for i, batch in enumerate(expected):
+            assert all(len(p[i]) == 8 for p in parts)
+            np.testing.assert_array_equal(np.concatenate([p[i] for p in parts]), batch)
+    plan = shares[1].plan(1)
+    keep = shares[1]._keep(plan, 0)
+    assert len(keep) == pytest.approx(int(plan.window_starts[1]) / 4, abs=8)  # a quarter of the window's rows
+    with pytest.raises(ConfigError, match="cannot be split into 3 equal slices"):
+        StreamLoader(source, 32, share=(0, 3), **kwargs)

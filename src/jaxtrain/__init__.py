@@ -1,9 +1,16 @@
 """jaxtrain: fast, memory-efficient neural-network training on JAX by default."""
 
-from jaxtrain import data, hooks, models
+from jaxtrain import data, distributed, hooks, models, sharding
 from jaxtrain.calls import AutoSteps
 from jaxtrain.checkpoint import CheckpointError
-from jaxtrain.config import CheckpointConfig, DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig
+from jaxtrain.config import (
+    CheckpointConfig,
+    DataConfig,
+    DistConfig,
+    EarlyStoppingConfig,
+    OptimConfig,
+    TrainConfig,
+)
 from jaxtrain.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
 from jaxtrain.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
 from jaxtrain.loop import FitResult, TrainingStopped, fit
@@ -21,6 +28,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "DataError",
+    "DistConfig",
     "EarlyStopping",
     "EarlyStoppingConfig",
     "FitResult",
@@ -36,6 +44,7 @@ __all__ = [
     "build_optimizer",
     "build_schedule",
     "data",
+    "distributed",
     "fit",
     "hooks",
     "init_state",
@@ -45,4 +54,5 @@ __all__ = [
     "make_multi_step",
     "make_train_step",
     "models",
+    "sharding",
 ]
