@@ -6,6 +6,7 @@ parameter array to 1e-5 relative L2 error (measured: about 1e-6 after 60 Adam st
 
 import dataclasses
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +65,7 @@ def test_bad_meshes_on_the_command_line_exit_2(capsys):
 
 
 @pytest.mark.devices(4)
-def test_meshes_train_like_one_device_and_fsdp_splits_the_state(capsys):
+def test_meshes_train_like_one_device_fsdp_splits_the_state_and_checkpoints_reshard(tmp_path, capsys):
     reference = train("mlp-regression", mlp_config("data=1"))
     results = {mesh: train("mlp-regression", mlp_config(mesh)) for mesh in MESHES}
     for mesh, result in results.items():
@@ -78,6 +79,15 @@ def test_meshes_train_like_one_device_and_fsdp_splits_the_state(capsys):
     for leaf in jax.tree.leaves(results["fsdp=4"].state.params):  # the rule: big arrays split, small replicated
         split = any(axis == "fsdp" for axis in leaf.sharding.spec)
         assert split == (leaf.size >= FSDP_MIN_ELEMENTS), (leaf.shape, leaf.sharding.spec)
+    # A checkpoint written on 4 devices resumes on 1, on 2 and on fsdp=4 like the 4-device run.
+    first = train("mlp-regression", mlp_config("data=4", epochs=1), run_dir=tmp_path / "four")
+    for mesh in ("data=1", "data=2", "fsdp=4"):
+        run_dir = tmp_path / mesh.replace("=", "")
+        shutil.copytree(tmp_path / "four", run_dir)
+        resumed = train("mlp-regression", mlp_config(mesh), run_dir=run_dir, resume=True)
+        assert resumed.summary["mesh"].split(" (")[0] in ("data=1 × fsdp=1", "data=2 × fsdp=1", "data=1 × fsdp=4")
+        assert resumed.history[0] == first.history[0]  # epoch 1 came from the checkpoint, not retrained
+        assert_close(resumed, results["data=4"])
     # A batch that does not split over the devices is refused before training.
     assert main(["train", "mlp-regression", "--mesh", "data=4", "--batch-size", "30", "--quiet"]) == 2
     assert "--batch-size 30 does not split over the mesh's 4 devices" in capsys.readouterr().err
@@ -138,15 +148,3 @@ def test_every_mesh_and_placement_visits_the_same_batches():
             np.testing.assert_array_equal(visits(mesh, kind), expected, err_msg=f"{kind} on {mesh}")
 
 
-@pytest.mark.devices(4)
-def test_checkpoint_from_four_devices_resumes_on_one_two_and_fsdp(tmp_path):
-    import shutil
-
-    full = train("mlp-regression", mlp_config("data=4"))
-    train("mlp-regression", mlp_config("data=4", epochs=1), run_dir=tmp_path / "four")
-    for mesh in ("data=1", "data=2", "fsdp=4"):
-        run_dir = tmp_path / mesh.replace("=", "")
-        shutil.copytree(tmp_path / "four", run_dir)
-        resumed = train("mlp-regression", mlp_config(mesh), run_dir=run_dir, resume=True)
-        assert resumed.summary["mesh"].split(" (")[0] in ("data=1 × fsdp=1", "data=2 × fsdp=1", "data=1 × fsdp=4")
-        assert_close(resumed, full)
