@@ -83,7 +83,7 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
         (["train", "mlp-regression", "--data.samples", "100", "--data.val-samples", "10", "--batch-size", "500"],
          "error: batch_size=500 is larger than the training set (90 samples)"),
         (["bench", "nope"],
-         "error: unknown benchmark 'nope'; choose one of: checkpoint, data, frameworks, ladder, overhead, scan"),
+         "error: unknown benchmark 'nope'; choose one of: checkpoint, data, frameworks, ladder, overhead, scale, scan"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(args, message, capsys):

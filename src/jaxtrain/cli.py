@@ -32,6 +32,7 @@ commands:
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
   bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
   bench scan [OPTIONS]     a training step jitted alone vs inside lax.scan (XLA:CPU convolutions)
+  bench scale [OPTIONS]    data parallel vs FSDP on 1, 2, 4 virtual devices: memory, collectives, agreement
   data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 

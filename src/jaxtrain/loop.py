@@ -197,7 +197,8 @@ def fit(
         feed.set_state(loop.feed)
 
     lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps) if optimizer is None else None)
-    train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, learning_rate=lr)
+    train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, learning_rate=lr,
+                                 gather_params=layout.gather_params, split_grads=layout.split_grads)
     chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps)
     progress = ProgressHook(console, bar=not quiet and primary)
     calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)

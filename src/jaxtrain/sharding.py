@@ -6,8 +6,10 @@ gradient of B / devices samples. Parameters and optimizer state are:
 
 - replicated on every device when `fsdp` is 1 (data parallelism: XLA all-reduces the gradients);
 - split over `fsdp` along their largest axis that `fsdp` divides when they hold at least
-  `FSDP_MIN_ELEMENTS` elements (ZeRO-3 style: XLA all-gathers each weight where it is used and
-  reduce-scatters its gradient); smaller or indivisible arrays stay replicated.
+  `FSDP_MIN_ELEMENTS` elements; smaller or indivisible arrays stay replicated. Inside the step
+  the parameters are constrained to be whole (`gather_params`) and the gradients to the split
+  (`split_grads`): ZeRO-3, where XLA all-gathers each weight and reduce-scatters its gradient.
+  Left to sharding propagation alone, XLA splits the activations instead and moves far more.
 
 Nothing here is a runtime of its own: the compiled calls take these shardings as their in/out
 shardings and XLA's SPMD partitioner inserts the collectives. With one device every sharding is
@@ -93,6 +95,19 @@ class Layout:
         if self.num_devices == 1:
             return batch
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, self.batch), batch)
+
+    def gather_params(self, params: Any) -> Any:
+        """Inside the step (FSDP): each parameter gathered whole where the model uses it, so that
+        XLA all-gathers weights rather than moving activations (nothing without fsdp)."""
+        if self.fsdp == 1:
+            return params
+        return jax.lax.with_sharding_constraint(params, jax.tree.map(lambda _: self.replicated, params))
+
+    def split_grads(self, grads: Any) -> Any:
+        """Inside the step (FSDP): each gradient reduce-scattered to its parameter's split."""
+        if self.fsdp == 1:
+            return grads
+        return jax.lax.with_sharding_constraint(grads, self.state_shardings(grads))
 
     def spec(self, shape: tuple[int, ...]) -> PartitionSpec:
         """Where an array of the train state lives: split over `fsdp` along its largest axis that

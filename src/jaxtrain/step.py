@@ -32,12 +32,16 @@ def make_train_step(
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
     learning_rate: LearningRate | None = None,
+    gather_params: Callable[[nnx.State], nnx.State] | None = None,
+    split_grads: Callable[[nnx.State], nnx.State] | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Builds `train_step(state, batch) -> (state, metrics)`: one optimizer step.
 
     The step key is `fold_in(state.rng, state.step)`, split between `augment` and `loss_fn`.
     `metrics` holds `loss`, whatever `loss_fn` returned as its second output, and `lr`, the
     learning rate of this update, when `learning_rate` is given (see `optim.learning_rate_fn`).
+    `gather_params` places the parameters where the model uses them and `split_grads` places the
+    gradients (FSDP: gathered whole, then reduce-scattered back to each device's split).
     """
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
@@ -48,12 +52,16 @@ def make_train_step(
             batch = augment(batch, augment_key)
 
         def objective(params: nnx.State) -> tuple[jax.Array, tuple[Metrics, nnx.State]]:
+            if gather_params is not None:
+                params = gather_params(params)
             model = nnx.merge(graphdef, params, state.model_state, copy=True)  # fresh Variables in this trace
             loss, metrics = loss_fn(model, batch, loss_key)
             model_state = nnx.split(model, nnx.Param, ...)[2]  # e.g. updated batch-norm stats
             return loss, (metrics, model_state)
 
         (loss, (metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+        if split_grads is not None:
+            grads = split_grads(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new_state = TrainState(state.step + 1, params, model_state, opt_state, state.rng)

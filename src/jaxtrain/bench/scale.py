@@ -16,9 +16,11 @@ first ones (`make_layout`). Per mesh it reports:
 - the largest relative difference from the `data=1` run of the final parameters (relative L2 per
   array) and of every epoch's train and validation loss.
 
-Virtual CPU devices share the machine's cores: the step times show the cost of partitioning, never
-a speed-up. `--gpt2-small` compiles (never trains) the char-gpt step at GPT-2-small's shape from
-abstract shapes, to read its collectives and memory without allocating it.
+Virtual CPU devices share the machine's cores: the step times show the cost of partitioning and
+at most the use of otherwise idle cores, never scaling. `--compile-only gpt2-small` compiles
+(never trains) the char-gpt step at GPT-2-small's shape from abstract shapes, to read its
+collectives and memory without allocating it; it also compiles a ZeRO-3 prototype step
+(parameters gathered explicitly) for comparison.
 """
 
 from __future__ import annotations
@@ -40,11 +42,20 @@ from rich.table import Table
 
 from jaxtrain.bench.child import child_main, run_child
 
-DEVICES = 4
+DEVICES = 4  # virtual CPU devices of the child process (--compile-only may ask for more with --devices)
 MESHES = ("data=1", "data=2", "data=4", "fsdp=2", "fsdp=4", "data=2,fsdp=2")
 FSDP_TARGET = 0.3  # per-device param+opt bytes of fsdp=4 over data=4's
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab": 50257}
+SHAPES = {  # --compile-only: char-gpt's model at these shapes
+    "baby": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab": 65},
+    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab": 50257},
+}
+ZERO3 = "(params gathered)"  # the compile-only row of the ZeRO-3 prototype step (`_zero3_step`)
+
+
+def compile_meshes(n: int) -> tuple[str, ...]:
+    """The meshes --compile-only compiles on n devices."""
+    return ("data=1", f"data={n}", f"fsdp={n}", f"data=2,fsdp={n // 2}", f"fsdp={n} {ZERO3}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,20 +64,26 @@ class ScaleBenchConfig:
 
     recipe: Literal["mlp-regression", "char-gpt"] = "mlp-regression"
     """The recipe to train on every mesh (its default config, with the sizes below)."""
-    steps: int = 32
-    """Optimizer steps per epoch; each of the `repeats` timed epochs is one step-time sample."""
+    steps: int = 16
+    """Optimizer steps per epoch; each of the `repeats` timed epochs is one step-time sample. The run is
+    kept to a few dozen steps: float32 rounding differs between meshes and training can amplify it
+    (see docs/benchmarks.md)."""
     steps_per_call: int = 8
     """K: steps fused into one compiled call (fixed, the same on every mesh)."""
     repeats: int = 3
     """Timed epochs per mesh (after one warm-up epoch); the median is reported."""
     text_chars: int = 100_000
     """char-gpt: characters of Tiny Shakespeare used (data.limit), to keep building the data quick."""
-    gpt2_small: bool = False
-    """Compile only, no training: the char-gpt step with GPT-2-small's shape (12 layers, 12 heads,
-    768 wide, block 1024, vocabulary 50257) from abstract shapes, on data=1, data=4, fsdp=4 and
-    data=2,fsdp=2."""
-    gpt2_batch_per_device: int = 1
-    """--gpt2-small: sequences of 1024 tokens per device in the compiled step."""
+    compile_only: Literal["no", "baby", "gpt2-small"] = "no"
+    """Compile only, no training: the char-gpt step at this model shape (baby: the recipe's 4 layers,
+    4 heads, 128 wide, block 64, vocabulary 65; gpt2-small: 12 layers, 12 heads, 768 wide, block 1024,
+    vocabulary 50257) from abstract shapes, nothing allocated, on data=1, data=N, fsdp=N,
+    data=2,fsdp=N/2 and fsdp=N with the parameters gathered inside the step (a ZeRO-3 prototype),
+    N = --devices."""
+    batch_per_device: int = 1
+    """--compile-only: sequences (of block_size tokens) per device in the compiled step."""
+    devices: int = DEVICES
+    """--compile-only: virtual CPU devices (an even number >= 2); training always uses 4."""
     quick: bool = False
     """A tiny run for smoke tests (8 steps per epoch, K=4, one timed epoch, small data)."""
     out: str | None = None
@@ -81,7 +98,8 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>
                           r"(?P<op>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
                           r"(?P<suffix>-start|-done)?\((?P<operands>[^)]*)\)")
 _HEADER = re.compile(r"^(?P<entry>ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
-_CALLEE = re.compile(r"\b(?P<how>body|condition|calls|to_apply|true_computation|false_computation)=%?(?P<name>[\w.\-]+)")
+_CALLEE = re.compile(r"\b(?P<how>body|condition|calls|to_apply|true_computation|false_computation)"
+                     r"=%?(?P<name>[\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
@@ -233,6 +251,7 @@ def _memory(compiled: Any) -> dict[str, int] | None:
 
 
 def _train_mesh(recipe: Any, config: Any, mesh: str) -> tuple[dict[str, Any], Any, list[tuple[float, float]]]:
+    """Trains `recipe` on `mesh`: (record, final parameters, every epoch's (train, val) loss)."""
     import jax
     import numpy as np
 
@@ -243,8 +262,9 @@ def _train_mesh(recipe: Any, config: Any, mesh: str) -> tuple[dict[str, Any], An
     config = dataclasses.replace(config, mesh=mesh)
     w = recipe.build(config)
     seen: dict[str, Any] = {}
+    keep_run = LambdaHook(on_start=lambda run: seen.update(run=run))  # its compiled calls, layout and feed
     try:
-        result = fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=lambda run: seen.update(run=run))],
+        result = fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[keep_run],
                      preprocess=w.preprocess, augment=w.augment, name=recipe.name, quiet=True,
                      console=Console(file=io.StringIO()))
     finally:
@@ -276,32 +296,68 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
 
     from jaxtrain.report import device_description
 
-    if jax.device_count() < DEVICES:
-        raise RuntimeError(f"the benchmark child has {jax.device_count()} devices, needs {DEVICES} "
+    if jax.device_count() < payload["devices"]:
+        raise RuntimeError(f"the benchmark child has {jax.device_count()} devices, needs {payload['devices']} "
                            f"(XLA_FLAGS={os.environ.get('XLA_FLAGS')!r})")
-    if payload.get("gpt2_small"):
-        return _compile_gpt2(payload)
+    if payload.get("compile_only", "no") != "no":
+        return _compile_only(payload)
     recipe, config = _recipe_config(payload)
-    rows, reference = [], None
-    for mesh in payload["meshes"]:
-        record, params, losses = _train_mesh(recipe, config, mesh)
-        if reference is None:
-            reference = (params, losses)
-        ref_params, ref_losses = reference
+    reference: tuple[Any, Any] | None = None
+
+    def compare(record: dict[str, Any], params: Any, losses: list[tuple[float, float]]) -> dict[str, Any]:
+        ref_params, ref_losses = reference or (params, losses)
         record["max_param_rel_diff"] = max(_rel_l2(a, b) for a, b in
                                            zip(jax.tree.leaves(params), jax.tree.leaves(ref_params), strict=True))
-        record["max_loss_rel_diff"] = max(abs(a - b) / abs(b) for pair, ref in zip(losses, ref_losses, strict=True)
-                                          for a, b in zip(pair, ref) if a is not None and b)
-        rows.append(record)
+        record["loss_rel_diff_per_epoch"] = [
+            max((abs(a - b) / abs(b) for a, b in zip(pair, ref) if a is not None and b), default=0.0)
+            for pair, ref in zip(losses, ref_losses, strict=True)]
+        record["max_loss_rel_diff"] = max(record["loss_rel_diff_per_epoch"])
+        return record
+
+    rows = []
+    for mesh in payload["meshes"]:
+        record, params, losses = _train_mesh(recipe, config, mesh)
+        rows.append(compare(record, params, losses))
+        reference = reference or (params, losses)
     return {"recipe": recipe.name, "device": device_description(jax.devices()[0]), "jax_version": jax.__version__,
-            "batch_size": config.batch_size, "steps_per_epoch": config.steps_per_epoch,
-            "steps_per_call": config.steps_per_call, "timed_epochs": max(config.epochs - 1, 1), "meshes": rows}
+            "param_bytes": int(sum(x.nbytes for x in jax.tree.leaves(reference[0]))), "batch_size": config.batch_size,
+            "steps_per_epoch": config.steps_per_epoch, "steps_per_call": config.steps_per_call,
+            "timed_epochs": max(config.epochs - 1, 1), "meshes": rows}
 
 
-def _compile_gpt2(payload: dict[str, Any]) -> dict[str, Any]:
-    """The char-gpt K-step call at GPT-2-small's shape, compiled from abstract shapes on each mesh
+def _zero3_step(graphdef: Any, tx: Any, loss_fn: Any, layout: Any, state: Any) -> Any:
+    """A prototype, not what `fit` runs: one optimizer step whose parameters are gathered whole
+    (sharding constraint: replicated) where the model uses them and whose gradients are constrained
+    back to the layout's split: ZeRO-3's all-gather of weights and reduction of gradients, instead
+    of letting XLA propagate the weights' split into the activations."""
+    import jax
+    import optax
+    from flax import nnx
+
+    from jaxtrain.state import TrainState
+
+    split = layout.state_shardings(state.params)
+
+    def step(state: Any, batch: Any) -> Any:
+        def objective(params: Any) -> Any:
+            params = jax.lax.with_sharding_constraint(params, jax.tree.map(lambda _: layout.replicated, params))
+            model = nnx.merge(graphdef, params, state.model_state, copy=True)
+            return loss_fn(model, batch, jax.random.fold_in(state.rng, state.step))[0]
+
+        loss, grads = jax.value_and_grad(objective)(state.params)
+        grads = jax.lax.with_sharding_constraint(grads, split)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return TrainState(state.step + 1, params, state.model_state, opt_state, state.rng), {"loss": loss}
+
+    return step
+
+
+def _compile_only(payload: dict[str, Any]) -> dict[str, Any]:
+    """The char-gpt K-step call at a model shape, compiled from abstract shapes on each mesh
     (nothing of the model is allocated): collectives, memory analysis, param+opt bytes per device
-    (from the layout's rule: there are no arrays to read shards from)."""
+    (from the layout's rule: there are no arrays to read shards from). One more row compiles the
+    ZeRO-3 prototype step (`_zero3_step`) on fsdp=4."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -316,11 +372,10 @@ def _compile_gpt2(payload: dict[str, Any]) -> dict[str, Any]:
     from jaxtrain.state import init_state
     from jaxtrain.step import make_scan_steps, make_train_step
 
-    shape = GPT2_SMALL
+    shape = SHAPES[payload["compile_only"]]
     config = get_recipe("char-gpt").config
-    model_config = GPTConfig(block_size=shape["block_size"], n_layer=shape["n_layer"], n_head=shape["n_head"],
-                             n_embd=shape["n_embd"])
-    k, total_steps = payload["steps_per_call"], 2000
+    model_config = GPTConfig(**{k: v for k, v in shape.items() if k != "vocab"})
+    k, total_steps = payload["steps_per_call"], config.optim.decay_steps
     tx = build_train_optimizer(config, total_steps, None)
 
     def make_model() -> GPT:
@@ -330,12 +385,15 @@ def _compile_gpt2(payload: dict[str, Any]) -> dict[str, Any]:
     graphdef = nnx.split(abstract_model, nnx.Param, ...)[0]
     state = jax.eval_shape(lambda: init_state(make_model(), tx, jax.random.key(0))[1])
     lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps))
-    train_step = make_train_step(graphdef, lm_loss, tx, learning_rate=lr)
-    n_params = num_params(abstract_model, exclude_position=False)
     rows = []
-    for mesh in payload["meshes"]:
-        layout = make_layout(mesh, jax.devices()[:DEVICES])
-        batch = payload["gpt2_batch_per_device"] * layout.num_devices
+    for label in payload["meshes"]:
+        mesh = label.split()[0]
+        layout = make_layout(mesh, jax.devices()[:payload["devices"]])
+        batch = payload["batch_per_device"] * layout.num_devices
+        if label.endswith(ZERO3):
+            train_step = _zero3_step(graphdef, tx, lm_loss, layout, state)
+        else:
+            train_step = make_train_step(graphdef, lm_loss, tx, learning_rate=lr)
 
         class Source:  # what CompiledCalls needs of a feed: K stacked batches of token windows
             def make_call(self, step: Any, k: int) -> Any:
@@ -347,17 +405,19 @@ def _compile_gpt2(payload: dict[str, Any]) -> dict[str, Any]:
                 return ({"tokens": tokens},)
 
         calls = CompiledCalls(Source(), train_step, state, StepsPerCall(k, k), layout)
-        t0 = time.perf_counter()
         compiled = calls.get(k)
         rows.append({
-            "mesh": mesh, "layout": layout.describe(), "devices": layout.num_devices, "batch": batch,
+            "mesh": label, "layout": layout.describe(), "devices": layout.num_devices, "batch": batch,
             "state_bytes": state_bytes_per_device(layout, (state.params, state.opt_state)),
-            "memory": _memory(compiled), "compile_s": time.perf_counter() - t0,
+            "memory": _memory(compiled), "compile_s": calls.compile_s,
             "collectives": collective_stats(compiled.as_text(), layout.num_devices, k),
         })
-    return {"recipe": "char-gpt at GPT-2-small shape (compile only)", "device": device_description(jax.devices()[0]),
-            "jax_version": jax.__version__, "model": {**shape, "params": n_params}, "steps_per_call": k,
-            "batch_per_device": payload["gpt2_batch_per_device"], "meshes": rows}
+    param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
+    return {"recipe": f"char-gpt at the {payload['compile_only']} shape (compile only)",
+            "device": device_description(jax.devices()[0]), "jax_version": jax.__version__,
+            "model": {**shape, "params": num_params(abstract_model, exclude_position=False)},
+            "param_bytes": param_bytes, "steps_per_call": k, "batch_per_device": payload["batch_per_device"],
+            "meshes": rows}
 
 
 # --- the parent: start the child, print the table ------------------------------------------------
@@ -391,19 +451,19 @@ def _fsdp_ratio(rows: list[dict[str, Any]]) -> float | None:
 
 
 def _print(console: Console, results: dict[str, Any], config: ScaleBenchConfig) -> None:
-    rows, trained = results["meshes"], not config.gpt2_small
+    rows, trained = results["meshes"], config.compile_only == "no"
     if trained:
         title = (f"{results['recipe']} on meshes of {DEVICES} virtual CPU devices ({results['device']}), batch "
                  f"{results['batch_size']}, K={results['steps_per_call']}, {results['steps_per_epoch']} steps × "
                  f"{results['timed_epochs']} timed epochs (+1 warm-up), jax {results['jax_version']}")
     else:
         m = results["model"]
-        title = (f"char-gpt step at GPT-2-small shape ({m['params']:,} parameters), compiled only on "
-                 f"{DEVICES} virtual CPU devices, {results['batch_per_device']} × {m['block_size']} tokens per "
-                 f"device, K={results['steps_per_call']}")
+        title = (f"char-gpt step at the {config.compile_only} shape ({m['params']:,} parameters), compiled only on "
+                 f"{config.devices} virtual CPU devices, {results['batch_per_device']} × {m['block_size']} tokens per "
+                 f"device, K={results['steps_per_call']}, jax {results['jax_version']}")
     table = Table(title=title)
-    columns = ["mesh", "devices", "param+opt MiB/device", "peak MiB/device", *(["ms/step"] if trained else []),
-               "collective MiB/step (S)", "sent MiB/device/step", *(["max Δ params", "max Δ loss"] if trained else [])]
+    columns = ["mesh", "devices", "param+opt MiB/dev", "peak MiB/dev", *(["ms/step"] if trained else []),
+               "coll. MiB/step (S)", "sent MiB/dev/step", *(["Δ params", "Δ loss"] if trained else [])]
     for column in columns:
         table.add_column(column, justify="left" if column == "mesh" else "right")
     for r in rows:
@@ -417,7 +477,7 @@ def _print(console: Console, results: dict[str, Any], config: ScaleBenchConfig) 
         table.add_row(*cells)
     console.print(table)
 
-    kinds = Table(title="collectives per step by kind: executions, MiB (S)")
+    kinds = Table(title="collectives per step by kind (executions per step: their MiB in all, S)")
     kinds.add_column("mesh")
     for kind in KINDS:
         kinds.add_column(kind, justify="right")
@@ -425,28 +485,35 @@ def _print(console: Console, results: dict[str, Any], config: ScaleBenchConfig) 
         cells = []
         for kind in KINDS:
             k = r["collectives"]["kinds"][kind]
-            cells.append(f"{k['count']:g} × → {_mib(k['bytes'])}" if k["count"] else "—")
+            cells.append(f"{k['count']:g}: {_mib(k['bytes'])}" if k["count"] else "—")
         kinds.add_row(r["mesh"], *cells)
     console.print(kinds)
 
+    param_mib = f"{_mib(results['param_bytes'])} MiB of parameters in all"
     console.print("param+opt: bytes of parameters + optimizer state on device 0, "
-                  + ("read from the trained arrays' shards (sharding.shard_bytes)." if trained else
-                     "from the layout's rule (sharding.state_bytes_per_device; abstract shapes, no arrays)."))
+                  + ("read from the trained arrays' shards (sharding.shard_bytes)" if trained else
+                     "from the layout's rule (sharding.state_bytes_per_device; abstract shapes, no arrays)")
+                  + f"; {param_mib}.")
     console.print("peak: the compiled K-step call's memory_analysis(), argument + output + temp - alias "
                   "(the donated state counted once)"
                   + (f"; the arguments include the training set held on each device "
                      f"({_mib(rows[0]['data_bytes'])} MiB on data=1)." if trained else "."))
-    console.print("collectives: parsed from the compiled K-step call's HLO, each execution counted at S bytes "
-                  "(the whole array: all-reduce result, all-gather result, reduce-scatter operand), while-loop "
-                  "bodies × their trip count, divided by K; sent = what each device sends with ring "
-                  "algorithms (2(n-1)/n·S all-reduce, (n-1)/n·S the others).")
+    console.print("coll.: collectives parsed from the compiled K-step call's HLO, each execution counted at S "
+                  "bytes (the whole array: all-reduce result, all-gather result, reduce-scatter operand, "
+                  "all-to-all operands), while-loop bodies × their trip count, divided by K; sent: what each "
+                  "device sends with ring algorithms (2(n-1)/n·S all-reduce, (n-1)/n·S the others).")
     if trained:
-        console.print("max Δ: relative L2 difference per parameter array (largest) and relative difference of "
-                      "every epoch's train/val loss (largest), against data=1.")
-        console.print("[bold]Step times are not speed-ups:[/bold] the 4 virtual devices are threads of one process "
-                      f"sharing this machine's {os.cpu_count()} cores, so more devices split the same arithmetic "
-                      "over the same cores and add partitioning and collective overhead. Read them as the cost of "
-                      "the partitioned program on CPU, nothing about GPUs.")
+        console.print("Δ: largest relative L2 difference of a parameter array, and largest relative difference of "
+                      "an epoch's train or val loss, from data=1 (float32 rounding differs between meshes, and "
+                      "training can amplify it over steps: see docs/benchmarks.md).")
+        console.print("[bold]Step times are not scaling figures:[/bold] the 4 virtual devices are threads of one "
+                      f"process sharing this machine's {os.cpu_count()} cores. A mesh can at most put idle cores to "
+                      f"work (at most {os.cpu_count()}x, whatever the number of devices) and adds partitioning and "
+                      "collective overhead; read them as the cost of the partitioned program on CPU, nothing about "
+                      "GPUs.")
+    else:
+        console.print(f"{ZERO3}: a prototype step (not what fit runs) that gathers the parameters explicitly "
+                      "where they are used and constrains the gradients back to the split (ZeRO-3).")
     ratio = _fsdp_ratio(rows)
     if ratio is not None:
         met = "met" if ratio <= FSDP_TARGET else "MISSED"
@@ -459,19 +526,25 @@ def main(config: ScaleBenchConfig) -> int:
 
     if config.quick:
         config = dataclasses.replace(config, steps=8, steps_per_call=4, repeats=1, text_chars=20_000,
-                                     gpt2_batch_per_device=1)
-    if config.steps < 1 or config.steps_per_call < 1 or config.repeats < 1:
-        raise ConfigError("--steps, --steps-per-call and --repeats must be >= 1")
+                                     batch_per_device=1)
+    if min(config.steps, config.steps_per_call, config.repeats, config.batch_per_device) < 1:
+        raise ConfigError("--steps, --steps-per-call, --repeats and --batch-per-device must be >= 1")
     if config.steps % config.steps_per_call:
         raise ConfigError(f"--steps {config.steps} must be a multiple of --steps-per-call {config.steps_per_call}")
-    meshes = ("data=1", "data=4", "fsdp=4", "data=2,fsdp=2") if config.gpt2_small else MESHES
+    if config.compile_only == "no":
+        config = dataclasses.replace(config, devices=DEVICES)
+    elif config.devices < 2 or config.devices % 2:
+        raise ConfigError(f"--devices {config.devices} must be an even number >= 2")
+    meshes = MESHES if config.compile_only == "no" else compile_meshes(config.devices)
     payload = {**dataclasses.asdict(config), "meshes": list(meshes)}
     console = Console(highlight=False)
-    what = "GPT-2-small-shaped char-gpt step (compile only)" if config.gpt2_small else config.recipe
-    console.print(f"scale benchmark: {what} on {', '.join(meshes)}, one child process with {DEVICES} virtual CPU "
-                  "devices")
+    if not console.is_terminal:  # files and pipes: wide enough for the table, not rich's 80 columns
+        console = Console(highlight=False, width=160)
+    what = config.recipe if config.compile_only == "no" else f"char-gpt, {config.compile_only} shape, compile only"
+    console.print(f"scale benchmark: {what}; meshes {', '.join(meshes)} in one child process with {config.devices} "
+                  "virtual CPU devices")
     t0 = time.perf_counter()
-    with _devices_env(DEVICES):
+    with _devices_env(config.devices):
         results = run_child("jaxtrain.bench.scale", payload)
     if "error" in results:
         console.print(f"[red]the benchmark child failed: {results['error']}[/red]")
