@@ -91,3 +91,8 @@ def test_scale_benchmark_quick_run(tmp_path, capsys):
     assert results["param_bytes"] <= all_reduce["bytes"] <= results["param_bytes"] + 1024
     assert rows["data=4"]["collectives"]["bytes"] == all_reduce["bytes"] > 0
     assert rows["fsdp=4"]["collectives"]["bytes"] > 0
+
+
+def test_compile_only_meshes_are_the_fit_step_on_each_mesh():
+    # No prototype rows: every compiled mesh is the step fit builds (gather_params/split_grads).
+    assert scale.compile_meshes(8) == ("data=1", "data=8", "fsdp=8", "data=2,fsdp=4")

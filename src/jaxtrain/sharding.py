@@ -8,7 +8,8 @@ gradient of B / devices samples. Parameters and optimizer state are:
 - split over `fsdp` along their largest axis that `fsdp` divides when they hold at least
   `FSDP_MIN_ELEMENTS` elements; smaller or indivisible arrays stay replicated. Inside the step
   the parameters are constrained to be whole (`gather_params`) and the gradients to the split
-  (`split_grads`): ZeRO-3, where XLA all-gathers each weight and reduce-scatters its gradient.
+  (`split_grads`): ZeRO-3, where XLA all-gathers each weight and reduces its gradient to the split
+  (a reduce-scatter, or on XLA:CPU an all-reduce and a slice).
   Left to sharding propagation alone, XLA splits the activations instead and moves far more.
 
 Nothing here is a runtime of its own: the compiled calls take these shardings as their in/out
@@ -104,7 +105,7 @@ class Layout:
         return jax.lax.with_sharding_constraint(params, jax.tree.map(lambda _: self.replicated, params))
 
     def split_grads(self, grads: Any) -> Any:
-        """Inside the step (FSDP): each gradient reduce-scattered to its parameter's split."""
+        """Inside the step (FSDP): each gradient reduced to its parameter's split."""
         if self.fsdp == 1:
             return grads
         return jax.lax.with_sharding_constraint(grads, self.state_shardings(grads))

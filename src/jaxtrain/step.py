@@ -41,7 +41,7 @@ def make_train_step(
     `metrics` holds `loss`, whatever `loss_fn` returned as its second output, and `lr`, the
     learning rate of this update, when `learning_rate` is given (see `optim.learning_rate_fn`).
     `gather_params` places the parameters where the model uses them and `split_grads` places the
-    gradients (FSDP: gathered whole, then reduce-scattered back to each device's split).
+    gradients (FSDP: gathered whole, then reduced back to each device's split).
     """
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:

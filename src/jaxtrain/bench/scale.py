@@ -19,8 +19,8 @@ first ones (`make_layout`). Per mesh it reports:
 Virtual CPU devices share the machine's cores: the step times show the cost of partitioning and
 at most the use of otherwise idle cores, never scaling. `--compile-only gpt2-small` compiles
 (never trains) the char-gpt step at GPT-2-small's shape from abstract shapes, to read its
-collectives and memory without allocating it; it also compiles a ZeRO-3 prototype step
-(parameters gathered explicitly) for comparison.
+collectives and memory without allocating it. Both build the train step as `fit` does (with the
+layout's `gather_params` and `split_grads`: FSDP as ZeRO-3).
 """
 
 from __future__ import annotations
@@ -50,12 +50,11 @@ SHAPES = {  # --compile-only: char-gpt's model at these shapes
     "baby": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab": 65},
     "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab": 50257},
 }
-ZERO3 = "(params gathered)"  # the compile-only row of the ZeRO-3 prototype step (`_zero3_step`)
 
 
 def compile_meshes(n: int) -> tuple[str, ...]:
     """The meshes --compile-only compiles on n devices."""
-    return ("data=1", f"data={n}", f"fsdp={n}", f"data=2,fsdp={n // 2}", f"fsdp={n} {ZERO3}")
+    return ("data=1", f"data={n}", f"fsdp={n}", f"data=2,fsdp={n // 2}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +76,8 @@ class ScaleBenchConfig:
     compile_only: Literal["no", "baby", "gpt2-small"] = "no"
     """Compile only, no training: the char-gpt step at this model shape (baby: the recipe's 4 layers,
     4 heads, 128 wide, block 64, vocabulary 65; gpt2-small: 12 layers, 12 heads, 768 wide, block 1024,
-    vocabulary 50257) from abstract shapes, nothing allocated, on data=1, data=N, fsdp=N,
-    data=2,fsdp=N/2 and fsdp=N with the parameters gathered inside the step (a ZeRO-3 prototype),
-    N = --devices."""
+    vocabulary 50257) from abstract shapes, nothing allocated, on data=1, data=N, fsdp=N and
+    data=2,fsdp=N/2, N = --devices; the step is built as `fit` builds it."""
     batch_per_device: int = 1
     """--compile-only: sequences (of block_size tokens) per device in the compiled step."""
     devices: int = DEVICES
@@ -325,39 +323,11 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
             "timed_epochs": max(config.epochs - 1, 1), "meshes": rows}
 
 
-def _zero3_step(graphdef: Any, tx: Any, loss_fn: Any, layout: Any, state: Any) -> Any:
-    """A prototype, not what `fit` runs: one optimizer step whose parameters are gathered whole
-    (sharding constraint: replicated) where the model uses them and whose gradients are constrained
-    back to the layout's split: ZeRO-3's all-gather of weights and reduction of gradients, instead
-    of letting XLA propagate the weights' split into the activations."""
-    import jax
-    import optax
-    from flax import nnx
-
-    from jaxtrain.state import TrainState
-
-    split = layout.state_shardings(state.params)
-
-    def step(state: Any, batch: Any) -> Any:
-        def objective(params: Any) -> Any:
-            params = jax.lax.with_sharding_constraint(params, jax.tree.map(lambda _: layout.replicated, params))
-            model = nnx.merge(graphdef, params, state.model_state, copy=True)
-            return loss_fn(model, batch, jax.random.fold_in(state.rng, state.step))[0]
-
-        loss, grads = jax.value_and_grad(objective)(state.params)
-        grads = jax.lax.with_sharding_constraint(grads, split)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        return TrainState(state.step + 1, params, state.model_state, opt_state, state.rng), {"loss": loss}
-
-    return step
-
-
 def _compile_only(payload: dict[str, Any]) -> dict[str, Any]:
     """The char-gpt K-step call at a model shape, compiled from abstract shapes on each mesh
     (nothing of the model is allocated): collectives, memory analysis, param+opt bytes per device
-    (from the layout's rule: there are no arrays to read shards from). One more row compiles the
-    ZeRO-3 prototype step (`_zero3_step`) on fsdp=4."""
+    (from the layout's rule: there are no arrays to read shards from). The step is built as `fit`
+    builds it (`loop.py`): with the layout's `gather_params` and `split_grads`."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -386,14 +356,11 @@ def _compile_only(payload: dict[str, Any]) -> dict[str, Any]:
     state = jax.eval_shape(lambda: init_state(make_model(), tx, jax.random.key(0))[1])
     lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps))
     rows = []
-    for label in payload["meshes"]:
-        mesh = label.split()[0]
+    for mesh in payload["meshes"]:
         layout = make_layout(mesh, jax.devices()[:payload["devices"]])
         batch = payload["batch_per_device"] * layout.num_devices
-        if label.endswith(ZERO3):
-            train_step = _zero3_step(graphdef, tx, lm_loss, layout, state)
-        else:
-            train_step = make_train_step(graphdef, lm_loss, tx, learning_rate=lr)
+        train_step = make_train_step(graphdef, lm_loss, tx, learning_rate=lr,
+                                     gather_params=layout.gather_params, split_grads=layout.split_grads)
 
         class Source:  # what CompiledCalls needs of a feed: K stacked batches of token windows
             def make_call(self, step: Any, k: int) -> Any:
@@ -407,7 +374,7 @@ def _compile_only(payload: dict[str, Any]) -> dict[str, Any]:
         calls = CompiledCalls(Source(), train_step, state, StepsPerCall(k, k), layout)
         compiled = calls.get(k)
         rows.append({
-            "mesh": label, "layout": layout.describe(), "devices": layout.num_devices, "batch": batch,
+            "mesh": mesh, "layout": layout.describe(), "devices": layout.num_devices, "batch": batch,
             "state_bytes": state_bytes_per_device(layout, (state.params, state.opt_state)),
             "memory": _memory(compiled), "compile_s": calls.compile_s,
             "collectives": collective_stats(compiled.as_text(), layout.num_devices, k),
@@ -511,9 +478,6 @@ def _print(console: Console, results: dict[str, Any], config: ScaleBenchConfig) 
                       f"work (at most {os.cpu_count()}x, whatever the number of devices) and adds partitioning and "
                       "collective overhead; read them as the cost of the partitioned program on CPU, nothing about "
                       "GPUs.")
-    else:
-        console.print(f"{ZERO3}: a prototype step (not what fit runs) that gathers the parameters explicitly "
-                      "where they are used and constrains the gradients back to the split (ZeRO-3).")
     ratio = _fsdp_ratio(rows)
     if ratio is not None:
         met = "met" if ratio <= FSDP_TARGET else "MISSED"
