@@ -2,6 +2,7 @@
 inside fit, streamed validation, any pytree streamed, and argument errors."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -150,9 +151,12 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     console = silent()
     everything = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=console,
                      auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e-12))
-    # Any real per-call overhead needs more than an epoch of steps to be 1e-12 of compute: K = the epoch.
-    assert everything.summary["steps_per_call"] == 50
-    assert "K=50 steps per compiled call (measured:" in console.file.getvalue()
+    # Any measured per-call overhead needs more than an epoch of steps to be 1e-12 of compute: K = the
+    # epoch. On a busy machine the fit of t(K) can put the overhead at 0: then K_a is within target.
+    match = re.search(r"K=(\d+) steps per compiled call \(measured: [\d.]+ ms per step, ([\d.]+) ms per call",
+                      console.file.getvalue())
+    assert match and int(match.group(1)) == everything.summary["steps_per_call"]
+    assert everything.summary["steps_per_call"] == (50 if float(match.group(2)) > 0 else 2)
     lenient = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=silent(),
                   auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9))
     assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a
