@@ -90,7 +90,11 @@ def test_scale_benchmark_quick_run(tmp_path, capsys):
     all_reduce = rows["data=4"]["collectives"]["kinds"]["all-reduce"]
     assert results["param_bytes"] <= all_reduce["bytes"] <= results["param_bytes"] + 1024
     assert rows["data=4"]["collectives"]["bytes"] == all_reduce["bytes"] > 0
-    assert rows["fsdp=4"]["collectives"]["bytes"] > 0
+    # FSDP as ZeRO-3: the weights gathered once and the gradients reduced once per step, about 2x
+    # data parallelism's bytes; left to propagation, XLA moved activations instead (6.7x on char-gpt).
+    fsdp = rows["fsdp=4"]["collectives"]["kinds"]
+    assert fsdp["all-gather"]["bytes"] >= 0.9 * results["param_bytes"]
+    assert all_reduce["bytes"] < rows["fsdp=4"]["collectives"]["bytes"] <= 2.2 * all_reduce["bytes"]
 
 
 def test_compile_only_meshes_are_the_fit_step_on_each_mesh():

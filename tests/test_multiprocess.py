@@ -96,9 +96,7 @@ def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path
         assert time.monotonic() < deadline and procs[0].poll() is None, "no checkpoint was written"
         time.sleep(0.1)
     procs[1].send_signal(signal.SIGKILL)
-    t0 = time.monotonic()
-    assert procs[0].wait(timeout=TIMEOUT_S + 30) == 4
-    assert time.monotonic() - t0 < TIMEOUT_S + 30
+    assert procs[0].wait(timeout=TIMEOUT_S + 30) == 4  # TimeoutExpired if it hangs
     log = (tmp_path / "killed-0.log").read_text()
     assert "error: process 1 of 2 sent no heartbeat for 5 s (killed, crashed or hung); stopping process 0" in log
     assert "start every process again with --resume" in log

@@ -111,10 +111,8 @@ class DeviceFeed:
         if self.placement.split:  # rows split over the devices: pad to a multiple (never indexed)
             pad = -self.num_samples % layout.num_devices
             host = jax.tree.map(lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]), host)
-            shardings = jax.tree.map(lambda x: layout.rows(x.ndim), host)
-        else:
-            shardings = jax.tree.map(lambda x: layout.replicated, host)
-        self._data = layout.put(host, shardings)
+        sharding = layout.batch if self.placement.split else layout.replicated
+        self._data = layout.put(host, jax.tree.map(lambda _: sharding, host))
         self._host = None  # the device copy is the one used from here
         self._key = layout.put(self._key, layout.replicated)
         n = self.num_samples

@@ -185,7 +185,8 @@ def fit(
     total_steps = config.epochs * feed.steps_per_epoch
     tx = build_train_optimizer(config, total_steps, optimizer)
     graphdef, state = init_state(model, tx, step_key)
-    state = layout.put(state, layout.state_shardings(state))
+    shardings = layout.state_shardings(state)
+    state = layout.put(state, shardings)
 
     # Restore before anything is written: a failed resume must leave the run directory untouched.
     checkpoints = None
@@ -193,7 +194,7 @@ def fit(
         checkpoints = CheckpointHook(Path(run_dir) / "checkpoints", config.checkpoint, name)
     loop = LoopState(feed=feed.get_state())
     if resume:
-        state, loop = checkpoints.restore(state, layout.state_shardings(state))
+        state, loop = checkpoints.restore(state, shardings)
         feed.set_state(loop.feed)
 
     lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps) if optimizer is None else None)

@@ -75,7 +75,7 @@ class Layout:
 
     @property
     def batch(self) -> NamedSharding:
-        """A batch (B, ...): rows split over every device."""
+        """A batch (B, ...), or a dataset's rows: split over every device."""
         return NamedSharding(self.mesh, PartitionSpec(BATCH_AXES))
 
     @property
@@ -86,10 +86,6 @@ class Layout:
     @property
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
-
-    def rows(self, ndim: int = 1) -> NamedSharding:
-        """A dataset's rows split over every device (device-resident data too big to replicate)."""
-        return NamedSharding(self.mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
     def constrain_batch(self, batch: Any) -> Any:
         """Inside a compiled call: `batch` (B, ...) split over every device (nothing on one device)."""
@@ -192,9 +188,8 @@ def state_bytes_per_device(layout: Layout, state: Any) -> int:
     """Bytes of `state` (arrays or shapes) that the most loaded device holds under `layout`."""
     total = 0
     for leaf in jax.tree.leaves(state):
-        spec, shape = layout.spec(tuple(np.shape(leaf))), np.shape(leaf)
-        split = math.prod(layout.mesh.shape[a] for a in spec if a is not None)
-        total += _nbytes(leaf) // max(split, 1) if shape else _nbytes(leaf)
+        spec = layout.spec(tuple(np.shape(leaf)))
+        total += _nbytes(leaf) // math.prod(layout.mesh.shape[a] for a in spec if a is not None)
     return total
 
 

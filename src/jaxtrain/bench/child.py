@@ -24,13 +24,15 @@ from typing import Any, Callable
 CHILD_FLAG = "--child"
 
 
-def run_child(target: str | Path, payload: Any, timeout: float | None = None) -> dict[str, Any]:
+def run_child(target: str | Path, payload: Any, timeout: float | None = None,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Runs `child_main` of `target` in a fresh Python process and returns its result.
 
     Args:
       target: a module name (run with `python -m`) or the path of a script (a `.py` file).
       payload: the JSON-able argument of the child's function.
       timeout: seconds before the child is killed (None: no limit).
+      env: environment variables to set in the child, over this process's.
 
     Returns:
       The child's JSON object; {"error": one line} when it failed: its own error, else the last
@@ -38,7 +40,7 @@ def run_child(target: str | Path, payload: Any, timeout: float | None = None) ->
     """
     script = str(target).endswith(".py")
     command = [sys.executable, *([] if script else ["-m"]), str(target), CHILD_FLAG, json.dumps(payload)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:

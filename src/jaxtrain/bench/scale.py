@@ -25,7 +25,6 @@ layout's `gather_params` and `split_grads`: FSDP as ZeRO-3).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import json
@@ -35,7 +34,7 @@ import re
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -389,21 +388,10 @@ def _compile_only(payload: dict[str, Any]) -> dict[str, Any]:
 
 # --- the parent: start the child, print the table ------------------------------------------------
 
-@contextlib.contextmanager
-def _devices_env(n: int) -> Iterator[None]:
-    """This process's environment with `n` virtual CPU devices, for the child it starts."""
-    saved = {key: os.environ.get(key) for key in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", saved["XLA_FLAGS"] or "").split()
-    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n}"])
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def _devices_env(n: int) -> dict[str, str]:
+    """Environment variables that give a child process `n` virtual CPU devices."""
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", "")).split()
+    return {"XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={n}"]), "JAX_PLATFORMS": "cpu"}
 
 
 def _mib(n: float) -> str:
@@ -508,8 +496,7 @@ def main(config: ScaleBenchConfig) -> int:
     console.print(f"scale benchmark: {what}; meshes {', '.join(meshes)} in one child process with {config.devices} "
                   "virtual CPU devices")
     t0 = time.perf_counter()
-    with _devices_env(config.devices):
-        results = run_child("jaxtrain.bench.scale", payload)
+    results = run_child("jaxtrain.bench.scale", payload, env=_devices_env(config.devices))
     if "error" in results:
         console.print(f"[red]the benchmark child failed: {results['error']}[/red]")
         return 1
