@@ -7,6 +7,12 @@ range; error messages name rows as numbered in the file.
 NaN/Inf policy: every floating-point block a source returns has been checked with `np.isfinite`.
 A non-finite value raises `DataError` naming the dataset, the file and the row range, so a bad
 row stops training at once with its location instead of turning the loss into NaN steps later.
+
+Change policy: a file source records the file's `os.stat` fingerprint (size, mtime, inode,
+device) when it opens it and compares it after every read. A file truncated, rewritten, touched,
+replaced (`mv other.h5 data.h5`) or deleted since then raises `DataError`, so rows read after the
+change never reach training (HDF5 reads past a truncated end as zeros, and a replaced file goes on
+being read from the old inode: neither fails by itself).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -169,12 +176,39 @@ def list_datasets(f: h5py.File) -> list[str]:
     return names
 
 
+def stat_fingerprint(path: Path) -> os.stat_result | None:
+    """The file's `os.stat`, or None when it is missing (see `describe_change`)."""
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def describe_change(before: os.stat_result | None, after: os.stat_result | None) -> str | None:
+    """What changed between two `stat_fingerprint`s of a file, e.g. `size 1,024 -> 512 bytes; modified
+    at 12:03:04`, or None when nothing did."""
+    if before is None or after is None:
+        return None if before is after else "deleted or moved away" if after is None else "created"
+    changes = []
+    if (before.st_ino, before.st_dev) != (after.st_ino, after.st_dev):
+        changes.append("replaced by another file")
+    if before.st_size != after.st_size:
+        changes.append(f"size {before.st_size:,} -> {after.st_size:,} bytes")
+    if before.st_mtime_ns != after.st_mtime_ns:
+        when = time.localtime(after.st_mtime_ns / 1e9)
+        same_day = when[:3] == time.localtime()[:3]
+        changes.append("modified at " + time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", when))
+    return "; ".join(changes) or None
+
+
 class HDF5Source:
     """Rows [start, stop) of equally long datasets of one HDF5 file.
 
     The file stays open until `close()` (or the end of a `with` block). Reads may come from any
     thread: h5py serialises calls on its global lock and releases the GIL inside HDF5's read, so a
     background reader overlaps with the training thread; a lock of our own orders reads with close.
+    Every read checks, after reading, that the file has not changed since it was opened (one
+    `os.stat` per read; see the module docstring).
 
     Args:
       path: the HDF5 file.
@@ -191,6 +225,7 @@ class HDF5Source:
         if not keys:
             raise DataError("HDF5Source needs at least one key (batch name -> dataset name)")
         self.path = Path(path)
+        self._stat = stat_fingerprint(self.path)  # before opening: a change from here on is caught by `read`
         self._file = open_hdf5(path)
         self._lock = threading.Lock()
         try:
@@ -269,7 +304,9 @@ class HDF5Source:
         """Rows [start, stop) of the range: {name: (stop - start, ...)} in native byte order.
 
         Raises:
-          DataError: HDF5 cannot read the rows (a corrupt or truncated file), or they hold NaN/Inf.
+          DataError: the file changed since it was opened (checked after reading, so a change
+            during the read counts), HDF5 cannot read the rows (a corrupt or truncated file), or
+            they hold NaN/Inf.
         """
         lo, hi = self.start + start, self.start + stop
         if not self.start <= lo <= hi <= self.stop:
@@ -284,13 +321,24 @@ class HDF5Source:
                     try:
                         ds.read_direct(block, np.s_[lo:hi])
                     except (OSError, RuntimeError, ValueError) as e:
-                        raise DataError(f"cannot read {rows_text(lo, hi)} of {ds.name.lstrip('/')!r} in {self.path} "
-                                        f"({hdf5_reason(e)}); the file is corrupt or truncated: re-copy or "
-                                        "regenerate it") from None
+                        corrupt = DataError(f"cannot read {rows_text(lo, hi)} of {ds.name.lstrip('/')!r} in "
+                                            f"{self.path} ({hdf5_reason(e)}); the file is corrupt or truncated: "
+                                            "re-copy or regenerate it")
+                        raise self._change_error() or corrupt from None  # cut short under us: say that
                 out[name] = block
+        if (changed := self._change_error()) is not None:  # after the read: a change during it counts too
+            raise changed
         for name, block in out.items():
             check_finite(block, self.keys[name], lo, str(self.path))
         return out
+
+    def _change_error(self) -> DataError | None:
+        """The error to raise when the file is no longer the one opened (rows read now may be another's)."""
+        change = describe_change(self._stat, stat_fingerprint(self.path))
+        if change is None:
+            return None
+        return DataError(f"{self.path} changed while it was being read ({change}): a dataset must not change "
+                         "during a run; restore it or start a new run on the new file")
 
 
 def attr_value(value):
