@@ -110,9 +110,9 @@ def test_char_gpt_on_meshes_matches_one_device():
 def test_every_mesh_and_placement_visits_the_same_batches():
     """A fake step returns a fingerprint of each batch (its ids weighted by position), so equal
     metrics mean equal rows in the same order, step by step."""
-    from jaxtrain.feeds import DeviceFeed, StreamFeed, as_source
-    from jaxtrain.data import Placement
     from jaxtrain.calls import CompiledCalls, StepsPerCall
+    from jaxtrain.data import Placement
+    from jaxtrain.feeds import DeviceFeed, StreamFeed, as_source
     from jaxtrain.state import TrainState
 
     n, B, K = 1000, 32, 5

@@ -6,9 +6,13 @@ import contextlib
 import dataclasses
 import io
 import logging
+import os
 import re
+import signal
 import sys
+import threading
 import warnings
+from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from jaxtrain.errors import ConfigError, JaxtrainError
@@ -19,16 +23,21 @@ commands:
   train RECIPE [--preset NAME] [OPTIONS]
                            train a recipe; `jaxtrain train RECIPE --help` lists every option
   train RECIPE --resume [RUN_DIR] [OPTIONS]
-                           continue a run from its newest checkpoint (default: the newest run)
+                           continue a run from its newest checkpoint (default: the newest run);
+                           a run with no checkpoint yet starts from the beginning
+  train RECIPE --run-dir DIR --overwrite [OPTIONS]
+                           start again in a directory that holds a run (its files are replaced)
   eval RUN_DIR [--checkpoint best|latest|STEP]
                            evaluate a run's checkpoint on its validation data
-  plot RUN_DIR             draw a run's loss curves to RUN_DIR/curves.png
+  plot RUN_DIR [--out FILE.png]
+                           draw a run's loss curves (default RUN_DIR/curves.png)
   sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
                            generate text from a trained char-gpt run
   recipes                  list the recipes
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
+  bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
   bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
   bench scan [OPTIONS]     a training step jitted alone vs inside lax.scan (XLA:CPU convolutions)
@@ -95,6 +104,8 @@ def _train(args: Sequence[str]) -> int:
     recipe = get_recipe(args[0])
     rest = list(args[1:])
     resume, run_dir = _pop_option(rest, "--resume")
+    overwrite = "--overwrite" in rest
+    rest = [a for a in rest if a != "--overwrite"]
     has_preset, preset = _pop_option(rest, "--preset")
     prog = f"jaxtrain train {recipe.name}"
     if has_preset and (preset not in recipe.presets):
@@ -104,13 +115,16 @@ def _train(args: Sequence[str]) -> int:
         if has_preset:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
         run_dir = run_dir or str(runs.latest_run(recipe.name))
-        _, saved = runs.load_config(run_dir, recipe.name)
-        saved = dataclasses.replace(saved, mesh="auto", dist=type(saved.dist)())  # where it runs is not the run
-        config = parse_config(type(recipe.config), saved, rest, prog)
+        if (Path(run_dir) / "config.json").is_file():
+            _, saved = runs.load_config(run_dir, recipe.name)
+            saved = dataclasses.replace(saved, mesh="auto", dist=type(saved.dist)())  # where it runs is not the run
+            config = parse_config(type(recipe.config), saved, rest, prog)
+        else:  # killed before it wrote its config: the command's settings start it from the beginning
+            config = parse_config(type(recipe.config), recipe.config, rest, prog)
     else:
         default = recipe.presets[preset] if has_preset else recipe.config
         config = parse_config(type(recipe.config), default, rest, prog)
-    runs.train(recipe, config, run_dir or config.run_dir, resume=resume)
+    runs.train(recipe, config, run_dir or config.run_dir, resume=resume, overwrite=overwrite)
     return 0
 
 
@@ -158,9 +172,11 @@ def _sample(args: Sequence[str]) -> int:
 def _plot(args: Sequence[str]) -> int:
     from jaxtrain.report import plot_run
 
-    if len(args) != 1 or args[0].startswith("-"):
-        raise ConfigError("usage: jaxtrain plot RUN_DIR")
-    print(plot_run(args[0]))
+    rest = list(args)
+    _, out = _pop_option(rest, "--out")
+    if len(rest) != 1 or rest[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain plot RUN_DIR [--out FILE.png]")
+    print(plot_run(rest[0], out))
     return 0
 
 
@@ -281,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sample": lambda: _sample(rest),
                 "recipes": _recipes,
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest)}
+    previous = _stop_on_sigterm(command)
     try:
         if command not in commands:
             raise ConfigError(f"unknown command {command!r}; choose one of: {', '.join(commands)}")
@@ -291,6 +308,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm(command: str) -> Any:
+    """SIGTERM ends the command with one line and exit code 143 from its first moment; `fit` takes
+    the signal over while it trains (and saves first). Returns the previous handler, or None where
+    handlers cannot be set (not the main thread).
+
+    Before `fit` nothing of a run is written yet, so the process ends at once: an exception raised
+    from the handler could land inside JAX or HDF5 calls and crash the interpreter on its way out."""
+
+    def handle(signum: int, frame: Any) -> None:
+        detail = " before training started; nothing was written" if command == "train" else ""
+        print(f"stopped by SIGTERM{detail}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handle)
 
 
 def entry_point() -> None:

@@ -18,12 +18,13 @@ from typing import Any, Sequence
 
 import jax
 import optax
-from jax.experimental import multihost_utils
 from flax import nnx
+from jax.experimental import multihost_utils
 from rich.console import Console
 
 from jaxtrain.calls import AutoSteps, CompiledCalls, StepsPerCall
 from jaxtrain.checkpoint import CheckpointError
+from jaxtrain.checks import check_fit_inputs
 from jaxtrain.config import TrainConfig, to_dict
 from jaxtrain.errors import ConfigError, JaxtrainError, NonFiniteLossError
 from jaxtrain.feeds import make_feed, place_validation
@@ -42,11 +43,14 @@ from jaxtrain.hooks import (
 from jaxtrain.loop_state import LoopState
 from jaxtrain.optim import build_schedule, build_train_optimizer, learning_rate_fn
 from jaxtrain.report import build_summary
+from jaxtrain.run_guard import RunGuard
 from jaxtrain.sharding import make_layout
 from jaxtrain.state import TrainState, init_state
 from jaxtrain.step import Augment, LossFn, Preprocess, make_train_step
 
 __all__ = ["FitResult", "TrainingStopped", "fit"]
+
+VERBOSITY = ("progress", "summary", "silent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +138,9 @@ def fit(
     name: str = "fit",
     run_dir: str | os.PathLike | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     quiet: bool = False,
+    verbosity: str = "progress",
     run_config: Any = None,
     console: Console | None = None,
     auto_steps: AutoSteps = AutoSteps(),
@@ -144,12 +150,13 @@ def fit(
     Args:
       model: a Flax NNX module; it is trained in place and also returned in the result.
       loss_fn: `loss_fn(model, batch, key) -> (loss, metrics)`, with `metrics` a dict of scalar
-        batch means (may be empty). `key` is fresh for every step.
+        batch means (may be empty). `key` is fresh for every step. A loss or metric that is not a
+        scalar (e.g. one value per sample) is a ConfigError, found by `jax.eval_shape` before compiling.
       train_data: a pytree (dict, tuple, ...) of arrays with one row per sample, or a row source
         (`jaxtrain.data.HDF5Source`, `ArraySource`). `config.data.placement` decides whether it is
         held on the device whole or streamed in batches (auto: streamed when over the budget).
-      val_data: the same for validation, or None. Held on the device when it fits what the
-        training data leave of the budget, else evaluated streamed.
+      val_data: the same for validation (same keys, row shapes, dtype kinds), or None. Held on the
+        device when it fits what the training data leave of the budget, else evaluated streamed.
       config: training settings.
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
@@ -161,7 +168,14 @@ def fit(
         tensorboard/; None writes nothing.
       resume: continue from the newest complete checkpoint in `run_dir`: model, optimizer, step,
         RNG, data position, history and hooks' state, so the result equals an uninterrupted run's.
-      quiet: no progress bar (summary blocks are still printed).
+        Settings that would change the result cannot change on resume (`run_guard.RESUMABLE`
+        lists those that can); with no complete checkpoint yet, the run starts from the beginning.
+      overwrite: start again in a `run_dir` that holds a run (its files are replaced); without it,
+        such a directory is refused. A directory is used by one process at a time (a lock).
+      quiet: the same as `verbosity="summary"`.
+      verbosity: what is printed: "progress" (the header, a progress bar per epoch on a terminal or
+        one line per log interval in a piped log, epoch and final summaries), "summary" (all but
+        progress) or "silent" (nothing; errors are raised, notes go to stderr).
       run_config: the configuration to save as config.json (defaults to `config`).
       console: where to print; a new rich Console by default.
       auto_steps: how the automatic K is measured (when `config.steps_per_call` is 0).
@@ -175,60 +189,69 @@ def fit(
       TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
     t_start = time.perf_counter()
-    _check_arguments(model, config, optimizer, hooks, run_dir, resume)
+    _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
+    check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)  # eval_shape
     primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
-    console = console or Console(highlight=False, soft_wrap=True, quiet=not primary)
-    layout, device = make_layout(config.mesh), jax.local_devices()[0]
-    step_key, data_key = jax.random.split(jax.random.key(config.seed))
-    feed = make_feed(train_data, config, data_key, layout)
-    val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
-    total_steps = config.epochs * feed.steps_per_epoch
-    tx = build_train_optimizer(config, total_steps, optimizer)
-    graphdef, state = init_state(model, tx, step_key)
-    shardings = layout.state_shardings(state)
-    state = layout.put(state, shardings)
+    saved = {"recipe": name, **to_dict(run_config or config)}
+    # Stop signals count from here; the directory is claimed (locked, checked) before anything else.
+    with _StopSignals() as signals, RunGuard(run_dir, saved, resume=resume, overwrite=overwrite,
+                                             primary=primary) as guard:
+        run_dir, resume = guard.path, guard.resume
+        console, bar = _printing(console, "summary" if quiet and verbosity == "progress" else verbosity, primary)
+        layout, device = make_layout(config.mesh), jax.local_devices()[0]
+        step_key, data_key = jax.random.split(jax.random.key(config.seed))
+        feed = make_feed(train_data, config, data_key, layout)
+        val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
+        total_steps = config.epochs * feed.steps_per_epoch
+        tx = build_train_optimizer(config, total_steps, optimizer)
+        graphdef, state = init_state(model, tx, step_key)
+        shardings = layout.state_shardings(state)
+        state = layout.put(state, shardings)
 
-    # Restore before anything is written: a failed resume must leave the run directory untouched.
-    checkpoints = None
-    if run_dir is not None and (config.checkpoint.enabled or resume):
-        checkpoints = CheckpointHook(Path(run_dir) / "checkpoints", config.checkpoint, name)
-    loop = LoopState(feed=feed.get_state())
-    if resume:
-        state, loop = checkpoints.restore(state, shardings)
-        feed.set_state(loop.feed)
+        # Restore before anything is written: a failed resume must leave the run directory untouched.
+        checkpoints = None
+        guard.clear()  # the files of a run this one replaces (--overwrite)
+        if run_dir is not None and (config.checkpoint.enabled or resume):
+            checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name)
+        loop = LoopState(feed=feed.get_state())
+        if resume:
+            state, loop = checkpoints.restore(state, shardings, config.epochs)
+            feed.set_state(loop.feed)
 
-    lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps) if optimizer is None else None)
-    train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, learning_rate=lr,
-                                 gather_params=layout.gather_params, split_grads=layout.split_grads)
-    chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps)
-    progress = ProgressHook(console, bar=not quiet and primary)
-    calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)
-    eval_batch = config.eval_batch_size or config.batch_size
-    evaluation = None if val is None else EvalHook(model, loss_fn, preprocess, val, val_streamed, eval_batch,
-                                                   config.eval_every)
-    run = Run(name, config, console, Path(run_dir) if run_dir is not None else None, device, layout, feed, calls, state,
-              int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
-              resumed_step=int(state.step) if resume else None, t_start=t_start)
-    run.hooks = [
-        MetricsHook(config.log_every, config.on_nan),
-        *([evaluation] if evaluation else []),
-        *hooks,
-        *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
-        *([checkpoints] if checkpoints else []),
-        *([RunFilesHook(run_dir, {"recipe": name, **to_dict(run_config or config)}), PlotHook()]
-          if run_dir and primary else []),
-        *([TensorBoard()] if run_dir is not None and config.tensorboard and primary else []),
-        progress,
-    ]
-    for hook in run.hooks:
-        if hook.name in loop.hooks:
-            hook.load_state_dict(loop.hooks[hook.name])
+        schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
+        lr = learning_rate_fn(tx, state.params, schedule)
+        train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, learning_rate=lr,
+                                     gather_params=layout.gather_params, split_grads=layout.split_grads)
+        chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps)
+        progress = ProgressHook(console, bar=bar)
+        calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)
+        eval_batch = config.eval_batch_size or config.batch_size
+        evaluation = None if val is None else EvalHook(model, loss_fn, preprocess, val, val_streamed, eval_batch,
+                                                       config.eval_every)
+        run = Run(name, config, console, run_dir, device, layout, feed, calls, state, int(state.step), loop, [],
+                  num_val=evaluation.num_samples if evaluation else 0,
+                  resumed_step=int(state.step) if resume else None, t_start=t_start)
+        run.hooks = [
+            MetricsHook(config.log_every, config.on_nan),
+            *([evaluation] if evaluation else []),
+            *hooks,
+            *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
+            *([checkpoints] if checkpoints else []),
+            *([RunFilesHook(run_dir, saved), PlotHook()]
+              if run_dir and primary else []),
+            *([TensorBoard()] if run_dir is not None and config.tensorboard and primary else []),
+            progress,
+        ]
+        for hook in run.hooks:
+            if hook.name in loop.hooks:
+                hook.load_state_dict(loop.hooks[hook.name])
 
-    status = "interrupted"
-    try:
-        with _StopSignals() as signals:
+        status = "interrupted"
+        try:
             feed.setup(calls.compile)
             calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
+            if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
+                raise TrainingStopped(signals.signum, run.step, "before training began; run the same command again")
             run.each("on_start")
             for epoch in range(loop.epoch, config.epochs + 1):
                 loop.epoch = epoch
@@ -262,15 +285,15 @@ def fit(
                     break
                 if signals.signum is not None and epoch < config.epochs:
                     raise TrainingStopped(signals.signum, run.step, run.resume_hint)
-        status = "stopped early" if run.stop_reason else "completed"
-    except JaxtrainError as e:
-        status = _FAILURES.get(type(e), f"failed: {e}")
-        raise
-    finally:
-        feed.close()
-        nnx.update(model, run.state.params, run.state.model_state)
-        _end(run, build_summary(run, status))
-    return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
+            status = "stopped early" if run.stop_reason else "completed"
+        except JaxtrainError as e:
+            status = _FAILURES.get(type(e), f"failed: {e}")
+            raise
+        finally:
+            feed.close()
+            nnx.update(model, run.state.params, run.state.model_state)
+            _end(run, build_summary(run, status))
+        return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
 
 
 _FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped: non-finite loss",
@@ -289,8 +312,19 @@ def _end(run: Run, summary: dict[str, Any]) -> None:
                 raise
 
 
-def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_dir: Any, resume: bool) -> None:
+def _printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, bool]:
+    """Where the run prints (nowhere when silent, or in processes other than the first) and whether
+    it shows progress."""
+    if verbosity == "silent" or not primary:
+        return Console(quiet=True), False
+    return console or Console(highlight=False, soft_wrap=True), verbosity == "progress"
+
+
+def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_dir: Any, resume: bool,
+                     verbosity: str) -> None:
     """Wrong types a user can pass, as one clear line each."""
+    if verbosity not in VERBOSITY:
+        raise ConfigError(f"verbosity={verbosity!r} must be one of {', '.join(VERBOSITY)}")
     if not isinstance(model, nnx.Module):
         raise ConfigError(f"model must be a flax.nnx.Module; got {type(model).__name__}")
     if not isinstance(config, TrainConfig):

@@ -16,13 +16,14 @@ from rich.console import Console
 from jaxtrain import data as data_lib
 from jaxtrain import distributed
 from jaxtrain.checkpoint import Checkpointer, CheckpointError
-from jaxtrain.config import from_dict
+from jaxtrain.config import from_dict, to_dict
 from jaxtrain.data.datasets import CharTokenizer
 from jaxtrain.errors import ConfigError
 from jaxtrain.hooks import LambdaHook
 from jaxtrain.loop import FitResult, fit
 from jaxtrain.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
 from jaxtrain.report import device_description
+from jaxtrain.run_guard import RunGuard
 from jaxtrain.state import eval_graphdef, init_state
 from jaxtrain.step import make_eval_step, make_evaluate
 
@@ -30,13 +31,17 @@ MODEL_INFO = "model.json"  # the workload's `info`: what rebuilds the model with
 
 
 def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | None = None, resume: bool = False,
-          console: Console | None = None) -> FitResult:
+          console: Console | None = None, overwrite: bool = False) -> FitResult:
     """Builds `recipe`'s workload for `config` and fits it into `run_dir` (a new timestamped
-    directory under runs/ by default); the data sources it opened are closed afterwards."""
+    directory under runs/ by default); the data sources it opened are closed afterwards. `resume`
+    and `overwrite` are `fit`'s."""
     if distributed.initialize(config.dist) > 1 and not (run_dir or config.run_dir):
         raise ConfigError("a job of several processes needs one run directory on a filesystem they share; "
                           "pass --run-dir DIR")
     run_dir = Path(run_dir or config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    with RunGuard(run_dir, {"recipe": recipe.name, **to_dict(config)}, resume=resume, overwrite=overwrite,
+                  primary=jax.process_index() == 0, create=False, note=lambda text: None):
+        pass  # refuse a directory in use or holding a run before the workload is built (fit claims it)
     w = recipe.build(config)
 
     def save_info(run: Any) -> None:
@@ -48,7 +53,8 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
     try:
         return fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info)],
                    preprocess=w.preprocess, augment=w.augment, name=recipe.name, run_dir=run_dir, resume=resume,
-                   quiet=config.quiet, run_config=config, console=console)
+                   overwrite=overwrite, quiet=config.quiet, verbosity=config.verbosity, run_config=config,
+                   console=console)
     finally:
         w.close()
 
@@ -127,14 +133,13 @@ def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best", model: n
     ckpt = Checkpointer(ckpt_dir, read_only=True, best_metric=saved.get("best_metric", "val_loss"),
                         best_mode=saved.get("best_mode", "min"))
     try:
-        if checkpoint in ("best", "latest"):
-            step = ckpt.best_step() if checkpoint == "best" else ckpt.latest_step()
-        elif checkpoint.isdigit():
-            step = int(checkpoint)
-        else:
+        if checkpoint not in ("best", "latest") and not checkpoint.isdigit():
             raise ConfigError(f"checkpoint={checkpoint!r} must be best, latest or a step number")
         _, params, model_state = nnx.split(model, nnx.Param, ...)
-        params, model_state = ckpt.restore_model(params, model_state, step)
+        # best and latest fall back to the next checkpoint that reads when one is unreadable
+        params, model_state = ckpt.restore_model(params, model_state, int(checkpoint) if checkpoint.isdigit()
+                                                 else checkpoint)
+        step = ckpt.restored_step
     finally:
         ckpt.close()
     nnx.update(model, *jax.tree.map(jax.numpy.asarray, (params, model_state)))

@@ -12,9 +12,10 @@ import jax
 
 from jaxtrain.checkpoint import Checkpointer, CheckpointError
 from jaxtrain.config import CheckpointConfig
-from jaxtrain.errors import JaxtrainError
+from jaxtrain.errors import ConfigError, JaxtrainError
 from jaxtrain.hooks.base import Hook, Run
 from jaxtrain.loop_state import LoopState
+from jaxtrain.report.notes import note
 from jaxtrain.state import TrainState
 
 
@@ -26,14 +27,27 @@ class CheckpointHook(Hook):
         self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode)
         self._last_save = 0
 
-    def restore(self, template: TrainState, shardings: Any = None) -> tuple[TrainState, LoopState]:
+    def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None
+                ) -> tuple[TrainState, LoopState]:
         """The newest complete checkpoint's train state (checked against `template`, placed with
-        `shardings`, whatever mesh wrote it) and loop state."""
+        `shardings`, whatever mesh wrote it) and loop state.
+
+        Raises:
+          ConfigError: `epochs` is fewer than the checkpoint has trained (or is in the middle of).
+        """
         state, meta = self.ckpt.restore(template, shardings=shardings)
         try:
             loop = LoopState.from_meta(meta)
         except JaxtrainError as e:
             raise CheckpointError(f"{self.ckpt.directory}: {e}") from None
+        done = loop.epoch - 1  # whole epochs trained
+        if epochs is not None and epochs < done + (loop.position > 0):
+            where = f"{done} epochs" + (f" and {loop.position} steps of epoch {loop.epoch}" if loop.position else "")
+            raise ConfigError(f"the checkpoint at step {int(state.step)} has trained {where}; --epochs {epochs} is "
+                              f"fewer: pass --epochs {done + (loop.position > 0)} or more")
+        if epochs == done:
+            note(f"the run has already trained its {done} epoch{'s' if done != 1 else ''}; nothing to train "
+                 f"(pass --epochs {done + 1} or more to train further)")
         return state, loop
 
     def on_start(self, run: Run) -> None:

@@ -37,7 +37,7 @@ class ProgressHook(Hook):
         self._bar.advance(k)
 
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
-        self._bar.advance(0, row["loss"])
+        self._bar.advance(0, row["loss"], at=row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch)
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._bar.end_epoch()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from jaxtrain.errors import ConfigError
 from jaxtrain.hooks.base import Hook, Run
 from jaxtrain.report.run_dir import RunDir
 
@@ -33,5 +34,9 @@ class RunFilesHook(Hook):
         self.writer.log({"kind": "epoch", **record, "elapsed_s": run.elapsed_s})
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
-        if self.writer is not None:
-            self.writer.finish(summary)
+        if self.writer is None:  # stopped before on_start (a signal while compiling): write the status
+            try:
+                self.writer = RunDir(self._path)
+            except ConfigError:
+                return
+        self.writer.finish(summary)

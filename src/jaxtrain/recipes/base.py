@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from flax import nnx
 
@@ -18,7 +18,10 @@ class RecipeConfig(TrainConfig):
     run_dir: str | None = None
     """Directory for config.json, metrics.jsonl, summary.json and checkpoints/; default runs/<recipe>-<timestamp>."""
     quiet: bool = False
-    """No progress bar (summary blocks are still printed): for scripts and CI logs."""
+    """Shorthand for --verbosity summary."""
+    verbosity: Literal["progress", "summary", "silent"] = "progress"
+    """progress: header, a progress bar per epoch (one plain line per log interval when the output is
+    not a terminal), summaries; summary: no progress; silent: nothing on stdout."""
     dist: DistConfig = DistConfig()
     """Many processes: how this process joins the job (not saved with the run: a resumed run may
     use other processes and another --mesh)."""

@@ -14,7 +14,8 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     """Draws `run_dir/metrics.jsonl` to a PNG (default `run_dir/curves.png`) and returns its path.
 
     Raises:
-      ConfigError: when the directory has no metrics.jsonl or it holds no training records yet.
+      ConfigError: when the directory has no metrics.jsonl or it holds no training records yet, or
+        the PNG cannot be written there.
     """
     import matplotlib
 
@@ -61,6 +62,11 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     fig.suptitle(f"{Path(run_dir).name}: training and validation loss")
     fig.tight_layout()
     path = Path(out) if out else Path(run_dir) / "curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with --out FILE.png"
+                          ) from None
+    finally:
+        plt.close(fig)
     return path

@@ -1,0 +1,155 @@
+"""Misuse of `fit` is one clear line (ConfigError or DataError) before anything is compiled or written."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mse, regression_data, silent, small_mlp
+from flax import nnx
+
+from jaxtrain import TrainConfig, fit
+from jaxtrain.checks import abstract_batch, check_fit_inputs
+from jaxtrain.data import ArraySource
+from jaxtrain.errors import ConfigError, DataError
+
+B = 16
+
+
+def _err(model, batch):
+    return model(batch["x"]) - batch["y"]  # (B, 3)
+
+
+def per_sample_loss(model, batch, key):
+    return jnp.mean(_err(model, batch) ** 2, axis=-1), {}  # (B,): not reduced
+
+
+def loss_only(model, batch, key):
+    return jnp.mean(_err(model, batch) ** 2)
+
+
+def list_metrics(model, batch, key):
+    return jnp.mean(_err(model, batch) ** 2), [jnp.mean(jnp.abs(_err(model, batch)))]
+
+
+def per_sample_metric(model, batch, key):
+    err = _err(model, batch)
+    return jnp.mean(err**2), {"abs": jnp.mean(jnp.abs(err), axis=-1)}  # (B,)
+
+
+def integer_loss(model, batch, key):
+    return jnp.sum(jnp.argmax(model(batch["x"]), -1)), {}
+
+
+def tuple_loss(model, batch, key):
+    return mse(model, {"x": batch["x"], "y": batch["y"]}, key)  # but the batch is a tuple
+
+
+def _fit(loss_fn=mse, train=None, val=None, **kwargs):
+    train = regression_data(64) if train is None else train
+    return fit(small_mlp(), loss_fn, train, val, TrainConfig(epochs=1, batch_size=B), quiet=True, console=silent(),
+               **kwargs)
+
+
+def _one_line(excinfo, *parts):
+    message = str(excinfo.value)
+    assert "\n" not in message
+    for part in parts:
+        assert part in message, message
+
+
+data = regression_data(64)
+
+
+@pytest.mark.parametrize("loss_fn, parts", [
+    (per_sample_loss, ["loss a scalar", "shape (16,)", "jnp.mean"]),
+    (loss_only, ["must return (loss, metrics)", "one array of shape ()", "(loss, {})"]),
+    (list_metrics, ["dict of scalar batch means", "metrics are a list"]),
+    (per_sample_metric, ["metric 'abs' has shape (16,)", "one value per sample", "scalar batch mean"]),
+    (integer_loss, ["dtype int32", "float scalar"]),
+])
+def test_loss_fn_that_returns_the_wrong_thing_is_a_config_error(loss_fn, parts, tmp_path):
+    with pytest.raises(ConfigError) as excinfo:
+        _fit(loss_fn, val=data, run_dir=tmp_path / "run")
+    _one_line(excinfo, *parts)
+    assert not (tmp_path / "run").exists()  # raised before anything was written
+
+
+@pytest.mark.parametrize("val, parts", [
+    ({"a": data["x"], "b": data["y"]}, ["validation data have keys ['a', 'b']", "training data have ['x', 'y']"]),
+    ({"x": data["x"][:, :5], "y": data["y"]}, ["'x' have rows of shape (5,)", "training data 'x' have (8,)"]),
+    ({"x": data["x"], "y": data["y"].astype(np.int32)}, ["'y' are int32 (integer)", "are float32 (float)"]),
+    ((data["x"], data["y"]), ["validation data have arrays ['0', '1']", "same structure"]),
+])
+def test_validation_data_unlike_the_training_data_is_a_data_error(val, parts):
+    with pytest.raises(DataError) as excinfo:
+        _fit(val=val)
+    _one_line(excinfo, *parts)
+
+
+@pytest.mark.parametrize("loss_fn, train, parts", [
+    (mse, {"inputs": data["x"], "y": data["y"]}, ["loss_fn asked a training batch for key 'x'",
+                                                   "its keys are ['inputs', 'y']"]),
+    (mse, {"x": data["x"][:, :5], "y": data["y"]}, ["x: float32 (16, 5)", "dot_general", "got (5,) and (8,)"]),
+    (tuple_loss, (data["x"], data["y"]), ["indexes a training batch by name", "a tuple of 2 arrays"]),
+])
+def test_training_batch_the_loss_cannot_take_is_a_data_error(loss_fn, train, parts):
+    with pytest.raises(DataError) as excinfo:
+        _fit(loss_fn, train=train)
+    _one_line(excinfo, *parts)
+
+
+def test_a_failing_preprocess_is_named():
+    def preprocess(batch):  # statistics of the wrong width
+        return {**batch, "x": (batch["x"] - jnp.zeros(5)) / jnp.ones(5)}
+
+    with pytest.raises(DataError) as excinfo:
+        _fit(preprocess=preprocess)
+    _one_line(excinfo, "preprocess failed on a training batch of x: float32 (16, 8)", "shapes")
+
+
+class _BNNet(nnx.Module):
+    def __init__(self, vocab: int, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(vocab, 16, rngs=rngs)
+        self.bn = nnx.BatchNorm(16, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+        self.out = nnx.Linear(16, 3, rngs=rngs)
+
+    def __call__(self, x, rngs=None):
+        return self.out(self.dropout(jax.nn.relu(self.bn(self.linear(x))), rngs=rngs))
+
+
+def _host(tree):
+    def host(x):
+        return np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+
+    return jax.tree.map(host, tree)
+
+
+def test_legitimate_uses_pass_and_leave_the_model_alone():
+    """Integer inputs one-hot encoded by preprocess, augment, tuple batches, a row source, BatchNorm
+    and Dropout state, bool metrics: all pass, and the trace does not touch the model's state."""
+    rng = np.random.default_rng(0)
+    tokens, y = rng.integers(0, 5, size=(40,), dtype=np.uint8), rng.normal(size=(40, 3)).astype(np.float32)
+
+    def preprocess(batch):
+        tokens, y = batch
+        return jax.nn.one_hot(tokens, 5), y  # (B,) uint8 -> (B, 5) float32
+
+    def augment(batch, key):
+        x, y = batch
+        return x + 0.01 * jax.random.normal(key, x.shape), y
+
+    def loss(model, batch, key):
+        x, y = batch
+        err = model(x, rngs=nnx.Rngs(dropout=key)) - y
+        return jnp.mean(err**2), {"small": jnp.all(jnp.abs(err) < 1), "n": 1.0}
+
+    model = _BNNet(5, nnx.Rngs(0))
+    before = _host(nnx.state(model))
+    check_fit_inputs(model, loss, (tokens, y), (tokens[:7].astype(np.int64), y[:7]), B, preprocess, augment)
+    assert jax.tree.all(jax.tree.map(np.array_equal, _host(nnx.state(model)), before))  # RNG counts too
+
+    source = ArraySource({"x": data["x"], "y": data["y"]})
+    assert abstract_batch(source, B) == {"x": jax.ShapeDtypeStruct((B, 8), np.float32),
+                                         "y": jax.ShapeDtypeStruct((B, 3), np.float32)}
+    check_fit_inputs(small_mlp(), mse, source, {k: v.astype(np.float64) for k, v in data.items()}, B)
