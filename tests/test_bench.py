@@ -70,8 +70,7 @@ def test_checkpoint_benchmark_runs_in_quick_mode(tmp_path, capsys):
     out = tmp_path / "checkpoint.json"
     assert checkpoint.main(checkpoint.CheckpointBenchConfig(quick=True, out=str(out))) == 0
     results = json.loads(out.read_text())
-    trial = results["trial"]
-    assert trial["all_bit_exact"] and trial["bit_exact"] == trial["kills"] <= 1
+    assert results["trial"]["kills"] == 0  # quick mode leaves kill-and-resume to tests/test_bench_faults.py
     assert len(results["checkpoint_s"]) == len(results["no_checkpoint_s"]) == 1
     assert "checkpoint overhead:" in capsys.readouterr().out
 

@@ -3,13 +3,8 @@ guard, storage faults, eval/load, and bad --resume input."""
 
 import dataclasses
 import json
-import os
-import random
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -70,7 +65,7 @@ def test_resume_from_every_checkpoint_is_bit_exact(tmp_path):
     ckpt_dir = tmp_path / "full" / "checkpoints"
     steps = Checkpointer(ckpt_dir).steps()
     assert steps[-1] == 75 and len(steps) >= 12 and 25 in steps and 50 in steps
-    tested = steps[:-1:2] + [25, 50]  # every other checkpoint (mid-epoch ones) and both epoch ends
+    tested = steps[:-1:3] + [25, 50]  # every third checkpoint (mid-epoch ones) and both epoch ends
     assert any(s % 25 for s in tested)
     for step in sorted(set(tested)):
         run = tmp_path / f"from-{step}"
@@ -128,78 +123,8 @@ def test_keeps_the_last_k_and_the_best(tmp_path):
     highest.close()
 
 
-def _cli(*args, **kwargs):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "jaxtrain", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, **kwargs)
-
-
 TRAIN = ["train", "mlp-regression", "--data.samples", "4500", "--data.val-samples", "500", "--epochs", "4",
          "--steps-per-call", "5", "--checkpoint.every-steps", "10", "--quiet"]
-
-
-def _final_params(run_dir):
-    return [np.asarray(x) for x in jax.tree.leaves(jaxtrain.load(run_dir, "latest"))]
-
-
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    proc = _cli(*TRAIN, "--run-dir", str(run_dir))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    return run_dir
-
-
-def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, reference_run):
-    expected = _final_params(reference_run)
-    trials = []
-    for seed in (1, 2):  # 2-4 kills, some during checkpoint writes (every 10 steps)
-        rng = random.Random(seed)
-        run_dir = tmp_path / f"killed-{seed}"
-        kills, attempts = 0, 0
-        resume = []
-        while True:
-            attempts += 1
-            proc = _cli(*TRAIN, "--run-dir", str(run_dir), *resume)
-            proc.stdout.readline()  # the header's first line: compiled and about to train
-            time.sleep(rng.uniform(0.0, 1.5))
-            if proc.poll() is None and kills < 2:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-            out, err = proc.communicate(timeout=300)
-            if proc.returncode == 0:
-                break
-            assert proc.returncode == -signal.SIGKILL, err
-            if (run_dir / "checkpoints").is_dir() and Checkpointer(run_dir / "checkpoints").steps():
-                resume = ["--resume", str(run_dir)]
-            else:
-                shutil.rmtree(run_dir, ignore_errors=True)  # killed before its first checkpoint: start over
-                resume = []
-        trials.append((kills, attempts))
-        _assert_bit_equal(_final_params(run_dir), expected)
-        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 4 * (4000 // 32)
-        assert _log_rows(run_dir) == _log_rows(reference_run)  # rows written after a checkpoint appear once
-    assert sum(k for k, _ in trials) >= 2  # the kills really happened
-
-
-def test_sigterm_saves_and_exits_with_a_resume_hint(tmp_path, reference_run):
-    run_dir = tmp_path / "run"
-    proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--checkpoint.every-steps", "0")
-    proc.stdout.readline()
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    if proc.returncode == 0:
-        pytest.skip("training finished before SIGTERM arrived")
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "stopped by SIGTERM at step" in err and f"--resume {run_dir}" in err and "Traceback" not in err
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "stopped by signal" and summary["latest_checkpoint_step"] == summary["steps"]
-    proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--resume", str(run_dir))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    _assert_bit_equal(_final_params(run_dir), _final_params(reference_run))
 
 
 def test_nan_never_reaches_a_checkpoint(tmp_path):
@@ -274,35 +199,6 @@ def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path)
         _unmount(mount)
 
 
-def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
-    mount = tmp_path / "ro"
-    if not _mount_tmpfs(mount, "64m"):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        run_dir = mount / "run"
-        proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--epochs", "30", "--data.samples", "20500",
-                    "--checkpoint.every-steps", "0")
-        proc.stdout.readline()
-        ckpt_dir, deadline = run_dir / "checkpoints", time.monotonic() + 240
-        while not (ckpt_dir.is_dir() and any(p.name.isdigit() for p in ckpt_dir.iterdir())):  # one finished save
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
-            time.sleep(0.05)
-        # A bind mount made read-only: a plain remount refuses while files are open for writing.
-        subprocess.run(["mount", "--bind", str(mount), str(mount)], check=True)
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True)
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 2, err
-        # The one-line error ends the output. (A write already in flight when the disk turns
-        # read-only fails inside orbax's threads, which may print their own traces first.)
-        assert err.splitlines()[-1].startswith("error: cannot write a checkpoint to ")
-        assert "Read-only file system" in err.splitlines()[-1]
-        steps = Checkpointer(run_dir / "checkpoints", read_only=True).steps()
-        assert steps
-        jaxtrain.load(run_dir, str(steps[-1]))  # the newest complete checkpoint still loads
-    finally:
-        _unmount(mount)
-
-
 def test_eval_and_load(tmp_path, capsys):
     from jaxtrain.cli import main  # in-process: nothing here needs a separate process
 
@@ -322,26 +218,24 @@ def test_eval_and_load(tmp_path, capsys):
     assert (np.asarray(best(x)) == np.asarray(latest(x))).all() == (best_epoch == 2)
 
 
-def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path):
+def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, capsys):
     from jaxtrain.cli import main
 
     run_dir = tmp_path / "run"
-    assert _cli(*TRAIN, "--epochs", "1", "--run-dir", str(run_dir)).wait(timeout=300) == 0
-    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert main([*TRAIN, "--epochs", "1", "--run-dir", str(run_dir)]) == 0
+    # The lock file names its last holder, so it changes; nothing else may.
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
 
-    cases = [
-        (["--resume", str(tmp_path / "missing")], "does not exist"),
-        (["--resume", str(run_dir), "--model.hidden", "32", "32"], "has shape"),
-    ]
+    cases = [(["--resume", str(run_dir), "--model.hidden", "32", "32"], "a resume cannot change model.hidden")]
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"recipe": "char-gpt"}))
     cases.append((["--resume", str(other)], "is a run of recipe 'char-gpt', not 'mlp-regression'"))
+    capsys.readouterr()
     for extra, message in cases:
-        proc = _cli("train", "mlp-regression", *extra)
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 2, err
-        assert err.startswith("error:") and message in err and err.count("\n") == 1 and "Traceback" not in err
+        assert main(["train", "mlp-regression", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and message in err and err.count("\n") == 1, err
 
     newer = tmp_path / "newer"
     shutil.copytree(run_dir, newer)
@@ -352,7 +246,7 @@ def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path):
     meta_file.write_text(json.dumps(meta))
     assert main(["train", "mlp-regression", "--resume", str(newer)]) == 2
 
-    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
     assert after == before
 
 

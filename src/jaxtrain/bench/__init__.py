@@ -1,11 +1,12 @@
 """Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
 
-from jaxtrain.bench import checkpoint, data, frameworks, ladder, overhead, scale, scan
+from jaxtrain.bench import checkpoint, data, faults, frameworks, ladder, overhead, scale, scan
 
 # name -> (config class, main(config) -> exit code)
 BENCHMARKS = {
     "checkpoint": (checkpoint.CheckpointBenchConfig, checkpoint.main),
     "data": (data.DataBenchConfig, data.main),
+    "faults": (faults.FaultsBenchConfig, faults.main),
     "frameworks": (frameworks.FrameworksConfig, frameworks.main),
     "ladder": (ladder.LadderConfig, ladder.main),
     "overhead": (overhead.OverheadConfig, overhead.main),
