@@ -150,8 +150,7 @@ def fit(
     Args:
       model: a Flax NNX module; it is trained in place and also returned in the result.
       loss_fn: `loss_fn(model, batch, key) -> (loss, metrics)`, with `metrics` a dict of scalar
-        batch means (may be empty). `key` is fresh for every step. A loss or metric that is not a
-        scalar (e.g. one value per sample) is a ConfigError, found by `jax.eval_shape` before compiling.
+        batch means (may be empty; per-sample values are a ConfigError). `key` is fresh every step.
       train_data: a pytree (dict, tuple, ...) of arrays with one row per sample, or a row source
         (`jaxtrain.data.HDF5Source`, `ArraySource`). `config.data.placement` decides whether it is
         held on the device whole or streamed in batches (auto: streamed when over the budget).
@@ -168,14 +167,11 @@ def fit(
         tensorboard/; None writes nothing.
       resume: continue from the newest complete checkpoint in `run_dir`: model, optimizer, step,
         RNG, data position, history and hooks' state, so the result equals an uninterrupted run's.
-        Settings that would change the result cannot change on resume (`run_guard.RESUMABLE`
-        lists those that can); with no complete checkpoint yet, the run starts from the beginning.
-      overwrite: start again in a `run_dir` that holds a run (its files are replaced); without it,
-        such a directory is refused. A directory is used by one process at a time (a lock).
+        Only `run_guard.RESUMABLE` settings may change; with no checkpoint yet, it starts afresh.
+      overwrite: start again in a `run_dir` that holds a run; else it is refused (and it is locked).
       quiet: the same as `verbosity="summary"`.
-      verbosity: what is printed: "progress" (the header, a progress bar per epoch on a terminal or
-        one line per log interval in a piped log, epoch and final summaries), "summary" (all but
-        progress) or "silent" (nothing; errors are raised, notes go to stderr).
+      verbosity: "progress" (a bar on a terminal, else a line per log interval), "summary" (header
+        and summaries only) or "silent" (nothing; notes go to stderr).
       run_config: the configuration to save as config.json (defaults to `config`).
       console: where to print; a new rich Console by default.
       auto_steps: how the automatic K is measured (when `config.steps_per_call` is 0).
@@ -231,20 +227,8 @@ def fit(
         run = Run(name, config, console, run_dir, device, layout, feed, calls, state, int(state.step), loop, [],
                   num_val=evaluation.num_samples if evaluation else 0,
                   resumed_step=int(state.step) if resume else None, t_start=t_start)
-        run.hooks = [
-            MetricsHook(config.log_every, config.on_nan),
-            *([evaluation] if evaluation else []),
-            *hooks,
-            *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
-            *([checkpoints] if checkpoints else []),
-            *([RunFilesHook(run_dir, saved), PlotHook()]
-              if run_dir and primary else []),
-            *([TensorBoard()] if run_dir is not None and config.tensorboard and primary else []),
-            progress,
-        ]
-        for hook in run.hooks:
-            if hook.name in loop.hooks:
-                hook.load_state_dict(loop.hooks[hook.name])
+        run.hooks = _run_hooks(config, hooks, evaluation, checkpoints, progress, run_dir if primary else None, saved,
+                               loop)
 
         status = "interrupted"
         try:
@@ -310,6 +294,28 @@ def _end(run: Run, summary: dict[str, Any]) -> None:
         except JaxtrainError:
             if summary["status"] in ("completed", "stopped early"):
                 raise
+
+
+def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
+               progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState) -> list[Hook]:
+    """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
+    user's, early stopping, checkpoints, run files in `run_dir` (None: this process writes none;
+    `saved` is config.json), TensorBoard, plots, progress; each restored from `loop` when it has
+    saved state."""
+    ordered = [
+        MetricsHook(config.log_every, config.on_nan),
+        *([evaluation] if evaluation else []),
+        *hooks,
+        *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
+        *([checkpoints] if checkpoints else []),
+        *([RunFilesHook(run_dir, saved), PlotHook()] if run_dir else []),
+        *([TensorBoard()] if run_dir and config.tensorboard else []),
+        progress,
+    ]
+    for hook in ordered:
+        if hook.name in loop.hooks:
+            hook.load_state_dict(loop.hooks[hook.name])
+    return ordered
 
 
 def _printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, bool]:
