@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 import jax
 
 from jaxtrain.errors import ConfigError
+from jaxtrain.memory import compiled_memory
 from jaxtrain.sharding import Layout
 from jaxtrain.state import TrainState
 from jaxtrain.step import Metrics
@@ -133,6 +134,7 @@ class CompiledCalls:
                                           self.state_shardings)
         self._compiled: dict[int, Callable] = {}
         self.compile_s = 0.0
+        self.memory: dict[str, int] | None = None  # of the first call compiled (`memory.compiled_memory`)
 
     @property
     def k(self) -> int:
@@ -163,6 +165,8 @@ class CompiledCalls:
                 fn, self._state_shapes, *args, donate=True,
                 in_shardings=(self.state_shardings, *_shardings_of(args)),
                 out_shardings=(self.state_shardings, self.layout.replicated))
+            if self.memory is None:
+                self.memory = compiled_memory(self._compiled[k])
         return self._compiled[k]
 
     def __call__(self, k: int, state: TrainState, args: tuple[Any, ...]) -> tuple[TrainState, Metrics]:

@@ -18,6 +18,7 @@ Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine"]
 Placement = Literal["auto", "device", "stream"]
 OnNaN = Literal["stop", "skip"]
+Precision = Literal["fp32", "bf16", "fp16"]
 BestMode = Literal["min", "max"]
 
 
@@ -226,6 +227,16 @@ class TrainConfig:
     """On a NaN/Inf loss or gradient: stop (exit code 3), or skip that update and count it."""
     tensorboard: bool = True
     """Write TensorBoard scalars to <run dir>/tensorboard (when the run has a directory)."""
+    precision: Precision = "fp32"
+    """Compute dtype of the forward and backward: fp32, bf16, or fp16 (with dynamic loss scaling).
+    Parameters, optimizer state, losses and normalisation statistics stay float32."""
+    loss_scale_init: float = 2.0**15
+    """fp16: the initial loss scale (halved on each overflow, whose update is skipped)."""
+    loss_scale_period: int = 2000
+    """fp16: optimizer steps without overflow after which the loss scale doubles."""
+    grad_accum: int = 1
+    """Micro-batches of batch_size per optimizer step, accumulated inside the compiled call: a step
+    sees grad_accum x batch_size samples for the activation memory of one micro-batch."""
     mesh: str = "auto"
     """Devices as a mesh: auto (every device, data parallel), data=N, fsdp=N or data=N,fsdp=M (FSDP:
     parameters and optimizer state split over fsdp). The sizes multiply to the number of devices."""
@@ -235,7 +246,9 @@ class TrainConfig:
 
         parse_mesh(self.mesh)
         _check_choice("on_nan", self.on_nan, OnNaN)
-        for field in ("epochs", "batch_size", "log_every", "eval_every"):
+        _check_choice("precision", self.precision, Precision)
+        _check_positive("loss_scale_init", self.loss_scale_init)
+        for field in ("epochs", "batch_size", "log_every", "eval_every", "grad_accum", "loss_scale_period"):
             value = getattr(self, field)
             _check(isinstance(value, int) and value >= 1, f"{field}={value!r} must be an integer >= 1")
         for field in ("eval_batch_size", "steps_per_call", "steps_per_epoch"):
@@ -245,6 +258,11 @@ class TrainConfig:
                 f"{field}={value!r} must be an integer >= 1, or 0 for automatic",
             )
         _check(isinstance(self.seed, int), f"seed={self.seed!r} must be an integer")
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one optimizer step sees: batch_size x grad_accum."""
+        return self.batch_size * self.grad_accum
 
 
 def to_dict(config: object) -> dict:

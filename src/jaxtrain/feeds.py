@@ -79,11 +79,11 @@ def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
     Raises:
       ConfigError: the batch, or steps_per_epoch batches, need more samples than there are.
     """
-    B = config.batch_size
+    B = config.samples_per_step  # batch_size x grad_accum
     if B > n_train:
-        raise ConfigError(
-            f"batch_size={B} is larger than the training set ({n_train} samples); use --batch-size {n_train} or less"
-        )
+        what = f"batch_size={B}" if config.grad_accum == 1 else f"batch_size x grad_accum = {B}"
+        raise ConfigError(f"{what} is larger than the training set ({n_train} samples); use "
+                          f"--batch-size {max(1, n_train // config.grad_accum)} or less")
     if config.steps_per_epoch:
         if config.steps_per_epoch * B > n_train:
             raise ConfigError(
@@ -102,7 +102,7 @@ class DeviceFeed:
         self.num_samples = data_lib.num_samples(data, "train_data")
         self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
         self.device_bytes = data_lib.nbytes(data) // (layout.num_devices if placement.split else 1)
-        self._B, self._key = config.batch_size, data_key
+        self._B, self._key = config.samples_per_step, data_key
         self._data = self._permute = self._perm = None
         self._position = 0
 
@@ -161,7 +161,7 @@ class StreamFeed:
         self.num_samples = len(source)
         self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
         self.device_bytes = 0
-        self._B, self._seed, self._prefetch = config.batch_size, config.seed, config.data.prefetch
+        self._B, self._seed, self._prefetch = config.samples_per_step, config.seed, config.data.prefetch
         self._loader = StreamLoader(source, self._B, seed=config.seed, queue_depth=max(16, 2 * self._prefetch),
                                     window_bytes=config.data.shuffle_window_mb << 20,
                                     share=(jax.process_index(), jax.process_count()))
@@ -267,7 +267,7 @@ def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout:
       DataError, ConfigError: data without rows, of different lengths, or fewer rows than a batch;
         a batch that does not split over the mesh.
     """
-    layout.check_batch(config.batch_size)
+    layout.check_batch(config.batch_size)  # each micro-batch is split over the devices
     if not data_lib.is_source(train_data):
         data_lib.num_samples(train_data, "train_data")
     placement = _placement(config, _bytes(train_data), layout)

@@ -42,6 +42,7 @@ from jaxtrain.hooks import (
 )
 from jaxtrain.loop_state import LoopState
 from jaxtrain.optim import build_schedule, build_train_optimizer, learning_rate_fn
+from jaxtrain.precision import policy_of
 from jaxtrain.report import build_summary
 from jaxtrain.run_guard import RunGuard
 from jaxtrain.sharding import make_layout
@@ -216,8 +217,8 @@ def fit(
 
         schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
         lr = learning_rate_fn(tx, state.params, schedule)
-        train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, learning_rate=lr,
-                                     gather_params=layout.gather_params, split_grads=layout.split_grads)
+        train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
+                                     layout.split_grads, policy_of(config), config.grad_accum)
         chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps)
         progress = ProgressHook(console, bar=bar)
         calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)
@@ -259,7 +260,7 @@ def fit(
                 jax.block_until_ready(running)  # the epoch's time includes its last call
                 train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
                 loop.train_time_s += train_s
-                record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.batch_size,
+                record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.samples_per_step,
                           "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
                           "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
                 loop.history.append(record)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxtrain.config import OptimConfig, TrainConfig
+from jaxtrain.precision import policy_of
 
 
 def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -69,11 +70,11 @@ def build_train_optimizer(
 ) -> optax.GradientTransformation:
     """The optimizer of a training run: `optimizer` when given, else `build_optimizer(config.optim)`;
     with `on_nan="skip"` wrapped in `optax.apply_if_finite`, so a non-finite gradient leaves the
-    state unchanged (and is counted)."""
+    state unchanged (and is counted); with fp16 precision wrapped in dynamic loss scaling."""
     tx = optimizer if optimizer is not None else build_optimizer(config.optim, total_steps)
     if config.on_nan == "skip":
         tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
-    return tx
+    return policy_of(config).wrap(tx)
 
 
 def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:

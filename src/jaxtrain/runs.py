@@ -21,6 +21,7 @@ from jaxtrain.data.datasets import CharTokenizer
 from jaxtrain.errors import ConfigError
 from jaxtrain.hooks import LambdaHook
 from jaxtrain.loop import FitResult, fit
+from jaxtrain.precision import policy_of
 from jaxtrain.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
 from jaxtrain.report import device_description
 from jaxtrain.run_guard import RunGuard
@@ -179,7 +180,7 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, 
         workload.close()
     n = data_lib.num_samples(val)
     _, state = init_state(model, optax.identity(), jax.random.key(config.seed))
-    eval_step = make_eval_step(eval_graphdef(model), workload.loss_fn, workload.preprocess)
+    eval_step = make_eval_step(eval_graphdef(model), workload.loss_fn, workload.preprocess, policy_of(config))
     metrics = jax.jit(make_evaluate(eval_step, n, min(config.eval_batch_size or config.batch_size, n)))(
         state, jax.tree.map(jax.numpy.asarray, val)
     )

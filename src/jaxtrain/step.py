@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxtrain.precision import Policy, current_scale
 from jaxtrain.state import TrainState
 
 Batch = Any  # a pytree of arrays with a leading batch axis
@@ -34,6 +35,8 @@ def make_train_step(
     learning_rate: LearningRate | None = None,
     gather_params: Callable[[nnx.State], nnx.State] | None = None,
     split_grads: Callable[[nnx.State], nnx.State] | None = None,
+    policy: Policy = Policy(),
+    grad_accum: int = 1,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
     """Builds `train_step(state, batch) -> (state, metrics)`: one optimizer step.
 
@@ -42,24 +45,65 @@ def make_train_step(
     learning rate of this update, when `learning_rate` is given (see `optim.learning_rate_fn`).
     `gather_params` places the parameters where the model uses them and `split_grads` places the
     gradients (FSDP: gathered whole, then reduced back to each device's split).
+
+    `policy` casts the floating parameters and inputs to its compute dtype inside the step (the
+    state stays float32); with fp16, `tx` must be `policy.wrap(tx)`: the loss is multiplied by the
+    scale the optimizer state holds, the gradients divided by it, and `loss_scale` and
+    `scale_skips` (updates skipped so far) join the metrics. With `grad_accum` N the batch holds
+    N micro-batches (rows j, j+N, j+2N, ... form micro-batch j, so a batch split over devices
+    stays split); their gradients and metrics are averaged by a scan, so memory is one micro-batch's.
+    Micro-batch j's key is `fold_in(step key, j)`.
     """
 
-    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        augment_key, loss_key = jax.random.split(jax.random.fold_in(state.rng, state.step))
+    def micro_step(params: nnx.State, model_state: nnx.State, batch: Batch, key: jax.Array, scale: jax.Array):
+        """Gradients of one (micro-)batch: `((loss, metrics), model_state, grads)`, grads scaled."""
+        augment_key, loss_key = jax.random.split(key)
         if preprocess is not None:
             batch = preprocess(batch)
         if augment is not None:
             batch = augment(batch, augment_key)
+        batch = policy.cast(batch)
 
-        def objective(params: nnx.State) -> tuple[jax.Array, tuple[Metrics, nnx.State]]:
+        def objective(params: nnx.State) -> tuple[jax.Array, tuple[jax.Array, Metrics, nnx.State]]:
+            params = policy.cast(params)
             if gather_params is not None:
                 params = gather_params(params)
-            model = nnx.merge(graphdef, params, state.model_state, copy=True)  # fresh Variables in this trace
+            model = nnx.merge(graphdef, params, model_state, copy=True)  # fresh Variables in this trace
             loss, metrics = loss_fn(model, batch, loss_key)
-            model_state = nnx.split(model, nnx.Param, ...)[2]  # e.g. updated batch-norm stats
-            return loss, (metrics, model_state)
+            loss = loss.astype(jnp.float32)
+            new_model_state = nnx.split(model, nnx.Param, ...)[2]  # e.g. updated batch-norm stats
+            new_model_state = jax.tree.map(_same_dtype, new_model_state, model_state)  # statistics stay float32
+            metrics = jax.tree.map(lambda m: m.astype(jnp.float32), metrics)
+            return loss * scale, (loss, metrics, new_model_state)
 
-        (loss, (metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+        (_, (loss, metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        return (loss, metrics), model_state, grads
+
+    def accumulate(params: nnx.State, model_state: nnx.State, batch: Batch, key: jax.Array, scale: jax.Array):
+        """`micro_step` over the batch's `grad_accum` micro-batches, averaged."""
+        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1),
+                             batch)  # (N, B, ...): micro-batch j is rows j, j+N, ...
+
+        def body(carry, xs):
+            model_state, grad_sum = carry
+            j, mb = xs
+            out, model_state, grads = micro_step(params, model_state, mb, jax.random.fold_in(key, j), scale)
+            return (model_state, jax.tree.map(jnp.add, grad_sum, grads)), out
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (model_state, grad_sum), outs = jax.lax.scan(body, (model_state, zeros), (jnp.arange(grad_accum), micro))
+        return jax.tree.map(lambda v: v.mean(axis=0), outs), model_state, jax.tree.map(lambda g: g / grad_accum,
+                                                                                        grad_sum)
+
+    gradients = micro_step if grad_accum == 1 else accumulate
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        key = jax.random.fold_in(state.rng, state.step)
+        scale = current_scale(state.opt_state)
+        (loss, metrics), model_state, grads = gradients(
+            state.params, state.model_state, batch, key, jnp.float32(1.0) if scale is None else scale)
+        if scale is not None:
+            grads = jax.tree.map(lambda g: g / scale, grads)
         if split_grads is not None:
             grads = split_grads(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -67,15 +111,22 @@ def make_train_step(
         new_state = TrainState(state.step + 1, params, model_state, opt_state, state.rng)
         if learning_rate is not None:
             metrics = {**metrics, "lr": learning_rate(opt_state, state.step)}
+        if scale is not None:
+            metrics = {**metrics, "loss_scale": opt_state.scale, "scale_skips": opt_state.skipped}
         return new_state, {"loss": loss, **metrics}
 
     return train_step
 
 
+def _same_dtype(new: jax.Array, old: jax.Array) -> jax.Array:
+    return new.astype(old.dtype) if jnp.issubdtype(old.dtype, jnp.floating) else new
+
+
 def make_eval_step(
-    graphdef: nnx.GraphDef, loss_fn: LossFn, preprocess: Preprocess | None = None
+    graphdef: nnx.GraphDef, loss_fn: LossFn, preprocess: Preprocess | None = None, policy: Policy = Policy()
 ) -> Callable[[TrainState, Batch], Metrics]:
-    """Builds `eval_step(state, batch) -> metrics`, the batch means of `loss` and `loss_fn`'s metrics.
+    """Builds `eval_step(state, batch) -> metrics`, the batch means of `loss` and `loss_fn`'s metrics
+    (float32), computed in `policy`'s dtype as training is.
 
     Pass the graph definition of the model in evaluation mode (`jaxtrain.state.eval_graphdef`).
     """
@@ -83,10 +134,10 @@ def make_eval_step(
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
         if preprocess is not None:
             batch = preprocess(batch)
-        model = nnx.merge(graphdef, state.params, state.model_state, copy=True)
+        model = nnx.merge(graphdef, policy.cast(state.params), state.model_state, copy=True)
         key = jax.random.fold_in(state.rng, _EVAL_KEY_SALT)
-        loss, metrics = loss_fn(model, batch, key)
-        return {"loss": loss, **metrics}
+        loss, metrics = loss_fn(model, policy.cast(batch), key)
+        return jax.tree.map(lambda m: m.astype(jnp.float32), {"loss": loss, **metrics})
 
     return eval_step
 

@@ -19,6 +19,7 @@ from jaxtrain import data as data_lib
 from jaxtrain.calls import shapes_of
 from jaxtrain.feeds import stream_blocks
 from jaxtrain.hooks.base import Hook, Run
+from jaxtrain.precision import policy_of
 from jaxtrain.state import eval_graphdef
 from jaxtrain.step import LossFn, Preprocess, make_eval_step, make_evaluate_sums
 
@@ -40,13 +41,14 @@ class EvalHook(Hook):
 
     def __init__(self, model: nnx.Module, loss_fn: LossFn, preprocess: Preprocess | None, data: Any,
                  streamed: bool, batch_size: int, every: int):
-        self._step = make_eval_step(eval_graphdef(model), loss_fn, preprocess)
+        self._parts = (eval_graphdef(model), loss_fn, preprocess)
         self._data, self._streamed, self._every = data, streamed, every
         self.num_samples = len(data[0]) if streamed else data_lib.num_samples(data, "val_data")
         self._B = min(batch_size, self.num_samples)
         self._evaluate: Callable[[Any], dict[str, float]] | None = None
 
     def on_start(self, run: Run) -> None:
+        self._step = make_eval_step(*self._parts, policy_of(run.config))  # computed in the training dtype
         self._evaluate = self._build_streamed(run) if self._streamed else self._build_on_device(run)
 
     def _place(self, run: Run, host: Any) -> Any:

@@ -11,7 +11,7 @@ import numpy as np
 from jaxtrain.errors import NonFiniteLossError
 from jaxtrain.hooks.base import Hook, Run
 
-LAST_VALUE = ("lr",)  # per-step values a row reports at its last step instead of averaging
+LAST_VALUE = ("lr", "loss_scale", "scale_skips")  # per-step values a row reports at its last step, not averaged
 
 
 class Sums:

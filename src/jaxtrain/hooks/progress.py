@@ -27,7 +27,7 @@ class ProgressHook(Hook):
         self.console.print(f"  {text}")
 
     def on_start(self, run: Run) -> None:
-        self._bar = EpochProgress(self.console, run.config.batch_size, enabled=self._bar_enabled)
+        self._bar = EpochProgress(self.console, run.config.samples_per_step, enabled=self._bar_enabled)
         self.console.print(header_block(run))
 
     def on_epoch_start(self, run: Run) -> None:

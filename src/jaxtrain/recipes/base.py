@@ -22,6 +22,10 @@ class RecipeConfig(TrainConfig):
     verbosity: Literal["progress", "summary", "silent"] = "progress"
     """progress: header, a progress bar per epoch (one plain line per log interval when the output is
     not a terminal), summaries; summary: no progress; silent: nothing on stdout."""
+    remat: Literal["none", "blocks", "full"] = "none"
+    """Recompute activations in the backward pass instead of keeping them (jax.checkpoint on the
+    model's repeated blocks): none; blocks (keep the weight-matmul outputs, recompute the rest); full
+    (keep only each block's input)."""
     dist: DistConfig = DistConfig()
     """Many processes: how this process joins the job (not saved with the run: a resumed run may
     use other processes and another --mesh)."""

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from jaxtrain import memory
+
 if TYPE_CHECKING:
     from jaxtrain.hooks.base import Run
 
@@ -31,16 +33,24 @@ def device_description(device: jax.Device) -> str:
     return f"{device.platform}: {device.device_kind}"
 
 
+def _batch(config: Any) -> str:
+    """`12`, or `12 x 4 micro-batches = 48` with gradient accumulation."""
+    if config.grad_accum == 1:
+        return str(config.batch_size)
+    return f"{config.batch_size} x {config.grad_accum} micro-batches = {config.samples_per_step}"
+
+
 def header_block(run: "Run") -> str:
     """The lines printed before training: device, data and where they live, batching, run dir."""
     feed, config = run.feed, run.config
     lines = [
         f"[bold]jaxtrain[/bold] {run.name} on {device_description(run.device)}",
         f"  data: {feed.num_samples:,} train / {run.num_val:,} val samples; training data {feed.describe()}",
-        f"  batch {config.batch_size}: {feed.steps_per_epoch:,} steps/epoch"
+        f"  batch {_batch(config)}: {feed.steps_per_epoch:,} steps/epoch"
         + (f" ({feed.dropped} samples/epoch dropped: partial batch)" if feed.dropped else "")
-        + (f" ({feed.steps_per_epoch * config.batch_size:,} samples per epoch drawn without replacement)"
+        + (f" ({feed.steps_per_epoch * config.samples_per_step:,} samples per epoch drawn without replacement)"
            if config.steps_per_epoch else ""),
+        f"  compiled call: {memory.describe(run.calls.memory)}; precision {config.precision}",
     ]
     if run.layout.num_devices > 1:
         lines.append(f"  mesh: {run.layout.describe()}; batch split over every device")
@@ -86,6 +96,9 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
         "samples_dropped_per_epoch": last.get("samples_dropped"),
         "device": device_description(run.device),
         "mesh": run.layout.describe(),
+        "precision": run.config.precision,
+        "grad_accum": run.config.grad_accum,
+        "compiled_memory": run.calls.memory,
         "jax_version": jax.__version__,
     }
     if run.stop_reason:

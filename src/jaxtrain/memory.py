@@ -1,0 +1,47 @@
+"""The memory a compiled call needs, from XLA's compiled memory analysis (no profiler, no run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes")
+
+
+def compiled_memory(compiled: Any) -> dict[str, int] | None:
+    """`{argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes}` of a compiled call
+    (`jax.jit(f).lower(...).compile()`), or None when the backend does not say.
+
+    Arguments are the inputs (train state, data), outputs what it returns; `alias_bytes` are outputs
+    written into donated inputs, so counted once; temporaries are the intermediates (activations
+    kept for the backward pass among them). `peak_bytes` = arguments + outputs - aliased +
+    temporaries: the device memory the call holds at once.
+    """
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # some backends do not implement it
+        return None
+    if stats is None:
+        return None
+    arg, out = int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes)
+    alias, temp = int(stats.alias_size_in_bytes), int(stats.temp_size_in_bytes)
+    return {"argument_bytes": arg, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp,
+            "peak_bytes": arg + out - alias + temp}
+
+
+def format_bytes(n: float) -> str:
+    """`1536` -> `1.5 KiB`."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def describe(memory: dict[str, int] | None) -> str:
+    """One line: `12.3 MiB peak = 10.1 MiB arguments + 0.1 MiB outputs (- aliased) + 2.1 MiB temporaries`."""
+    if memory is None:
+        return "not reported by this backend"
+    size = {name: format_bytes(value) for name, value in memory.items()}
+    aliased = f" - {size['alias_bytes']} donated" if memory["alias_bytes"] else ""
+    return (f"{size['peak_bytes']} peak = {size['argument_bytes']} arguments + {size['output_bytes']} outputs"
+            f"{aliased} + {size['temp_bytes']} temporaries")
