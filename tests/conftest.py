@@ -44,6 +44,14 @@ def data():
     return regression_data(200)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _preprocessing_cache(tmp_path_factory):
+    """Decoded datasets (jaxtrain.data.cache) are cached in a temporary directory, not in ~/.cache."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("JAXTRAIN_CACHE_DIR", str(tmp_path_factory.mktemp("preprocessed")))
+        yield
+
+
 # `@pytest.mark.devices(n)`: a test needing n JAX devices re-runs in a fresh process when this one
 # has fewer (JAX reads XLA_FLAGS only at backend start); see tests/_devices.py.
 import _devices  # noqa: E402

@@ -1,6 +1,6 @@
 """Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
 
-from jaxtrain.bench import checkpoint, data, faults, frameworks, ladder, overhead, scale, scan
+from jaxtrain.bench import checkpoint, data, faults, frameworks, ladder, overhead, preprocess, scale, scan
 
 # name -> (config class, main(config) -> exit code)
 BENCHMARKS = {
@@ -10,6 +10,7 @@ BENCHMARKS = {
     "frameworks": (frameworks.FrameworksConfig, frameworks.main),
     "ladder": (ladder.LadderConfig, ladder.main),
     "overhead": (overhead.OverheadConfig, overhead.main),
+    "preprocess": (preprocess.PreprocessBenchConfig, preprocess.main),
     "scale": (scale.ScaleBenchConfig, scale.main),
     "scan": (scan.ScanBenchConfig, scan.main),
 }

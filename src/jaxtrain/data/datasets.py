@@ -3,6 +3,9 @@ cache; or read an offline copy from `JAXTRAIN_DATA_DIR`.
 
 Files are looked up as `<root>/<dataset dir>/<file>`, where root is `$JAXTRAIN_DATA_DIR` when
 set (nothing is downloaded then) and the cache directory (`~/.cache/jaxtrain`) otherwise.
+
+The decoded arrays (IDX files, tokenised text) are cached on disk keyed by the files' SHA-256 and
+the transform's version below (`jaxtrain.data.cache`): a second load skips the decoding.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxtrain.data.cache import cached
 from jaxtrain.errors import DataError
 
-DATA_DIR_ENV = "JAXTRAIN_DATA_DIR"  # the one environment variable the library reads
+DATA_DIR_ENV = "JAXTRAIN_DATA_DIR"  # read here; the cache's two variables are read in data/cache.py
+
+# Versions of the cached transforms: bump one whenever its output would change, so that entries
+# written by the old code are not read.
+IDX_DECODE_VERSION = "1"  # load_mnist: 4 IDX files -> uint8 images, int32 labels
+CHAR_TOKENS_VERSION = "1"  # load_tinyshakespeare: UTF-8 text -> int32 character ids + vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,14 +163,23 @@ def load_mnist(dataset: str = "mnist", root: str | os.PathLike | None = None) ->
     """MNIST or Fashion-MNIST as `(train, test)` dicts: `image` uint8 (N, 28, 28), `label` int32 (N,)."""
     if dataset not in ("mnist", "fashion_mnist"):
         raise DataError(f"unknown image dataset {dataset!r}; choose mnist or fashion_mnist")
-    splits = []
-    for prefix in ("train", "t10k"):
-        images = read_idx(fetch(dataset, f"{prefix}-images-idx3-ubyte.gz", root))
-        labels = read_idx(fetch(dataset, f"{prefix}-labels-idx1-ubyte.gz", root))
-        if len(images) != len(labels):
-            raise DataError(f"{dataset} {prefix}: {len(images)} images but {len(labels)} labels")
-        splits.append({"image": images, "label": labels.astype(np.int32)})
-    return splits[0], splits[1]
+    names = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+    paths = [fetch(dataset, name, root) for name in names]  # each verified against its SHA-256
+
+    def decode() -> dict[str, np.ndarray]:
+        arrays = {}
+        for split, (images_path, labels_path) in zip(("train", "test"), (paths[:2], paths[2:])):
+            images, labels = read_idx(images_path), read_idx(labels_path)
+            if len(images) != len(labels):
+                raise DataError(f"{dataset} {split}: {len(images)} images but {len(labels)} labels")
+            arrays[f"{split}_image"], arrays[f"{split}_label"] = images, labels.astype(np.int32)
+        return arrays
+
+    digests = [DATASETS[dataset][name].sha256 for name in names]  # what fetch just checked
+    arrays = cached(f"{dataset}-idx", IDX_DECODE_VERSION, paths, decode, digests=digests)
+    train, test = ({"image": arrays[f"{s}_image"], "label": arrays[f"{s}_label"]} for s in ("train", "test"))
+    return train, test
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,8 +210,16 @@ class CharTokenizer:
 def load_tinyshakespeare(root: str | os.PathLike | None = None, val_fraction: float = 0.1):
     """Tiny Shakespeare at character level: `(train_ids, val_ids, tokenizer)`, the first 90% of
     the text for training and the rest for validation (as nanoGPT's shakespeare_char does)."""
-    text = fetch("tinyshakespeare", "input.txt", root).read_text(encoding="utf-8")
-    tokenizer = CharTokenizer.from_text(text)
-    ids = tokenizer.encode(text)
+    path = fetch("tinyshakespeare", "input.txt", root)
+
+    def tokenise() -> dict[str, np.ndarray]:
+        text = path.read_text(encoding="utf-8")
+        tokenizer = CharTokenizer.from_text(text)
+        chars = np.array([ord(c) for c in tokenizer.chars], np.uint32)  # (V,) code points
+        return {"ids": tokenizer.encode(text), "chars": chars}
+
+    digests = [DATASETS["tinyshakespeare"]["input.txt"].sha256]  # what fetch just checked
+    arrays = cached("tinyshakespeare-chars", CHAR_TOKENS_VERSION, [path], tokenise, digests=digests)
+    ids, tokenizer = arrays["ids"], CharTokenizer("".join(map(chr, arrays["chars"].tolist())))
     n = int(len(ids) * (1 - val_fraction))
     return ids[:n], ids[n:], tokenizer
