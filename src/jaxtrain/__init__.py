@@ -1,6 +1,6 @@
 """jaxtrain: fast, memory-efficient neural-network training on JAX by default."""
 
-from jaxtrain import data, distributed, hooks, models, sharding
+from jaxtrain import data, distributed, hooks, models, sharding, tune
 from jaxtrain.calls import AutoSteps
 from jaxtrain.checkpoint import CheckpointError
 from jaxtrain.config import (
@@ -55,4 +55,5 @@ __all__ = [
     "make_train_step",
     "models",
     "sharding",
+    "tune",
 ]
