@@ -34,6 +34,10 @@ commands:
   sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
                            generate text from a trained char-gpt run
   recipes                  list the recipes
+  tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] [--seconds S] [--no-throughput]
+                    [--out FILE.png] [OPTIONS]
+                           the largest batch whose training step fits a memory cap (default: the device's memory),
+                           samples/s at each power of two up to it, and the learning rate for the fastest
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
@@ -42,6 +46,10 @@ commands:
   bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
   bench scan [OPTIONS]     a training step jitted alone vs inside lax.scan (XLA:CPU convolutions)
   bench scale [OPTIONS]    data parallel vs FSDP on 1, 2, 4 virtual devices: memory, collectives, agreement
+  bench remat [OPTIONS]    --remat none / blocks / full: compiled memory and ms per training step
+  bench attention [OPTIONS]  causal attention paths, forward + backward at T = 64, 256, 1024
+  bench precision [OPTIONS]   fp32 / bf16 / fp16 and gradient accumulation: time and compiled memory per step
+  bench preprocess [OPTIONS]  dataset loading with the preprocessing cache off, cold and warm
   data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 
@@ -188,6 +196,67 @@ def _recipes() -> int:
     return 0
 
 
+def _number(args: list[str], flag: str, kind: type, default: Any) -> Any:
+    """Removes `flag VALUE` from `args` and returns VALUE as `kind` (`default` when absent)."""
+    present, value = _pop_option(args, flag)
+    if not present:
+        return default
+    if value is None:
+        raise ConfigError(f"{flag} needs a positive number after it")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} needs a {'whole ' if kind is int else ''}number; got {value!r}") from None
+
+
+def _tune(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain import tune
+    from jaxtrain.recipes import get_recipe
+    from jaxtrain.report.tune import plot_batch_size, print_batch_size
+
+    usage = ("usage: jaxtrain tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] "
+             "[--seconds S] [--no-throughput] [--out FILE.png] [OPTIONS]")
+    if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
+        print(f"""{usage}
+
+  --max-memory-gb G   cap of one training step (parameters + optimizer state + batch + temporaries), GiB;
+                      default: the device's memory (a CPU's: the host's available RAM) less the data fit keeps on it
+  --max-batch N       the largest batch tried (default {tune.MAX_BATCH}; at most half the training set)
+  --seconds S         timed training per batch size (default 1)
+  --no-throughput     train only the largest batch that fits (the trial), not every power of two up to it
+  --out FILE.png      the plot (default runs/tune-RECIPE-batch-size.png)
+  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
+        return 0
+    if not args or args[0] != "batch-size":
+        given = f" {args[0]!r}" if args else ""
+        raise ConfigError(f"unknown tune command{given}; choose one of: batch-size ({usage})")
+    if len(args) < 2 or args[1].startswith("-"):
+        raise ConfigError(f"missing recipe; {usage} (see `jaxtrain recipes`)")
+    recipe, rest = get_recipe(args[1]), list(args[2:])
+    max_memory_gb = _number(rest, "--max-memory-gb", float, None)
+    max_batch = _number(rest, "--max-batch", int, tune.MAX_BATCH)
+    seconds = _number(rest, "--seconds", float, 1.0)
+    throughput = "--no-throughput" not in rest
+    rest = [a for a in rest if a != "--no-throughput"]
+    _, out = _pop_option(rest, "--out")
+    has_preset, preset = _pop_option(rest, "--preset")
+    if has_preset and preset not in recipe.presets:
+        known = ", ".join(recipe.presets) if recipe.presets else "none"
+        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
+    default = recipe.presets[preset] if has_preset else recipe.config
+    config = parse_config(type(recipe.config), default, rest, f"jaxtrain tune batch-size {recipe.name}")
+    out = out or f"runs/tune-{recipe.name}-batch-size.png"
+    console = Console(highlight=False, soft_wrap=True)
+    result = tune.batch_size(recipe, config, max_memory_gb, max_batch=max_batch, seconds=seconds,
+                             throughput=throughput, note=lambda line: console.print(f"[dim]{line}[/dim]"))
+    command = f"jaxtrain train {recipe.name}" + (f" --preset {preset}" if has_preset else "")
+    print_batch_size(result, console, command)
+    console.print(f"plot: {plot_batch_size(result, out)}")
+    return 0
+
+
 def _bench(args: Sequence[str]) -> int:
     from jaxtrain.bench import BENCHMARKS
 
@@ -295,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "plot": lambda: _plot(rest),
                 "sample": lambda: _sample(rest),
-                "recipes": _recipes,
+                "recipes": _recipes, "tune": lambda: _tune(rest),
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest)}
     previous = _stop_on_sigterm(command)
     try:

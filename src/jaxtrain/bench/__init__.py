@@ -1,16 +1,32 @@
 """Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
 
-from jaxtrain.bench import checkpoint, data, faults, frameworks, ladder, overhead, preprocess, scale, scan
+from jaxtrain.bench import (
+    attention,
+    checkpoint,
+    data,
+    faults,
+    frameworks,
+    ladder,
+    overhead,
+    precision,
+    preprocess,
+    remat,
+    scale,
+    scan,
+)
 
 # name -> (config class, main(config) -> exit code)
 BENCHMARKS = {
+    "attention": (attention.AttentionBenchConfig, attention.main),
     "checkpoint": (checkpoint.CheckpointBenchConfig, checkpoint.main),
     "data": (data.DataBenchConfig, data.main),
     "faults": (faults.FaultsBenchConfig, faults.main),
     "frameworks": (frameworks.FrameworksConfig, frameworks.main),
     "ladder": (ladder.LadderConfig, ladder.main),
     "overhead": (overhead.OverheadConfig, overhead.main),
+    "precision": (precision.PrecisionBenchConfig, precision.main),
     "preprocess": (preprocess.PreprocessBenchConfig, preprocess.main),
+    "remat": (remat.RematBenchConfig, remat.main),
     "scale": (scale.ScaleBenchConfig, scale.main),
     "scan": (scan.ScanBenchConfig, scan.main),
 }

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxtrain import remat as remat_lib
+
 
 def conv2d_same(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """Stride-1 'SAME' 2-D convolution (cross-correlation, as `lax.conv`) via im2col.
@@ -55,37 +57,54 @@ class Conv2D(nnx.Module):
         return conv2d_same(x, self.kernel[...]) + self.bias[...]
 
 
-class CNN(nnx.Module):
-    """Conv(32, 3×3) → ReLU → avg-pool 2 → Conv(64, 3×3) → ReLU → avg-pool 2 → Dense(256) → ReLU → Dense(10)."""
+def _conv_stage(conv: Conv2D, x: jax.Array) -> jax.Array:  # (B, H, W, C_in) -> (B, H/2, W/2, C_out)
+    return avg_pool_2x2(jax.nn.relu(conv(x)))
 
-    def __init__(self, num_classes: int = 10, *, rngs: nnx.Rngs):
+
+class CNN(nnx.Module):
+    """Conv(32, 3×3) → ReLU → avg-pool 2 → Conv(64, 3×3) → ReLU → avg-pool 2 → Dense(256) → ReLU → Dense(10).
+
+    `remat` ("none", "blocks", "full"; see `jaxtrain.remat`) recomputes each conv stage's
+    activations in the backward pass instead of keeping them.
+    """
+
+    def __init__(self, num_classes: int = 10, *, remat: remat_lib.Mode = "none", rngs: nnx.Rngs):
+        self.remat = remat_lib.check_mode(remat)
         self.conv1 = Conv2D(1, 32, rngs=rngs)
         self.conv2 = Conv2D(32, 64, rngs=rngs)
         self.dense1 = nnx.Linear(7 * 7 * 64, 256, rngs=rngs)
         self.dense2 = nnx.Linear(256, num_classes, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # (B, 28, 28, 1) -> (B, 10)
-        x = avg_pool_2x2(jax.nn.relu(self.conv1(x)))  # (B, 14, 14, 32)
-        x = avg_pool_2x2(jax.nn.relu(self.conv2(x)))  # (B, 7, 7, 64)
+        x = remat_lib.call(_conv_stage, self.conv1, x, mode=self.remat)  # (B, 14, 14, 32)
+        x = remat_lib.call(_conv_stage, self.conv2, x, mode=self.remat)  # (B, 7, 7, 64)
         x = x.reshape(x.shape[0], -1)  # (B, 3136), (h, w, c) order
         return self.dense2(jax.nn.relu(self.dense1(x)))
+
+
+def _conv_relu(conv: Conv2D, x: jax.Array) -> jax.Array:
+    return jax.nn.relu(conv(x))
 
 
 class SequenceCNN(nnx.Module):
     """Token embedding → `layers` × (Conv1D(k) → ReLU) → mean over positions → Linear(outputs).
 
     A 1-D convolution over a sequence is `Conv2D` with a (k, 1) kernel on a (B, L, 1, C) view.
+    `remat` ("none", "blocks", "full"; see `jaxtrain.remat`) recomputes each conv layer's
+    activations in the backward pass instead of keeping them.
     """
 
     def __init__(self, vocab_size: int, outputs: int, *, embed: int = 32, channels: int = 64, layers: int = 3,
-                 kernel: int = 5, rngs: nnx.Rngs):
+                 kernel: int = 5, remat: remat_lib.Mode = "none", rngs: nnx.Rngs):
+        self.remat = remat_lib.check_mode(remat)
         self.embed = nnx.Embed(vocab_size, embed, rngs=rngs)
         widths = [embed] + [channels] * layers
         self.convs = nnx.List([Conv2D(a, b, (kernel, 1), rngs=rngs) for a, b in zip(widths[:-1], widths[1:])])
         self.head = nnx.Linear(channels, outputs, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:  # (B, L) int -> (B, outputs)
-        x = self.embed(tokens.astype(jnp.int32))[:, :, None, :]  # (B, L, 1, E)
+        # The table's rows, not `nnx.Embed.__call__`, which casts to float32 whatever the compute dtype.
+        x = jnp.take(self.embed.embedding[...], tokens.astype(jnp.int32), axis=0)[:, :, None, :]  # (B, L, 1, E)
         for conv in self.convs:
-            x = jax.nn.relu(conv(x))  # (B, L, 1, C)
+            x = remat_lib.call(_conv_relu, conv, x, mode=self.remat)  # (B, L, 1, C)
         return self.head(x.mean(axis=(1, 2)))  # (B, outputs)

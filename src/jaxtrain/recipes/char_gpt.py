@@ -7,6 +7,7 @@ Presets (`--preset`):
         code reaches validation loss 1.886 at iteration 2000 with it.
   seed: a learning project's first model — block 32, batch 16, 1 layer, 4 heads, embedding 64,
         5000 steps at lr 1e-4 (it overfits; the loss plot shows where).
+  long: the baby model at long context — block 1024 (see `LONG`); what `--remat` is for.
 
 Samples are all windows of block_size + 1 characters of the training text, stored as uint8 on
 the device (about 65 MB). An "epoch" is `steps_per_epoch` (250) iterations on windows drawn
@@ -55,7 +56,7 @@ class CharGPTConfig(RecipeConfig):
     """char-gpt: a GPT decoder on Tiny Shakespeare characters (defaults: the baby preset)."""
 
     preset: str = "baby"
-    """The named preset these defaults came from (seed or baby; choose with --preset)."""
+    """The named preset these defaults came from (baby, seed or long; choose with --preset)."""
     epochs: int = 8
     steps_per_epoch: int = 250
     batch_size: int = 12
@@ -77,6 +78,23 @@ SEED = CharGPTConfig(
     optim=dataclasses.replace(BABY.optim, lr=1e-4, decay_steps=5000, min_lr=1e-5),
     model=GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=64),
 )
+LONG = CharGPTConfig(
+    preset="long", epochs=4, batch_size=4, eval_batch_size=16,
+    optim=dataclasses.replace(BABY.optim, decay_steps=1000),
+    model=dataclasses.replace(BABY.model, block_size=1024),
+    data=TextDataConfig(eval_batches=50),
+)
+"""The baby model (4 layers, 4 heads, 128 wide) with a context of 1024 characters.
+
+Batch 4 makes 4,096 tokens a step (the baby's 768 × 5.3): at T = 1024 attention dominates, and its
+(B, nh, T, T) scores and probabilities, 64 MiB each per layer at batch 4, are most of the step's
+memory (1028 MiB of temporaries per step; 276 MiB with `--remat blocks`, `jaxtrain bench remat`).
+A step takes about 3 s on a busy 2-core CPU, so 1000 steps (4 epochs of 250; 4.1M tokens, 2.7× the
+baby's 2000 × 768) with the baby's learning rate schedule, its cosine over those 1000 steps.
+Evaluation: 50 batches of 4 windows (200 windows, 205k tokens, like the baby's 154k), 16 windows
+per evaluation call (the baby's 240 would hold 4 GiB of scores per layer). The training windows,
+stored whole on the device, take 1 GB at this length (1025 bytes for each of ~1M start positions).
+"""
 
 
 def windows(ids: np.ndarray, length: int) -> np.ndarray:
@@ -89,7 +107,7 @@ def windows(ids: np.ndarray, length: int) -> np.ndarray:
 def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
     """Mean next-character cross-entropy over the batch's B·T positions."""
     tokens = batch["tokens"].astype(jnp.int32)  # (B, T + 1)
-    logits = model(tokens[:, :-1], key)  # (B, T, V)
+    logits = model(tokens[:, :-1], key).astype(jnp.float32)  # (B, T, V); float32 whatever the compute dtype
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), {}
 
 
@@ -110,14 +128,14 @@ def build(config: CharGPTConfig) -> Workload:
 
 
 def build_model(config: CharGPTConfig, info: dict) -> GPT:
-    return GPT(len(info["vocabulary"]), config.model, rngs=nnx.Rngs(config.seed))
+    return GPT(len(info["vocabulary"]), config.model, remat=config.remat, rngs=nnx.Rngs(config.seed))
 
 
 RECIPE = Recipe(
     name="char-gpt",
-    description="character-level GPT on Tiny Shakespeare (presets: baby = nanoGPT's CPU config, seed)",
+    description="character-level GPT on Tiny Shakespeare (presets: baby = nanoGPT's CPU config, seed, long)",
     config=BABY,
     build=build,
     model=build_model,
-    presets={"baby": BABY, "seed": SEED},
+    presets={"baby": BABY, "seed": SEED, "long": LONG},
 )

@@ -79,14 +79,14 @@ class HDF5SequenceConfig(RecipeConfig):
 
 def regression_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array):
     """MSE over both targets; also the per-target MSE."""
-    err = model(batch["x"]) - batch["y"]  # (B, 2)
+    err = model(batch["x"]).astype(jnp.float32) - batch["y"].astype(jnp.float32)  # (B, 2), float32
     per_target = jnp.mean(err**2, axis=0)  # (2,)
     return per_target.mean(), {"mse_hydrophobicity": per_target[0], "mse_motif": per_target[1]}
 
 
 def classification_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array):
     """Cross-entropy over the classes; also the accuracy."""
-    logits = model(batch["x"])  # (B, classes)
+    logits = model(batch["x"]).astype(jnp.float32)  # (B, classes); float32 whatever the compute dtype
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
     return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["y"])}
 
@@ -109,7 +109,7 @@ def build(config: HDF5SequenceConfig) -> Workload:
 def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:
     m = config.model
     return SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels, layers=m.layers,
-                       kernel=m.kernel, rngs=nnx.Rngs(config.seed))
+                       kernel=m.kernel, remat=config.remat, rngs=nnx.Rngs(config.seed))
 
 
 RECIPE = Recipe(

@@ -96,7 +96,7 @@ def make_data(config: RegressionDataConfig) -> tuple[dict[str, np.ndarray], dict
 
 def mse_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean squared error over the batch and targets; also reports mean absolute error."""
-    err = model(batch["x"]) - batch["y"]  # (B, T)
+    err = model(batch["x"]).astype(jnp.float32) - batch["y"].astype(jnp.float32)  # (B, T), float32
     return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
 
 
@@ -117,7 +117,14 @@ def open_hdf5(config: RegressionDataConfig) -> tuple[HDF5Source, HDF5Source | No
     return train, val, mean.astype(np.float32), std.astype(np.float32)
 
 
+def _check_no_remat(config: MLPRegressionConfig) -> None:
+    if config.remat != "none":
+        raise ConfigError(f"--remat {config.remat}: mlp-regression's MLP has no repeated blocks to recompute; "
+                          "--remat works with char-gpt, mnist-cnn, fashion-mnist-cnn and hdf5-sequence")
+
+
 def build(config: MLPRegressionConfig) -> Workload:
+    _check_no_remat(config)  # before any data is made or opened
     if config.data.path:
         train, val, mean, std = open_hdf5(config.data)
         features, targets = train.row_shapes["x"][0], train.row_shapes["y"][0]
@@ -139,6 +146,7 @@ def build(config: MLPRegressionConfig) -> Workload:
 
 
 def build_model(config: MLPRegressionConfig, info: dict) -> MLP:
+    _check_no_remat(config)
     return MLP((info["features"], *config.model.hidden, info["targets"]), rngs=nnx.Rngs(config.seed))
 
 

@@ -57,7 +57,7 @@ NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}  
 
 def cross_entropy(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array):
     """Softmax cross-entropy over the 10 classes; also the batch accuracy."""
-    logits = model(batch["image"])  # (B, 10)
+    logits = model(batch["image"]).astype(jnp.float32)  # (B, 10); float32 whatever the compute dtype
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
     return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
 
@@ -80,7 +80,7 @@ def build(config: MNISTConfig) -> Workload:
 
 
 def build_model(config: MNISTConfig, info: dict) -> CNN:
-    return CNN(rngs=nnx.Rngs(config.seed))
+    return CNN(remat=config.remat, rngs=nnx.Rngs(config.seed))
 
 
 MNIST = Recipe(
