@@ -84,8 +84,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
         (["train", "mlp-regression", "--data.samples", "100", "--data.val-samples", "10", "--batch-size", "500"],
          "error: batch_size=500 is larger than the training set (90 samples)"),
         (["bench", "nope"],
-         "error: unknown benchmark 'nope'; choose one of: checkpoint, data, faults, frameworks, ladder, overhead, "
-         "scale, scan"),
+         "error: unknown benchmark 'nope'; choose one of: attention, checkpoint, data, faults, frameworks, ladder, "
+         "overhead, precision, preprocess, remat, scale, scan"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(args, message, capsys):
@@ -131,7 +131,7 @@ def test_plot_command_draws_a_run_and_rejects_other_directories(tmp_path, capsys
 def test_unknown_preset_and_preset_with_resume_are_one_line_errors(capsys):
     assert main(["train", "char-gpt", "--preset", "huge"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: unknown preset 'huge' for char-gpt; presets: baby, seed"
+    assert err == "error: unknown preset 'huge' for char-gpt; presets: baby, seed, long"
     assert main(["train", "mlp-regression", "--preset", "baby"]) == 2
     assert "presets: none" in capsys.readouterr().err
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from jaxtrain.errors import ConfigError
 from jaxtrain.report.run_dir import read_jsonl
@@ -61,8 +62,15 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
         ax.legend(fontsize=8)
     fig.suptitle(f"{Path(run_dir).name}: training and validation loss")
     fig.tight_layout()
-    path = Path(out) if out else Path(run_dir) / "curves.png"
+    return save_figure(fig, Path(out) if out else Path(run_dir) / "curves.png")
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Writes `fig` to `path` (creating its directory) and closes it; ConfigError (one line) when it cannot."""
+    import matplotlib.pyplot as plt
+
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with --out FILE.png"

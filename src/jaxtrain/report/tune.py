@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain.errors import ConfigError
 from jaxtrain.memory import format_bytes
+from jaxtrain.report.plots import save_figure
 
 if TYPE_CHECKING:
     from jaxtrain.tune import BatchSizeResult
@@ -104,13 +104,4 @@ def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
     ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
     ax.set_title(f"{result.name} on {result.device}: throughput and memory against batch size", fontsize=10)
     fig.tight_layout()
-    path = Path(out)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with --out FILE.png"
-                          ) from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, Path(out))
