@@ -1,4 +1,7 @@
 import io
+import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +62,31 @@ import _devices  # noqa: E402
 
 def pytest_configure(config):
     config.addinivalue_line("markers", _devices.MARKER)
+    _compilation_cache(config)
+
+
+_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def _compilation_cache(config) -> None:
+    """A persistent XLA compilation cache for this test process and the processes it starts.
+
+    Most of the suite's time is XLA compiling the same small programs again: every `fit` call
+    jits new closures, and every CLI, benchmark or `devices(n)` child starts with an empty
+    in-memory cache. Keyed by the program's HLO, compile options, devices and XLA_FLAGS, a
+    cached executable is what a fresh compilation would give; tracing, lowering and every
+    test's checks (retracing counts included) are unchanged. Each pytest worker gets its own
+    directory (no two workers write it at once); children inherit it through the environment.
+    Set JAX_COMPILATION_CACHE_DIR yourself to choose the directory, or to "" to compile everything.
+    """
+    if _CACHE_ENV in os.environ or (config.getoption("numprocesses", None) and not hasattr(config, "workerinput")):
+        return  # set by the user or inherited from the test process that started this one; or the xdist controller
+    path = tempfile.mkdtemp(prefix="jaxtrain-test-xla-cache-")
+    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    # Children read these at their JAX import; this process imported JAX already.
+    os.environ[_CACHE_ENV], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = path, "0"
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 @pytest.hookimpl(tryfirst=True)
