@@ -65,12 +65,14 @@ def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -
     return save_figure(fig, Path(out) if out else Path(run_dir) / "curves.png")
 
 
-def save_figure(fig: Any, path: Path) -> Path:
-    """Writes `fig` to `path` (creating its directory) and closes it; ConfigError (one line) when it cannot."""
+def save_figure(fig: Any, path: Path, make_parent: bool = False) -> Path:
+    """Writes `fig` to `path` (creating its directory when `make_parent`) and closes it; ConfigError
+    (one line) when it cannot."""
     import matplotlib.pyplot as plt
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if make_parent:
+            path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with --out FILE.png"

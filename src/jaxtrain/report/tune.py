@@ -104,4 +104,4 @@ def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
     ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
     ax.set_title(f"{result.name} on {result.device}: throughput and memory against batch size", fontsize=10)
     fig.tight_layout()
-    return save_figure(fig, Path(out))
+    return save_figure(fig, Path(out), make_parent=True)  # the default is under runs/, which may not exist yet
