@@ -19,7 +19,8 @@ def test_im2col_conv_equals_lax_conv(kernel_size, c_in, c_out):
     x = jax.random.normal(kx, (2, 9, 8, c_in))
     kernel = jax.random.normal(kk, (*kernel_size, c_in, c_out))
     want = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    np.testing.assert_allclose(conv2d_same(x, kernel), want, **TOL)
+    # Jitted, as models use it (op by op, its dozens of small ops compile one at a time: 10x slower here).
+    np.testing.assert_allclose(jax.jit(conv2d_same)(x, kernel), want, **TOL)
 
 
 def test_avg_pool_equals_numpy():
@@ -44,10 +45,11 @@ def _gpt(**kw):
 def test_gpt_is_causal():
     """Changing token t changes no logit before position t, and does change the one at t."""
     model = _gpt()
+    forward = nnx.jit(lambda m, idx: m(idx))  # one compilation, not one per op
     idx = jax.random.randint(jax.random.key(1), (2, 8), 0, 11)
-    base = model(idx)
+    base = forward(model, idx)
     for t in (0, 3, 7):
-        changed = model(idx.at[:, t].set((idx[:, t] + 1) % 11))
+        changed = forward(model, idx.at[:, t].set((idx[:, t] + 1) % 11))
         np.testing.assert_array_equal(changed[:, :t], base[:, :t])
         assert not np.allclose(changed[:, t], base[:, t])
 

@@ -84,8 +84,9 @@ def test_mlp_regression_from_an_hdf5_file_streams_or_holds_it(tmp_path, capsys):
 
     path = tmp_path / "reg.h5"
     assert main(["data", "generate", "mlp-regression", str(path), "--samples", "3000", "--quiet"]) == 0
+    # K = 13 divides the epoch (39 steps): one compiled call length per run.
     common = ["train", "mlp-regression", "--data.path", str(path), "--data.val-samples", "500", "--epochs", "2",
-              "--batch-size", "64", "--quiet"]
+              "--batch-size", "64", "--steps-per-call", "13", "--quiet"]
     assert main([*common, "--run-dir", str(tmp_path / "stream"), "--data.placement", "stream"]) == 0
     out = capsys.readouterr().out
     assert "2,500 train / 500 val samples; training data streamed" in out and "Input Wait:" in out
@@ -108,7 +109,8 @@ def test_hdf5_sequence_recipe_learns_from_a_streamed_file(tmp_path, capsys):
     assert main(["data", "generate", "sequence", str(path), "--samples", "2500", "--seq-len", "32", "--quiet"]) == 0
     run = tmp_path / "run"
     assert main(["train", "hdf5-sequence", "--data.path", str(path), "--data.val-samples", "500",
-                 "--data.task", "classification", "--epochs", "2", "--quiet", "--run-dir", str(run)]) == 0
+                 "--data.task", "classification", "--epochs", "2", "--steps-per-call", "31",  # the epoch: one call
+                 "--quiet", "--run-dir", str(run)]) == 0
     history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in history if r["kind"] == "epoch"]
     assert epochs[-1]["val_accuracy"] > 0.4  # 4 balanced classes: chance is 0.25
