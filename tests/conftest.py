@@ -69,21 +69,23 @@ _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 
 def _compilation_cache(config) -> None:
-    """A persistent XLA compilation cache for this test process and the processes it starts.
+    """A persistent XLA compilation cache shared by this test run's processes.
 
-    Most of the suite's time is XLA compiling the same small programs again: every `fit` call
-    jits new closures, and every CLI, benchmark or `devices(n)` child starts with an empty
-    in-memory cache. Keyed by the program's HLO, compile options, devices and XLA_FLAGS, a
-    cached executable is what a fresh compilation would give; tracing, lowering and every
-    test's checks (retracing counts included) are unchanged. Each pytest worker gets its own
-    directory (no two workers write it at once); children inherit it through the environment.
-    Set JAX_COMPILATION_CACHE_DIR yourself to choose the directory, or to "" to compile everything.
+    Much of the suite's time is XLA compiling the same programs again: every `fit` call jits new
+    closures, and every CLI, benchmark or `devices(n)` child starts with an empty in-memory cache.
+    Keyed by the program's HLO, compile options, devices and XLA_FLAGS, a cached executable is
+    what a fresh compilation would give; tracing, lowering and every test's checks (retracing
+    counts included) are unchanged. The first pytest process (the xdist controller, or the only
+    one) makes a directory for the run and removes it at the end; its workers and every process
+    they start inherit it through the environment. (A read that races another process's write
+    of the same entry gets a JAX warning and compiles instead.) Set JAX_COMPILATION_CACHE_DIR
+    yourself to choose the directory, or to "" to compile everything.
     """
-    if _CACHE_ENV in os.environ or (config.getoption("numprocesses", None) and not hasattr(config, "workerinput")):
-        return  # set by the user or inherited from the test process that started this one; or the xdist controller
+    if _CACHE_ENV in os.environ:
+        return  # set by the user, or inherited from the test process that started this one
     path = tempfile.mkdtemp(prefix="jaxtrain-test-xla-cache-")
     config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
-    # Children read these at their JAX import; this process imported JAX already.
+    # Processes started from here read these at their JAX import; this one imported JAX already.
     os.environ[_CACHE_ENV], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = path, "0"
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
