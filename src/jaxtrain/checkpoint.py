@@ -1,7 +1,9 @@
 """Orbax checkpoints of the whole `TrainState`, with the loop's position and history beside it.
 
 A checkpoint is a step directory under `<run dir>/checkpoints/` holding the item `state`, the
-`TrainState` flattened to `{path: array}` (so names and shapes can be checked on restore), and,
+`TrainState` flattened to `{path: array}` (so names and shapes can be checked on restore) plus,
+for a feed that holds data it makes during the run (a replay buffer), its arrays under `feed:`
+paths, and,
 as the step's custom metadata, JSON with the format version, the step, the chosen K, the
 history so far and the running sums of the current epoch. Orbax writes each step to a temporary directory and renames
 it when complete, so a process killed mid-save leaves no checkpoint that `latest_step` would pick.
@@ -66,6 +68,14 @@ def _unflatten_checked(template: Any, expected: dict[str, Any], flat: dict[str, 
                 f"{shape}; resume with the config the run was started with"
             )
     return jax.tree.unflatten(jax.tree.structure(template), [flat[name] for name in expected])
+
+
+FEED = "feed:"  # prefix of the paths of a feed's arrays
+
+
+def flatten_feed(arrays: Any) -> dict[str, Any]:
+    """`{"feed:" + path: array}` for a feed's arrays (a pytree; None has none)."""
+    return {FEED + path: leaf for path, leaf in _flatten(arrays).items()} if arrays is not None else {}
 
 
 def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
@@ -270,13 +280,15 @@ class Checkpointer:
                 scored.append((value if self.best_mode == "min" else -value, step))
         return [step for _, step in sorted(scored)]
 
-    def save(self, step: int, state: TrainState, meta: dict[str, Any], metrics: dict[str, float] | None = None) -> None:
-        """Starts an asynchronous save (returns once the arrays are copied off the device).
+    def save(self, step: int, state: TrainState, meta: dict[str, Any], metrics: dict[str, float] | None = None,
+             feed: Any = None) -> None:
+        """Starts an asynchronous save (returns once the arrays are copied off the device) of
+        `state` and `feed`, the arrays of a feed that makes data during the run (or None).
 
         Raises:
           CheckpointError: when this or an earlier save could not be written.
         """
-        flat = flatten_state(state)
+        flat = flatten_state(state) | flatten_feed(feed)
         # A deep copy: the save is asynchronous and the caller keeps changing its dicts and lists.
         meta_json = json.dumps({"format": FORMAT_VERSION, **meta, "step": step, "metrics": metrics or {}})
         meta = json.loads(meta_json)
@@ -446,8 +458,24 @@ class Checkpointer:
         """The state and meta of checkpoint `step` (as `read`: the latest that reads by default),
         checked against `template` and placed with `shardings` (a pytree like `template`; default:
         this process's first device)."""
+        state, _, meta = self.restore_with_feed(template, None, step, shardings)
+        return state, meta
+
+    def restore_with_feed(self, template: TrainState, feed: Any, step: int | str | None = None,
+                          shardings: Any = None) -> tuple[TrainState, Any, dict[str, Any]]:
+        """`(state, feed arrays, meta)` of checkpoint `step`, as `restore`; the feed's arrays are
+        checked against `feed` (a pytree of arrays, or None for a feed that saves none) and stay
+        on this process's first device."""
         flat, meta = self.read(step, _flatten(shardings) if shardings is not None else None)
-        return unflatten_state(template, {k: jax.numpy.asarray(v) for k, v in flat.items()}), meta
+        flat = {k: jax.numpy.asarray(v) for k, v in flat.items()}
+        feed_flat = {k: flat.pop(k) for k in [k for k in flat if k.startswith(FEED)]}
+        state = unflatten_state(template, flat)
+        if feed is None:
+            if feed_flat:
+                raise CheckpointError("the checkpoint holds a replay feed's arrays but this run has no such feed; "
+                                      "it was written by another workload")
+            return state, None, meta
+        return state, _unflatten_checked(feed, flatten_feed(feed), feed_flat), meta
 
     def restore_model(self, params: Any, model_state: Any, step: int | str | None = None) -> tuple[Any, Any]:
         """Only the model's variables of checkpoint `step` (as `read`; `restored_step` says which

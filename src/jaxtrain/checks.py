@@ -48,6 +48,8 @@ def abstract_batch(data: Any, batch_size: int, name: str = "data") -> Batch:
     Raises:
       DataError: a pytree without arrays, with a scalar, or with arrays of different lengths.
     """
+    if hasattr(data, "abstract_batch"):  # data made during the run (a replay buffer)
+        return data.abstract_batch(batch_size)
     if data_lib.is_source(data):
         if hasattr(data, "row_shapes") and hasattr(data, "dtypes"):
             shapes, dtypes = data.row_shapes, data.dtypes

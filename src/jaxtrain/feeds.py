@@ -68,7 +68,12 @@ class Feed(Protocol):
 
     def get_state(self) -> dict[str, Any]: ...
 
-    def set_state(self, state: dict[str, Any]) -> None: ...
+    def arrays(self) -> Any:
+        """Arrays a checkpoint must hold besides the train state: data the feed makes during the
+        run (a replay buffer), as a pytree; None for a feed whose data come from outside."""
+
+    def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
+        """Takes back `get_state()` and, for a feed that has them, `arrays()` of a checkpoint."""
 
     def close(self) -> None: ...
 
@@ -143,7 +148,10 @@ class DeviceFeed:
     def get_state(self) -> dict[str, Any]:
         return {"placement": "device", "data_key": np.asarray(jax.random.key_data(self._key)).tolist()}
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def arrays(self) -> None:
+        return None
+
+    def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
         if "data_key" in state:
             self._key = jax.random.wrap_key_data(jnp.asarray(state["data_key"], jnp.uint32))
 
@@ -216,7 +224,10 @@ class StreamFeed:
     def get_state(self) -> dict[str, Any]:
         return {"placement": "stream", "seed": self._seed}
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def arrays(self) -> None:
+        return None
+
+    def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
         pass  # the order is a function of (seed, epoch); the seed comes from the config
 
     def close(self) -> None:
@@ -262,12 +273,15 @@ def _placement(config: TrainConfig, data_bytes: int, layout: Layout) -> Placemen
 def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout: Layout) -> Feed:
     """The feed for `train_data` (a pytree of arrays or a row source), placed by `config.data.placement`:
     auto keeps it on the devices within the per-device memory budget and streams it otherwise.
+    Data that make their own feed (a replay buffer filled during the run) are asked for it.
 
     Raises:
       DataError, ConfigError: data without rows, of different lengths, or fewer rows than a batch;
         a batch that does not split over the mesh.
     """
     layout.check_batch(config.batch_size)  # each micro-batch is split over the devices
+    if hasattr(train_data, "make_feed"):  # data made during the run (`jaxtrain.rl.replay.ReplayBuffer`)
+        return train_data.make_feed(config, data_key, layout)
     if not data_lib.is_source(train_data):
         data_lib.num_samples(train_data, "train_data")
     placement = _placement(config, _bytes(train_data), layout)

@@ -212,8 +212,7 @@ def fit(
             checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name)
         loop = LoopState(feed=feed.get_state())
         if resume:
-            state, loop = checkpoints.restore(state, shardings, config.epochs)
-            feed.set_state(loop.feed)
+            state, loop = checkpoints.restore(state, shardings, config.epochs, feed)
 
         schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
         lr = learning_rate_fn(tx, state.params, schedule)

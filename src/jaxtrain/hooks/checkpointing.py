@@ -27,19 +27,23 @@ class CheckpointHook(Hook):
         self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode)
         self._last_save = 0
 
-    def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None
+    def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None, feed: Any = None
                 ) -> tuple[TrainState, LoopState]:
         """The newest complete checkpoint's train state (checked against `template`, placed with
-        `shardings`, whatever mesh wrote it) and loop state.
+        `shardings`, whatever mesh wrote it) and loop state; `feed` (a `feeds.Feed`) is set to
+        its saved position and arrays.
 
         Raises:
           ConfigError: `epochs` is fewer than the checkpoint has trained (or is in the middle of).
         """
-        state, meta = self.ckpt.restore(template, shardings=shardings)
+        arrays = feed.arrays() if feed is not None else None
+        state, arrays, meta = self.ckpt.restore_with_feed(template, arrays, shardings=shardings)
         try:
             loop = LoopState.from_meta(meta)
         except JaxtrainError as e:
             raise CheckpointError(f"{self.ckpt.directory}: {e}") from None
+        if feed is not None:
+            feed.set_state(loop.feed, arrays)
         done = loop.epoch - 1  # whole epochs trained
         if epochs is not None and epochs < done + (loop.position > 0):
             where = f"{done} epochs" + (f" and {loop.position} steps of epoch {loop.epoch}" if loop.position else "")
@@ -73,7 +77,7 @@ class CheckpointHook(Hook):
             self.ckpt.wait()  # a failed final save is an error of the run
 
     def _save(self, run: Run, metrics: dict[str, Any] | None) -> None:
-        self.ckpt.save(run.step, run.state, run.snapshot().to_meta(), metrics)
+        self.ckpt.save(run.step, run.state, run.snapshot().to_meta(), metrics, feed=run.feed.arrays())
         self._last_save = run.step
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
