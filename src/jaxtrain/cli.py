@@ -31,6 +31,15 @@ commands:
                            evaluate a run's checkpoint on its validation data
   plot RUN_DIR [--out FILE.png]
                            draw a run's loss curves (default RUN_DIR/curves.png)
+  compare RUN_DIR... [--out FILE.png]
+                           runs side by side: the config keys that differ, their results, and their
+                           loss curves overlaid in one PNG (default runs/compare.png)
+  doctor [--json] [--expect-device cpu|gpu|tpu] [--expect-devices N] [--quick]
+                           check the setup in seconds: versions, devices, jit, transfer, dispatch,
+                           matmul rate, XLA options (cuDNN attention, bf16 on a GPU); exit 1 if one fails
+  scan PATH... [--format text|json] [--fail-on high|medium|low|never]
+                           static analysis of your JAX training code for what makes it slow
+                           (un-jitted steps, per-step copies and syncs, ...); `jaxtrain scan --help` lists the rules
   sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
                            generate text from a trained char-gpt run
   recipes                  list the recipes
@@ -103,6 +112,15 @@ def _pop_option(args: list[str], flag: str) -> tuple[bool, str | None]:
     return True, value
 
 
+def _aliased(recipe: Any, args: Sequence[str]) -> list[str]:
+    """`args` with the recipe's other spellings of flags (`--training-batch-size 256`) replaced."""
+    out = []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        out.append(recipe.aliases.get(flag, flag) + eq + value if flag in recipe.aliases else arg)
+    return out
+
+
 def _train(args: Sequence[str]) -> int:
     from jaxtrain import runs
     from jaxtrain.recipes import get_recipe
@@ -110,7 +128,7 @@ def _train(args: Sequence[str]) -> int:
     if not args or args[0].startswith("-"):
         raise ConfigError("missing recipe; usage: jaxtrain train RECIPE [OPTIONS] (see `jaxtrain recipes`)")
     recipe = get_recipe(args[0])
-    rest = list(args[1:])
+    rest = _aliased(recipe, args[1:])
     resume, run_dir = _pop_option(rest, "--resume")
     overwrite = "--overwrite" in rest
     rest = [a for a in rest if a != "--overwrite"]
@@ -188,6 +206,46 @@ def _plot(args: Sequence[str]) -> int:
     return 0
 
 
+def _compare(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.report.compare import compare_runs, plot_comparison, print_comparison
+
+    usage = "usage: jaxtrain compare RUN_DIR... [--out FILE.png]"
+    if list(args) in (["-h"], ["--help"]):
+        print(f"{usage}\n\n  the config keys that differ between the runs, their results, and their loss curves "
+              "overlaid in one PNG\n  --out FILE.png   the plot (default runs/compare.png)")
+        return 0
+    rest = list(args)
+    has_out, out = _pop_option(rest, "--out")
+    if (has_out and out is None) or not rest or any(a.startswith("-") for a in rest):
+        raise ConfigError(usage)
+    comparison = compare_runs(rest)
+    console = Console(highlight=False, soft_wrap=True)
+    print_comparison(comparison, console)
+    console.print(f"plot: {plot_comparison(comparison, out or 'runs/compare.png')}")
+    return 0
+
+
+def _doctor(args: Sequence[str]) -> int:
+    import time
+
+    from rich.console import Console
+
+    from jaxtrain.diagnose.doctor import DoctorOptions, failed, run_checks
+    from jaxtrain.report.doctor_report import checks_json, print_checks
+
+    start = time.perf_counter()
+    o = parse_config(DoctorOptions, DoctorOptions(), args, "jaxtrain doctor")
+    checks = run_checks(o.expect_device, o.expect_devices, quick=o.quick)
+    seconds = time.perf_counter() - start
+    if o.json:
+        print(checks_json(checks, seconds))
+    else:
+        print_checks(checks, Console(highlight=False), seconds)
+    return 1 if failed(checks) else 0
+
+
 def _recipes() -> int:
     from jaxtrain.recipes import RECIPES
 
@@ -255,6 +313,44 @@ def _tune(args: Sequence[str]) -> int:
     print_batch_size(result, console, command)
     console.print(f"plot: {plot_batch_size(result, out)}")
     return 0
+
+
+SCAN_USAGE = "usage: jaxtrain scan PATH... [--format text|json] [--fail-on high|medium|low|never]"
+
+
+def _scan(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.diagnose.scan import FAIL_ON, scan_paths
+    from jaxtrain.report.scan_report import print_findings, print_json, print_rules
+
+    if "-h" in args or "--help" in args:
+        print(f"""{SCAN_USAGE}
+
+  Reads Python files (a directory: every *.py under it) without running them and reports the
+  anti-patterns that make JAX training slow, each with why, the fix and the expected gain.
+  --format text|json   linter-style lines and a summary table (default), or JSON
+  --fail-on SEVERITY   exit 1 when a finding of this severity or worse exists (default never: exit 0)
+  A line ending in `# jaxtrain: ignore` or `# jaxtrain: ignore[RULE,...]` is not reported.
+""")
+        print_rules(Console(highlight=False))
+        return 0
+    rest = list(args)
+    has_format, fmt = _pop_option(rest, "--format")
+    has_fail_on, fail_on = _pop_option(rest, "--fail-on")
+    if has_format and fmt not in ("text", "json"):
+        raise ConfigError(f"--format {fmt or ''}: choose text or json; {SCAN_USAGE}")
+    if has_fail_on and fail_on not in FAIL_ON:
+        raise ConfigError(f"--fail-on {fail_on or ''}: choose one of {', '.join(FAIL_ON)}; {SCAN_USAGE}")
+    unknown = [a for a in rest if a.startswith("-")]
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]}; {SCAN_USAGE}")
+    result = scan_paths(rest)
+    if fmt == "json":
+        print_json(result)
+    else:
+        print_findings(result, Console(highlight=False))
+    return 1 if result.fails(fail_on or "never") else 0
 
 
 def _bench(args: Sequence[str]) -> int:
@@ -364,8 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "plot": lambda: _plot(rest),
                 "sample": lambda: _sample(rest),
+                "compare": lambda: _compare(rest), "doctor": lambda: _doctor(rest),
                 "recipes": _recipes, "tune": lambda: _tune(rest),
-                "bench": lambda: _bench(rest), "data": lambda: _data(rest)}
+                "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest)}
     previous = _stop_on_sigterm(command)
     try:
         if command not in commands:

@@ -1,0 +1,392 @@
+"""`jaxtrain scan`: every rule finds its planted snippet at the right line and stays silent on the
+fixed twin; the case-study loop reports its anti-patterns and the fixed script none; the project's
+own recipes, engine and optimised ladder variants report nothing of severity high; the CLI's
+formats, exit codes and one-line errors. The code scanned is parsed, never run."""
+
+import json
+import runpy
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxtrain.cli import main
+from jaxtrain.diagnose import RULES, Finding, scan_paths, scan_source
+from jaxtrain.diagnose.scan import CHECKS
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "jaxtrain"
+CASE_STUDY = ROOT / "examples" / "case_study_loop.py"
+FIXED = ROOT / "examples" / "case_study_fixed.py"
+CASE_STUDY_RULES = {"unjitted-grad", "per-batch-transfer", "numpy-in-loop", "manual-update", "host-sync"}
+
+HEADER = """\
+import functools
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+def loss_fn(params, x, y):
+    return jnp.mean((x @ params - y) ** 2)
+
+"""
+
+# rule -> (planted: the line marked `# <-` is the finding's, fixed twin: no finding of that rule)
+CASES = {
+    "unjitted-grad": ("""
+def train(params, batches, lr):
+    for x, y in batches:
+        grads = jax.grad(loss_fn)(params, x, y)  # <-
+        params = params - lr * grads
+    return params
+""", """
+@functools.partial(jax.jit, donate_argnums=0)
+def step(params, x, y):
+    grads = jax.grad(loss_fn)(params, x, y)
+    return params - 0.1 * grads
+
+def train(params, batches):
+    for x, y in batches:
+        params = step(params, x, y)
+    return params
+"""),
+    "jit-in-loop": ("""
+def train(params, batches):
+    for x, y in batches:
+        params = jax.jit(lambda p, x, y: p - 0.1 * jax.grad(loss_fn)(p, x, y))(params, x, y)  # <-
+    return params
+""", """
+def train(params, batches):
+    step = jax.jit(lambda p, x, y: p - 0.1 * jax.grad(loss_fn)(p, x, y), donate_argnums=0)
+    for x, y in batches:
+        params = step(params, x, y)
+    return params
+"""),
+    "row-loop": ("""
+def predict(params, x):
+    return jnp.tanh(x @ params)
+
+def loss(params, x, y):
+    total = 0.0
+    for i in range(len(x)):  # <-
+        total += jnp.sum((predict(params, x[i]) - y[i]) ** 2)
+    return total / len(x)
+""", """
+def predict(params, x):
+    return jnp.tanh(x @ params)
+
+def loss(params, x, y):
+    return jnp.mean(jnp.sum((jax.vmap(predict, in_axes=(None, 0))(params, x) - y) ** 2, -1))
+"""),
+    "per-batch-transfer": ("""
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y):
+    return params - 0.1 * jax.grad(loss_fn)(params, x, y)
+
+def train(params, batches):
+    for batch in batches:
+        x = jnp.asarray(batch["x"])  # <-
+        params = train_step(params, x, batch["y"])
+    return params
+""", """
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x_all, y_all, rows):
+    return params - 0.1 * jax.grad(loss_fn)(params, x_all[rows], y_all[rows])
+
+def train(params, x, y, order):
+    x_all, y_all = jnp.asarray(x), jnp.asarray(y)  # once, before the loop
+    for rows in order:
+        params = train_step(params, x_all, y_all, rows)
+    return params
+"""),
+    "numpy-in-loop": ("""
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y):
+    return params - 0.1 * jax.grad(loss_fn)(params, x, y)
+
+def train(params, batches):
+    for x, y in batches:
+        x = np.clip(x, -3.0, 3.0)  # <-
+        params = train_step(params, x, y)
+    return params
+""", """
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y):
+    x = jnp.clip(x, -3.0, 3.0)
+    return params - 0.1 * jax.grad(loss_fn)(params, x, y)
+
+def train(params, batches):
+    for x, y in batches:
+        params = train_step(params, x, y)
+    return params
+"""),
+    "host-sync": ("""
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    return params - 0.1 * grads, loss
+
+def train(params, batches):
+    losses = []
+    for x, y in batches:
+        params, loss = train_step(params, x, y)
+        losses.append(loss.item())  # <-
+    return params, losses
+""", """
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    return params - 0.1 * grads, loss
+
+def train(params, batches):
+    losses = []
+    for step, (x, y) in enumerate(batches):
+        params, loss = train_step(params, x, y)
+        losses.append(loss)
+        if step % 100 == 0:
+            print(f"step {step} loss {float(loss):.4f}")
+    return params, losses
+"""),
+    "manual-update": ("""
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y, lr):
+    grads = jax.grad(loss_fn)(params, x, y)
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)  # <-
+""", """
+tx = optax.sgd(1e-3)
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def train_step(params, opt_state, x, y):
+    grads = jax.grad(loss_fn)(params, x, y)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+"""),
+    "step-loop": ("""
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y):
+    return params - 0.1 * jax.grad(loss_fn)(params, x, y)
+
+def train(params, xs, ys):
+    for i in range(len(xs)):
+        params = train_step(params, xs[i], ys[i])  # <-
+    return params
+""", """
+@functools.partial(jax.jit, donate_argnums=0)
+def train_epoch(params, xs, ys):
+    def body(params, batch):
+        x, y = batch
+        return params - 0.1 * jax.grad(loss_fn)(params, x, y), None
+    return jax.lax.scan(body, params, (xs, ys))[0]
+
+def train(params, xs, ys, epochs):
+    for _ in range(epochs):
+        params = train_epoch(params, xs, ys)
+    return params
+"""),
+    "no-donation": ("""
+@jax.jit  # <-
+def train_step(params, x, y):
+    return params - 0.1 * jax.grad(loss_fn)(params, x, y)
+""", """
+@functools.partial(jax.jit, donate_argnums=0)
+def train_step(params, x, y):
+    return params - 0.1 * jax.grad(loss_fn)(params, x, y)
+"""),
+    "whole-dataset-load": ("""
+def load(path):
+    with h5py.File(path, "r") as f:
+        x = f["features"][:]  # <-
+    return x
+""", """
+from jaxtrain.data import HDF5Source
+
+def load(path):
+    return HDF5Source(path, {"x": "features", "y": "targets"})
+"""),
+}
+
+
+def marked_line(source: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if "# <-" in line)
+
+
+def scan(tmp_path: Path, body: str, name: str = "snippet.py") -> tuple[list[Finding], str]:
+    source = HEADER + textwrap.dedent(body)
+    path = tmp_path / name
+    path.write_text(source)
+    return list(scan_paths([path]).findings), source
+
+
+def test_every_rule_has_a_check_and_a_case():
+    assert set(CHECKS) == set(RULES) == set(CASES)
+    for rule in RULES.values():
+        assert rule.severity in ("high", "medium", "low") and rule.confidence in ("high", "medium", "low")
+        assert rule.why and rule.fix and rule.gain and rule.message
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_finds_the_planted_line_and_not_the_fixed_twin(tmp_path, rule):
+    planted, fixed = CASES[rule]
+    findings, source = scan(tmp_path, planted)
+    hits = [f for f in findings if f.rule == rule]
+    assert [f.line for f in hits] == [marked_line(source)], findings
+    assert hits[0].path == str(tmp_path / "snippet.py") and hits[0].message
+    findings, _ = scan(tmp_path, fixed)
+    assert not [f for f in findings if f.rule == rule], findings
+    assert not [f for f in findings if f.severity != "low"], findings  # the fix raises nothing worse elsewhere
+
+
+def test_manual_update_is_medium_eager_and_low_under_jit(tmp_path):
+    eager = """
+def train(params, batches, lr):
+    for x, y in batches:
+        grads = jax.grad(loss_fn)(params, x, y)
+        params = params - lr * grads  # <-
+    return params
+"""
+    findings, source = scan(tmp_path, eager)
+    update = [f for f in findings if f.rule == "manual-update"]
+    assert [(f.line, f.severity) for f in update] == [(marked_line(source), "medium")]
+    findings, _ = scan(tmp_path, CASES["manual-update"][0])
+    assert [f.severity for f in findings if f.rule == "manual-update"] == ["low"]
+
+
+def test_jit_of_a_fixed_function_in_a_loop_is_medium_not_high(tmp_path):
+    findings, source = scan(tmp_path, """
+def step(params, x, y):
+    return params - 0.1 * jax.grad(loss_fn)(params, x, y)
+
+def train(params, batches):
+    for x, y in batches:
+        params = jax.jit(step)(params, x, y)  # <-
+    return params
+""")
+    hits = [f for f in findings if f.rule == "jit-in-loop"]
+    assert [(f.line, f.severity) for f in hits] == [(marked_line(source), "medium")]
+
+
+def test_a_loop_over_batches_is_not_a_row_loop_but_per_sample_gradients_are(tmp_path):
+    findings, _ = scan(tmp_path, CASES["step-loop"][0])
+    assert not [f for f in findings if f.rule == "row-loop"], findings
+    findings, source = scan(tmp_path, """
+def per_example_grads(params, x, y):
+    return [jax.grad(loss_fn)(params, x[i], y[i]) for i in range(len(x))]  # <-
+""")
+    assert [f.line for f in findings if f.rule == "row-loop"] == [marked_line(source)]
+
+
+def test_a_numpy_load_without_mmap_is_low_and_with_mmap_clean(tmp_path):
+    findings, source = scan(tmp_path, 'x = np.load("x.npy")  # <-\ny = np.load("y.npy", mmap_mode="r")\n')
+    hits = [f for f in findings if f.rule == "whole-dataset-load"]
+    assert [(f.line, f.severity) for f in hits] == [(marked_line(source), "low")]
+
+
+def test_an_ignore_comment_silences_the_named_rule(tmp_path):
+    planted = CASES["host-sync"][0].replace("# <-", "# jaxtrain: ignore[host-sync]")
+    findings, _ = scan(tmp_path, planted)
+    assert not [f for f in findings if f.rule == "host-sync"]
+
+
+def test_the_code_is_parsed_not_run(tmp_path):
+    findings = scan_source("raise SystemExit('ran')\nimport does_not_exist\n", "x.py")
+    assert findings == []
+
+
+def test_the_case_study_reports_its_anti_patterns_and_the_fixed_script_none():
+    found = scan_paths([CASE_STUDY]).findings
+    assert {f.rule for f in found} == CASE_STUDY_RULES
+    assert {f.rule for f in found if f.severity == "high"} == {"unjitted-grad"}
+    assert scan_paths([FIXED]).findings == ()
+
+
+def test_a_training_loop_passed_to_a_launcher_is_still_checked(tmp_path):
+    source = CASE_STUDY.read_text().replace('if __name__ == "__main__":\n    main()',
+                                            'if __name__ == "__main__":\n    app.run(main)')
+    assert "app.run(main)" in source
+    found = scan_source(source, "launched.py")
+    assert {f.rule for f in found} == CASE_STUDY_RULES
+    assert {f.severity for f in found if f.rule == "manual-update"} == {"medium"}
+
+
+def test_the_projects_own_code_has_nothing_high():
+    engine = sorted(SRC.glob("*.py"))
+    result = scan_paths([*engine, SRC / "recipes", SRC / "models", SRC / "data", SRC / "hooks"])
+    assert len(result.files) > 20
+    assert [f for f in result.findings if f.severity == "high"] == []
+
+
+def test_only_the_ladders_original_loop_is_high():
+    found = scan_paths([SRC / "bench" / "ladder_variants.py"]).findings
+    high = [f for f in found if f.severity == "high"]
+    assert {(f.rule, f.function) for f in high} == {("unjitted-grad", "original")}
+    original = {f.rule for f in found if f.function == "original"}
+    assert {"unjitted-grad", "per-batch-transfer", "manual-update", "host-sync"} <= original
+    fused = [f for f in found if f.function.split(".")[0] in ("plus_fused", "jaxtrain_fit")]
+    assert fused == []
+
+
+def test_cli_text_output_and_fail_on(capsys):
+    assert main(["scan", str(CASE_STUDY)]) == 0
+    out = capsys.readouterr().out
+    assert f"{CASE_STUDY}:" in out and "unjitted-grad" in out and "fix:" in out and "1 high" in out
+    assert main(["scan", str(CASE_STUDY), "--fail-on", "high"]) == 1
+    assert main(["scan", str(FIXED), "--fail-on", "low"]) == 0
+    assert "no findings in 1 file" in capsys.readouterr().out
+
+
+def test_cli_json(capsys):
+    assert main(["scan", str(CASE_STUDY), str(FIXED), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["files"] == [str(CASE_STUDY), str(FIXED)]
+    assert report["summary"]["high"] == 1 and report["summary"]["findings"] == len(report["findings"])
+    fields = {"path", "line", "col", "rule", "severity", "confidence", "message", "function", "what", "why", "fix",
+              "gain"}
+    for f in report["findings"]:
+        assert set(f) == fields and f["path"] == str(CASE_STUDY) and f["line"] > 0
+
+
+def test_cli_directory_and_help(tmp_path, capsys):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text(HEADER + textwrap.dedent(CASES["jit-in-loop"][0]))
+    (tmp_path / "notes.txt").write_text("not python")
+    assert main(["scan", str(tmp_path), "--fail-on", "medium"]) == 1
+    assert "pkg/train.py" in capsys.readouterr().out
+    assert main(["scan", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: jaxtrain scan" in out and all(rule in out for rule in RULES)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["missing.py"], "missing.py: no such file or directory"),
+    (["BAD"], "bad.py:2: not valid Python"),
+    ([], "nothing to scan"),
+    (["GOOD", "--fail-on", "sometimes"], "--fail-on sometimes"),
+    (["GOOD", "--format", "xml"], "--format xml"),
+    (["GOOD", "--verbose"], "unknown option --verbose"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, expected):
+    (tmp_path / "bad.py").write_text("import jax\ndef f(:\n")
+    (tmp_path / "good.py").write_text("x = 1\n")
+    paths = {"BAD": str(tmp_path / "bad.py"), "GOOD": str(tmp_path / "good.py"),
+             "missing.py": str(tmp_path / "missing.py")}
+    assert main(["scan", *[paths.get(a, a) for a in args]]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("error: ")
+    assert expected in captured.err
+
+
+def test_the_case_study_loop_runs(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["case_study_loop.py", "--steps", "2", "--samples", "256"])
+    runpy.run_path(str(CASE_STUDY), run_name="__main__")
+    assert "2 steps in" in capsys.readouterr().out
+
+
+def test_the_fixed_script_runs(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(CASE_STUDY.parent))  # it imports the original's data
+    monkeypatch.setattr(sys, "argv", ["case_study_fixed.py", "--samples", "256", "--batch-size", "64"])
+    runpy.run_path(str(FIXED), run_name="__main__")
+    assert "final train loss" in capsys.readouterr().out
