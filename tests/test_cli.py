@@ -71,8 +71,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
     "args, message",
     [
         (["train", "no-such-recipe"],
-         "error: unknown recipe 'no-such-recipe'; choose one of: char-gpt, fashion-mnist-cnn, hdf5-sequence, "
-         "mlp-regression, mnist-cnn"),
+         "error: unknown recipe 'no-such-recipe'; choose one of: alphazero, char-gpt, fashion-mnist-cnn, "
+         "hdf5-sequence, mlp-regression, mnist-cnn"),
         (["train"], "error: missing recipe"),
         (["frobnicate"], "error: unknown command 'frobnicate'"),
         (["train", "mlp-regression", "--batch-size", "0"], "error: batch_size=0 must be an integer >= 1"),

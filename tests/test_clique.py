@@ -17,7 +17,10 @@ B = 256  # random games per (n, k): one compile each, shared by the tests below
 
 def test_public_names_are_pinned_and_sorted():
     assert rl.__all__ == sorted(rl.__all__)
-    assert set(rl.__all__) == {"Game", "State", "init", "init_batch", "legal_actions", "observation", "reward", "step"}
+    assert set(rl.__all__) == {
+        "Arena", "Game", "PolicyValueMLP", "ReplayBuffer", "ReplayFeed", "SearchConfig", "SelfPlay", "State",
+        "alphazero_loss", "init", "init_batch", "legal_actions", "make_forward", "make_search", "make_self_play",
+        "make_symmetry_augment", "observation", "reward", "step"}
 
 
 @pytest.mark.parametrize("n, k", [(4, 2), (5, 3), (6, 3), (6, 4), (8, 4), (9, 5), (14, 4)])

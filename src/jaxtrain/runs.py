@@ -52,7 +52,7 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
         (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
 
     try:
-        return fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info)],
+        return fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info), *w.hooks],
                    preprocess=w.preprocess, augment=w.augment, name=recipe.name, run_dir=run_dir, resume=resume,
                    overwrite=overwrite, quiet=config.quiet, verbosity=config.verbosity, run_config=config,
                    console=console)

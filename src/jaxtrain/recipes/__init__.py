@@ -1,11 +1,12 @@
 """Recipes: one module per workload (model + data + loss + default config)."""
 
 from jaxtrain.errors import ConfigError
-from jaxtrain.recipes import char_gpt, hdf5_sequence, mlp_regression, mnist_cnn
+from jaxtrain.recipes import alphazero, char_gpt, hdf5_sequence, mlp_regression, mnist_cnn
 from jaxtrain.recipes.base import Recipe, RecipeConfig
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    mlp_regression.RECIPE, mnist_cnn.MNIST, mnist_cnn.FASHION, char_gpt.RECIPE, hdf5_sequence.RECIPE
+    mlp_regression.RECIPE, mnist_cnn.MNIST, mnist_cnn.FASHION, char_gpt.RECIPE, hdf5_sequence.RECIPE,
+    alphazero.RECIPE,
 )}
 
 

@@ -43,6 +43,8 @@ class Workload:
     augment: Augment | None = None
     tokenizer: Any = None
     """Text recipes: the tokenizer that maps text to the model's token ids and back."""
+    hooks: tuple[Any, ...] = ()
+    """Hooks the workload needs in its loop (e.g. self-play and evaluation matches)."""
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     """JSON-ready facts the model's shape depends on besides the config (sizes read from the data,
     a vocabulary), saved as the run's model.json so that `Recipe.model` rebuilds it without data."""
@@ -67,3 +69,5 @@ class Recipe:
     alone (no data is read): what `load` and `sample` restore weights into."""
     presets: dict[str, RecipeConfig] = dataclasses.field(default_factory=dict)
     """Named alternative default configs (`jaxtrain train RECIPE --preset NAME`); `config` is one of them."""
+    aliases: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Other spellings of flags, e.g. {"--training-batch-size": "--batch-size"}."""

@@ -117,6 +117,11 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
     for name, value in record.items():
         if name.startswith("val_") and name != "val_loss":
             lines.append(f"  {'Val ' + _label(name[4:]) + ':':<15} {_fmt(value)}")
+    if "games" in record:  # self-play (jaxtrain.rl.hooks.SelfPlay)
+        lines.append(f"  Self-Play:      {record['games']} games, {record['positions']:,} positions in "
+                     f"{record['selfplay_time_s']:.2f}s ({record['ms_per_game']:.2f} ms/game); mean length "
+                     f"{record['game_length']:.1f}, first player won {record['first_player_wins']:.0%}"
+                     + (f", draws {record['draws']:.0%}" if record["draws"] else ""))
     epoch_s = record["epoch_time_s"]
     lines += [
         f"  Epoch Time:     {epoch_s / 60:.2f} min ({epoch_s:.1f}s)",
