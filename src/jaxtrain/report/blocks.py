@@ -48,8 +48,8 @@ def header_block(run: "Run") -> str:
         f"  data: {feed.num_samples:,} train / {run.num_val:,} val samples; training data {feed.describe()}",
         f"  batch {_batch(config)}: {feed.steps_per_epoch:,} steps/epoch"
         + (f" ({feed.dropped} samples/epoch dropped: partial batch)" if feed.dropped else "")
-        + (f" ({feed.steps_per_epoch * config.samples_per_step:,} samples per epoch drawn without replacement)"
-           if config.steps_per_epoch else ""),
+        + (f" ({feed.steps_per_epoch * config.samples_per_step:,} samples per epoch drawn "
+           f"{'with' if feed.placement.where == 'replay' else 'without'} replacement)" if config.steps_per_epoch else ""),
         f"  compiled call: {memory.describe(run.calls.memory)}; precision {config.precision}",
     ]
     if run.layout.num_devices > 1:
@@ -120,8 +120,8 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
     if "games" in record:  # self-play (jaxtrain.rl.hooks.SelfPlay)
         lines.append(f"  Self-Play:      {record['games']} games, {record['positions']:,} positions in "
                      f"{record['selfplay_time_s']:.2f}s ({record['ms_per_game']:.2f} ms/game); mean length "
-                     f"{record['game_length']:.1f}, first player won {record['first_player_wins']:.0%}"
-                     + (f", draws {record['draws']:.0%}" if record["draws"] else ""))
+                     f"{record['game_length']:.1f}, first player won {record['first_player_wins']:.0%}, "
+                     f"draws {record['draws']:.0%}")
     epoch_s = record["epoch_time_s"]
     lines += [
         f"  Epoch Time:     {epoch_s / 60:.2f} min ({epoch_s:.1f}s)",

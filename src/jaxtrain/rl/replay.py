@@ -112,7 +112,7 @@ class ReplayFeed:
             raise ConfigError("a replay buffer trains on one device; use --mesh 1")
         if not config.steps_per_epoch:
             raise ConfigError("training from a replay buffer needs --steps-per-epoch N (updates per iteration)")
-        self.placement = Placement("device", f"replay ring of {buffer.capacity:,} positions")
+        self.placement = Placement("replay", f"replay ring of {buffer.capacity:,} positions")
         self.num_samples = buffer.capacity
         self.steps_per_epoch, self.dropped = config.steps_per_epoch, 0
         self._B, self._key, self._layout = config.samples_per_step, data_key, layout
@@ -155,8 +155,8 @@ class ReplayFeed:
         return {"replay_size": int(self.ring.size), "replay_added": int(self.ring.added)}
 
     def describe(self) -> str:
-        return (f"a replay ring on the device ({self.num_samples:,} positions, {self.device_bytes / 2**20:,.1f} MiB), "
-                f"batches sampled inside each call")
+        return (f"a replay ring on the device ({self.num_samples:,} positions, {self.device_bytes / 2**20:,.1f} MiB, "
+                f"filled by self-play), batches sampled inside each call")
 
     def get_state(self) -> dict[str, Any]:
         return {"placement": "replay", "data_key": np.asarray(jax.random.key_data(self._key)).tolist()}
