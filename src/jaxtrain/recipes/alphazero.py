@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from flax import nnx
 
 from jaxtrain.config import CheckpointConfig, OptimConfig
 from jaxtrain.errors import ConfigError
 from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
-from jaxtrain.rl import clique
-from jaxtrain.rl.hooks import Arena, SelfPlay
-from jaxtrain.rl.network import PolicyValueMLP, alphazero_loss, make_forward, make_symmetry_augment
-from jaxtrain.rl.replay import ReplayBuffer
-from jaxtrain.rl.search import SearchConfig
+
+# jaxtrain.rl (and mctx) are imported when the recipe is built: other recipes do not pay for them.
 
 MAX_VERTICES = 20  # E = 190 edges; the clique tables and boards grow as C(n, k) and n^2
 MAX_SOLVED_EDGES = 15  # the exact solver's table has 3^E entries: Sim (n = 6) and smaller
@@ -102,12 +99,15 @@ class AlphaZeroConfig(RecipeConfig):
         super().__post_init__()
 
 
-def build_model(config: AlphaZeroConfig, info: dict | None = None) -> PolicyValueMLP:
+def build_model(config: AlphaZeroConfig, info: dict | None = None) -> nnx.Module:
+    from jaxtrain.rl import clique
+    from jaxtrain.rl.network import PolicyValueMLP
+
     game = clique.Game(config.vertices, config.k)
     return PolicyValueMLP(game.num_edges, config.width, config.depth, rngs=nnx.Rngs(config.seed))
 
 
-def solver_for(game: clique.Game):
+def solver_for(game: Any) -> Any:
     """The exact solver as an arena opponent `(player, variables)`, or None when the game is too big."""
     if game.num_edges > MAX_SOLVED_EDGES:
         return None
@@ -117,6 +117,12 @@ def solver_for(game: clique.Game):
 
 
 def build(config: AlphaZeroConfig) -> Workload:
+    from jaxtrain.rl import clique
+    from jaxtrain.rl.hooks import Arena, SelfPlay
+    from jaxtrain.rl.network import alphazero_loss, make_forward, make_symmetry_augment
+    from jaxtrain.rl.replay import ReplayBuffer
+    from jaxtrain.rl.search import SearchConfig
+
     game = clique.Game(config.vertices, config.k)
     model = build_model(config)
     forward, _ = make_forward(model)
