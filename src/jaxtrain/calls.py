@@ -68,11 +68,14 @@ class StepsPerCall:
     def __init__(self, fixed: int, steps_per_epoch: int, auto: AutoSteps = AutoSteps()):
         k_a, k_b = (min(k, steps_per_epoch) for k in auto.probe_lengths)
         self.k = min(fixed, steps_per_epoch) if fixed else k_a
+        self.fixed = bool(fixed)
+        self.fitted: tuple[float, float] | None = None  # (seconds per step, per call) once measured
         can_measure = not fixed and k_a < k_b and auto.repeats * (k_a + k_b) <= steps_per_epoch
         self._plan = [k_a] * auto.repeats + [k_b] * auto.repeats if can_measure else []
         self._times: dict[int, list[float]] = {}
         self._steps_per_epoch = steps_per_epoch
         self._target = auto.overhead_target
+        self._remaining = steps_per_epoch  # steps left in the epoch at the last `next_length`
 
     @property
     def measuring(self) -> bool:
@@ -82,6 +85,7 @@ class StepsPerCall:
         """Steps for the next call, given the steps left in the epoch."""
         if self._plan and self._plan[0] > remaining:  # too close to the epoch's end to measure
             self._plan = []
+        self._remaining = remaining
         return self._plan[0] if self._plan else min(self.k, remaining)
 
     def record(self, k: int, seconds: float) -> str | None:
@@ -93,6 +97,7 @@ class StepsPerCall:
         (k_a, t_a), (k_b, t_b) = sorted((k, min(ts)) for k, ts in self._times.items())
         step_s = max((t_b - t_a) / (k_b - k_a), 1e-9)
         overhead_s = max(t_a - k_a * step_s, 0.0)
+        self.fitted = (step_s, overhead_s)
         needed = math.ceil(round(overhead_s / (self._target * step_s), 6))
         self.k = k_a if needed <= k_a else k_b if needed <= k_b else min(needed, self._steps_per_epoch)
         share = overhead_s / (overhead_s + self.k * step_s)
@@ -100,6 +105,17 @@ class StepsPerCall:
             f"K={self.k} steps per compiled call (measured: {step_s * 1e3:.3f} ms per step, "
             f"{overhead_s * 1e3:.3f} ms per call = {share:.1%} overhead at K={self.k})"
         )
+
+    def why(self, k: int) -> str:
+        """Why a call of k steps runs: the cause of compiling its program."""
+        if self.measuring:
+            return "timing probe of the automatic K"
+        if k == self.k:
+            return "the run's K, " + ("set" if self.fixed else "measured" if self.fitted else
+                                      "automatic (epochs too short to measure it)")
+        if k == self._remaining:
+            return f"last call of the epoch: the {k} steps left after calls of K={self.k}"
+        return f"a call of {k} steps"
 
 
 class CallSource(Protocol):
@@ -135,6 +151,9 @@ class CompiledCalls:
         self._compiled: dict[int, Callable] = {}
         self.compile_s = 0.0
         self.memory: dict[str, int] | None = None  # of the first call compiled (`memory.compiled_memory`)
+        self.compiles: list[dict[str, Any]] = []  # every program compiled: what, seconds (K calls: k, why)
+        self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
+        self.wait_s = 0.0  # host seconds waiting for calls to finish: the device computing
 
     @property
     def k(self) -> int:
@@ -154,7 +173,9 @@ class CompiledCalls:
                          in_shardings=in_shardings if in_shardings is not None else _shardings_of(args),
                          out_shardings=out_shardings if out_shardings is not None else self.layout.replicated)
         compiled = jitted.lower(*args).compile()
-        self.compile_s += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.compile_s += seconds
+        self.compiles.append({"what": getattr(fn, "__name__", "program"), "seconds": seconds})
         return compiled
 
     def get(self, k: int) -> Callable:
@@ -165,6 +186,7 @@ class CompiledCalls:
                 fn, self._state_shapes, *args, donate=True,
                 in_shardings=(self.state_shardings, *_shardings_of(args)),
                 out_shardings=(self.state_shardings, self.layout.replicated))
+            self.compiles[-1].update(what="train call", k=k, why=self.chooser.why(k))
             if self.memory is None:
                 self.memory = compiled_memory(self._compiled[k])
         return self._compiled[k]
@@ -173,8 +195,25 @@ class CompiledCalls:
         fn = self.get(k)
         t0 = time.perf_counter()
         state, metrics = fn(state, *args)
+        self.dispatch_s += time.perf_counter() - t0
         if self.chooser.measuring:  # the first calls of the run are timed one by one
-            jax.block_until_ready(metrics)
+            self.wait(metrics)
             if message := self.chooser.record(k, time.perf_counter() - t0):
                 self.log(message)
         return state, metrics
+
+    def wait(self, outputs: Any) -> None:
+        """Blocks until `outputs` of a call are computed; the seconds are added to `wait_s`."""
+        t0 = time.perf_counter()
+        jax.block_until_ready(outputs)
+        self.wait_s += time.perf_counter() - t0
+
+    def flops(self, k: int) -> float | None:
+        """XLA's FLOP count of the compiled call of k steps (`cost_analysis`; a loop's body counts
+        once), or None when the backend does not report it."""
+        try:
+            cost = self.get(k).cost_analysis()
+        except Exception:  # noqa: BLE001 - optional backend feature
+            return None
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        return float(cost["flops"]) if cost and cost.get("flops", -1) > 0 else None

@@ -40,6 +40,9 @@ commands:
   scan PATH... [--format text|json] [--fail-on high|medium|low|never]
                            static analysis of your JAX training code for what makes it slow
                            (un-jitted steps, per-step copies and syncs, ...); `jaxtrain scan --help` lists the rules
+  profile RECIPE [--preset NAME] [OPTIONS] [--seconds S] [--trace DIR]
+                           train one epoch or S seconds (default 20) and show where the time goes: input,
+                           copies, compute, dispatch, host sync, compilation, FLOP/s; a verdict and what to change
   sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
                            generate text from a trained char-gpt run
   recipes                  list the recipes
@@ -59,6 +62,7 @@ commands:
   bench attention [OPTIONS]  causal attention paths, forward + backward at T = 64, 256, 1024
   bench precision [OPTIONS]   fp32 / bf16 / fp16 and gradient accumulation: time and compiled memory per step
   bench preprocess [OPTIONS]  dataset loading with the preprocessing cache off, cold and warm
+  bench selfplay [OPTIONS]  AlphaZero self-play: plain Python MCTS vs jitted network vs batched mctx; training updates/s
   data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 
@@ -353,6 +357,55 @@ def _scan(args: Sequence[str]) -> int:
     return 1 if result.fails(fail_on or "never") else 0
 
 
+PROFILE_USAGE = "usage: jaxtrain profile RECIPE [--preset NAME] [OPTIONS] [--seconds S] [--trace DIR]"
+
+
+def _profile(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.diagnose.profile import DEFAULT_SECONDS, profile_recipe
+    from jaxtrain.recipes import get_recipe
+    from jaxtrain.report.profile_report import profile_lines
+
+    if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
+        print(f"""{PROFILE_USAGE}
+
+  Trains RECIPE for one epoch or S seconds of training, whichever ends first (no validation, no
+  checkpoints, no run directory), and prints where the wall time went: compilation (and why each
+  program was compiled), input wait, copies to the device, compute, per-call dispatch overhead, host
+  syncs; the FLOP/s achieved against the device's float32 matmul rate; a verdict (input-, dispatch-,
+  host-sync- or compute-bound) and the two changes that would help most. Every `jaxtrain train` run
+  ends with the same profile in its final block and in summary.json.
+  --seconds S     training profiled at most (default {DEFAULT_SECONDS:g})
+  --trace DIR     also write a jax.profiler trace of the training to DIR (TensorBoard profile plugin, Perfetto)
+  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
+        return 0
+    if not args or args[0].startswith("-"):
+        raise ConfigError(f"missing recipe; {PROFILE_USAGE} (see `jaxtrain recipes`)")
+    recipe = get_recipe(args[0])
+    rest = _aliased(recipe, args[1:])
+    seconds = _number(rest, "--seconds", float, DEFAULT_SECONDS)
+    has_trace, trace = _pop_option(rest, "--trace")
+    if has_trace and trace is None:
+        raise ConfigError(f"--trace needs a directory; {PROFILE_USAGE}")
+    has_preset, preset = _pop_option(rest, "--preset")
+    if has_preset and preset not in recipe.presets:
+        known = ", ".join(recipe.presets) if recipe.presets else "none"
+        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
+    default = recipe.presets[preset] if has_preset else recipe.config
+    config = parse_config(type(recipe.config), default, rest, f"jaxtrain profile {recipe.name}")
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"profiling {recipe.name}: one epoch or {seconds:g} s of training, no validation ...")
+    profile = profile_recipe(recipe, config, seconds, trace)
+    for line in profile_lines(profile):
+        console.print(line, markup=False)
+    if trace:
+        files = [p for p in Path(trace).rglob("*") if p.is_file()]
+        console.print(f"trace: {len(files)} files under {trace} (tensorboard --logdir {trace}, or open the "
+                      ".trace.json.gz in https://ui.perfetto.dev)", markup=False)
+    return 0
+
+
 def _bench(args: Sequence[str]) -> int:
     from jaxtrain.bench import BENCHMARKS
 
@@ -462,7 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sample": lambda: _sample(rest),
                 "compare": lambda: _compare(rest), "doctor": lambda: _doctor(rest),
                 "recipes": _recipes, "tune": lambda: _tune(rest),
-                "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest)}
+                "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),
+                "profile": lambda: _profile(rest)}
     previous = _stop_on_sigterm(command)
     try:
         if command not in commands:

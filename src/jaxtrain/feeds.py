@@ -46,6 +46,7 @@ class Feed(Protocol):
     steps_per_epoch: int
     dropped: int  # samples a full pass leaves out (the last partial batch)
     device_bytes: int  # device memory the feed holds for the whole run
+    timing: dict[str, float]  # cumulative seconds of the run's input work (optional; see `hooks.profile`)
 
     def setup(self, compile: Compile) -> None:
         """Places what must live on the device and compiles helpers (compile time is counted)."""
@@ -110,14 +111,17 @@ class DeviceFeed:
         self._B, self._key = config.samples_per_step, data_key
         self._data = self._permute = self._perm = None
         self._position = 0
+        self.timing = {"setup_copy_s": 0.0}  # placing the training set on the device, once
 
     def setup(self, compile: Compile) -> None:
+        t0 = time.perf_counter()
         layout, host = self._layout, jax.tree.map(np.asarray, self._host)
         if self.placement.split:  # rows split over the devices: pad to a multiple (never indexed)
             pad = -self.num_samples % layout.num_devices
             host = jax.tree.map(lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]), host)
         sharding = layout.batch if self.placement.split else layout.replicated
-        self._data = layout.put(host, jax.tree.map(lambda _: sharding, host))
+        self._data = jax.block_until_ready(layout.put(host, jax.tree.map(lambda _: sharding, host)))
+        self.timing["setup_copy_s"] = time.perf_counter() - t0
         self._host = None  # the device copy is the one used from here
         self._key = layout.put(self._key, layout.replicated)
         n = self.num_samples
@@ -178,6 +182,9 @@ class StreamFeed:
         self._epoch, self._position = 1, 0
         self._prefetcher: DevicePrefetcher | None = None
         self._wait_s = 0.0
+        # input_wait_s: the loop waited for batches; device_wait_s: it waited for the running call;
+        # background_copy_s: the transfer thread's host-to-device copies (overlapped with computing)
+        self.timing = {"input_wait_s": 0.0, "device_wait_s": 0.0, "background_copy_s": 0.0}
 
     def setup(self, compile: Compile) -> None:
         pass
@@ -195,8 +202,11 @@ class StreamFeed:
 
     def _place(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """K stacked batches of this process's rows → global arrays, each device its share."""
-        sharding = self._layout.stacked_batches
-        return {n: jax.make_array_from_process_local_data(sharding, x) for n, x in host.items()}
+        t0, sharding = time.perf_counter(), self._layout.stacked_batches
+        placed = {n: jax.make_array_from_process_local_data(sharding, x) for n, x in host.items()}
+        jax.block_until_ready(placed)  # the transfer thread waits for it next anyway
+        self.timing["background_copy_s"] += time.perf_counter() - t0  # in the transfer thread
+        return placed
 
     def start_epoch(self, epoch: int, position: int) -> None:
         self.close()
@@ -204,13 +214,16 @@ class StreamFeed:
 
     def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
         if previous is not None:  # from here the device is idle: waiting for batches is input-bound time
+            t0 = time.perf_counter()
             jax.block_until_ready(previous)
+            self.timing["device_wait_s"] += time.perf_counter() - t0
         if self._prefetcher is None:  # one transfer per call of k batches, `prefetch` calls ahead
             batches = self._loader.iter_epoch(self._epoch, self._position)
             self._prefetcher = DevicePrefetcher(batches, depth=self._prefetch * k, group=k, device=self._place)
         t0 = time.perf_counter()
         stacked = self._prefetcher.next_batches(k)
         self._wait_s += time.perf_counter() - t0
+        self.timing["input_wait_s"] += time.perf_counter() - t0
         self._position += k
         return (stacked,)
 

@@ -35,6 +35,7 @@ from jaxtrain.hooks import (
     Hook,
     MetricsHook,
     PlotHook,
+    ProfileHook,
     ProgressHook,
     Run,
     RunFilesHook,
@@ -248,7 +249,7 @@ def fit(
                     args = feed.next_args(k, previous=running)
                     run.state, metrics = calls(k, run.state, args)
                     if running is not None:  # wait for the previous call: one call stays queued
-                        jax.block_until_ready(running)
+                        calls.wait(running)
                     running = metrics
                     loop.position += k
                     run.step += k
@@ -256,7 +257,7 @@ def fit(
                     run.each("after_call", k, metrics)
                     if run.stop_signal is not None and loop.position < feed.steps_per_epoch:
                         raise TrainingStopped(run.stop_signal, run.step, run.resume_hint)
-                jax.block_until_ready(running)  # the epoch's time includes its last call
+                calls.wait(running)  # the epoch's time includes its last call
                 train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
                 loop.train_time_s += train_s
                 record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.samples_per_step,
@@ -299,13 +300,14 @@ def _end(run: Run, summary: dict[str, Any]) -> None:
 def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
                progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState) -> list[Hook]:
     """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
-    user's, early stopping, checkpoints, run files in `run_dir` (None: this process writes none;
-    `saved` is config.json), TensorBoard, plots, progress; each restored from `loop` when it has
-    saved state."""
+    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping,
+    checkpoints, run files in `run_dir` (None: this process writes none; `saved` is config.json),
+    TensorBoard, plots, progress; each restored from `loop` when it has saved state."""
     ordered = [
         MetricsHook(config.log_every, config.on_nan),
         *([evaluation] if evaluation else []),
         *hooks,
+        *([] if any(isinstance(h, ProfileHook) for h in hooks) else [ProfileHook()]),
         *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
         *([checkpoints] if checkpoints else []),
         *([RunFilesHook(run_dir, saved), PlotHook()] if run_dir else []),

@@ -1,7 +1,8 @@
-"""Finding what is slow: `jaxtrain doctor` (the machine's setup) and `jaxtrain scan` (static analysis of
-training code)."""
+"""Finding what is slow: `jaxtrain doctor` (the machine's setup), `jaxtrain scan` (static analysis of
+training code) and `jaxtrain profile` (where a run's time goes, with a verdict)."""
 
 from jaxtrain.diagnose.doctor import Check, failed, run_checks
+from jaxtrain.diagnose.profile import profile_recipe
 from jaxtrain.diagnose.scan import RULES, SEVERITIES, Finding, Rule, ScanResult, python_files, scan_paths, scan_source
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "SEVERITIES",
     "ScanResult",
     "failed",
+    "profile_recipe",
     "python_files",
     "run_checks",
     "scan_paths",

@@ -5,6 +5,7 @@ from jaxtrain.hooks.checkpointing import CheckpointHook
 from jaxtrain.hooks.early_stopping import EarlyStopping
 from jaxtrain.hooks.evaluation import EvalHook
 from jaxtrain.hooks.metrics import MetricsHook
+from jaxtrain.hooks.profile import ProfileBudgetReached, ProfileHook
 from jaxtrain.hooks.progress import PlotHook, ProgressHook
 from jaxtrain.hooks.run_files import RunFilesHook
 from jaxtrain.hooks.tensorboard import TensorBoard
@@ -17,6 +18,8 @@ __all__ = [
     "LambdaHook",
     "MetricsHook",
     "PlotHook",
+    "ProfileBudgetReached",
+    "ProfileHook",
     "ProgressHook",
     "Run",
     "RunFilesHook",

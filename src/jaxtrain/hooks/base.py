@@ -100,6 +100,7 @@ class Run:
       last_checkpoint: describes the newest good checkpoint, for error messages.
       resume_hint: how to continue this run, for the message of a stopped run.
       summary: the run's summary, once training ended.
+      hook_s: seconds the hooks spent on each event, keyed `(hook class name, event)` (`hooks.profile`).
     """
 
     name: str
@@ -122,6 +123,7 @@ class Run:
     last_checkpoint: Callable[[], str] = lambda: "no checkpoint was saved"
     resume_hint: str = "no run directory, so no checkpoint was saved"
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hook_s: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
 
     @property
     def elapsed_s(self) -> float:
@@ -132,9 +134,12 @@ class Run:
         return self.loop.epoch
 
     def each(self, event: str, *args: Any) -> None:
-        """Announces `event` to every hook, in order."""
+        """Announces `event` to every hook, in order, timing each."""
         for hook in self.hooks:
+            t0 = time.perf_counter()
             getattr(hook, event)(self, *args)
+            key = (type(hook).__name__, event)
+            self.hook_s[key] = self.hook_s.get(key, 0.0) + time.perf_counter() - t0
 
     def log(self, row: dict[str, Any]) -> None:
         """Hands a training-metrics row to every hook's `on_log`."""

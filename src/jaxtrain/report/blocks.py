@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from jaxtrain import memory
+from jaxtrain.report.profile_report import profile_lines
 
 if TYPE_CHECKING:
     from jaxtrain.hooks.base import Run
@@ -49,7 +50,8 @@ def header_block(run: "Run") -> str:
         f"  batch {_batch(config)}: {feed.steps_per_epoch:,} steps/epoch"
         + (f" ({feed.dropped} samples/epoch dropped: partial batch)" if feed.dropped else "")
         + (f" ({feed.steps_per_epoch * config.samples_per_step:,} samples per epoch drawn "
-           f"{'with' if feed.placement.where == 'replay' else 'without'} replacement)" if config.steps_per_epoch else ""),
+           f"{'with' if feed.placement.where == 'replay' else 'without'} replacement)"
+           if config.steps_per_epoch else ""),
         f"  compiled call: {memory.describe(run.calls.memory)}; precision {config.precision}",
     ]
     if run.layout.num_devices > 1:
@@ -173,6 +175,7 @@ def final_block(summary: dict[str, Any]) -> str:
         *([f"  Skipped Steps:        {summary['skipped_steps']} (non-finite)"] if summary.get("skipped_steps") else []),
         f"  Throughput:           {summary['samples_per_s']:,.0f} samples/s, {summary['steps_per_s']:,.1f} steps/s",
         f"  Device:               {summary['device']}",
+        *(["", *profile_lines(summary["profile"])] if summary.get("profile") else []),
         RULE,
     ]
     return "\n".join(lines)

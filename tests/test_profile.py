@@ -1,0 +1,132 @@
+"""The step profile: the verdict on three constructed runs (input-, dispatch- and compute-bound),
+summary.json's "profile" (shares that sum to 1), and `jaxtrain profile` (verdict printed, trace written)."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+from conftest import mse, regression_data, silent, small_mlp
+from flax import nnx
+
+from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
+from jaxtrain.cli import main
+from jaxtrain.data.sources import ArraySource
+from jaxtrain.models import MLP
+from jaxtrain.report.profile_report import BOUND_SHARE, LOOP_PARTS, PARTS, build_profile, profile_lines
+
+NO_FILES = dict(verbosity="silent")
+
+
+class SlowSource(ArraySource):
+    """An in-memory row source that reads like a slow disk: 100 µs per row."""
+
+    def read(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        time.sleep((stop - start) * 1e-4)
+        return super().read(start, stop)
+
+
+def _check(profile: dict) -> None:
+    assert set(profile["shares"]) == set(PARTS) and set(profile["loop_shares"]) == set(LOOP_PARTS)
+    assert sum(profile["shares"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert sum(profile["loop_shares"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert all(v >= 0 for v in profile["seconds"].values())
+    assert len(profile["advice"]) == 2 and profile["reason"]
+    assert any(line.startswith("  Verdict:  " + profile["verdict"]) for line in profile_lines(profile))
+
+
+def test_streamed_run_with_slow_reads_is_input_bound():
+    config = TrainConfig(epochs=1, batch_size=16, steps_per_call=25, data=DataConfig(placement="stream"))
+    result = fit(small_mlp(), mse, SlowSource(regression_data(2000)), None, config, **NO_FILES)
+    p = result.summary["profile"]
+    _check(p)
+    assert p["verdict"] == "input-bound", p["loop_shares"]
+    assert p["loop_shares"]["input"] + p["loop_shares"]["transfer"] > 0.5
+    assert p["advice"][0]["flag"] == "--data.placement device"
+
+
+def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
+    config = TrainConfig(epochs=1, batch_size=8, steps_per_call=1, checkpoint=CheckpointConfig(enabled=False))
+    result = fit(small_mlp(), mse, regression_data(2400), None, config, run_dir=tmp_path / "run",
+                 console=(console := silent()), quiet=True)
+    p = result.summary["profile"]
+    _check(p)
+    assert p["verdict"] == "dispatch-bound", p["loop_shares"]
+    assert p["loop_shares"]["dispatch"] >= BOUND_SHARE
+    assert p["advice"][0]["flag"].startswith("--steps-per-call ") and int(p["advice"][0]["flag"].split()[1]) > 1
+    assert [c["k"] for c in p["compiles"] if c.get("what") == "train call"] == [1] and p["recompilations"] == []
+    # summary.json carries the same profile, and the final block prints it
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())["profile"]
+    assert saved["verdict"] == "dispatch-bound"
+    assert sum(saved["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+    text = console.file.getvalue()
+    assert "PROFILE: where the" in text and "Verdict:  dispatch-bound" in text
+    assert "Try:      1. --steps-per-call" in text
+
+
+def test_large_mlp_with_long_calls_is_compute_bound():
+    rng = np.random.default_rng(0)
+    data = {"x": rng.normal(size=(4096, 256)).astype(np.float32), "y": rng.normal(size=(4096, 64)).astype(np.float32)}
+    model = MLP((256, 1024, 1024, 64), rngs=nnx.Rngs(0))
+    config = TrainConfig(epochs=1, batch_size=256, steps_per_call=8, steps_per_epoch=16)
+    result = fit(model, mse, data, None, config, **NO_FILES)
+    p = result.summary["profile"]
+    _check(p)
+    assert p["verdict"] == "compute-bound", p["loop_shares"]
+    assert p["loop_shares"]["compute"] > 0.75
+    # XLA's FLOPs of a step: forward + backward of the three matmuls, about 6 * params * batch
+    matmul_flops = 6 * 256 * (256 * 1024 + 1024 * 1024 + 1024 * 64)
+    assert 0.9 * matmul_flops < p["flops_per_step"] < 1.3 * matmul_flops
+    assert 0 < p["mfu"] and p["peak_flop_s"] > 0
+
+
+def test_last_call_of_the_epoch_is_reported_as_a_recompilation():
+    config = TrainConfig(epochs=1, batch_size=10, steps_per_call=7)  # 20 steps = 2 x 7 + 6
+    p = fit(small_mlp(), mse, regression_data(200), None, config, **NO_FILES).summary["profile"]
+    assert [(c["k"], c["why"]) for c in p["recompilations"]] == [
+        (6, "last call of the epoch: the 6 steps left after calls of K=7")]
+    assert any("--steps-per-call 5" in note for note in p["notes"])  # 5 divides the 20 steps of an epoch
+
+
+def test_hooks_that_sync_every_call_are_host_sync_bound():
+    m = {"wall_s": 10.0, "train_s": 8.0, "calls": 100, "steps": 6400, "steps_per_call": 64, "k_fixed": True,
+         "fitted": None, "steps_per_epoch": 6400, "batch_size": 32, "samples_per_step": 32, "log_every": 200,
+         "precision": "fp32", "placement": "device", "platform": "gpu", "device": "gpu: test", "devices": 1,
+         "compile_s": 1.0, "compiles": [], "epoch_compile_s": 0.0, "setup_copy_s": 0.1, "input_wait_s": 0.0,
+         "background_copy_s": 0.0, "device_wait_s": 3.0, "dispatch_s": 0.1, "device_overhead_per_call_s": 1e-5,
+         "after_call_hooks_s": {"MyHook": 4.5, "MetricsHook": 0.1}, "epoch_hooks_s": 0.2, "flops_per_step": None,
+         "peak_flop_s": None, "budget_reached": False}
+    p = build_profile(m)
+    _check(p)
+    assert p["verdict"] == "host-sync-bound" and "MyHook" in p["reason"]
+    assert p["advice"][0]["flag"] is None and "MyHook" in p["advice"][0]["text"]
+    assert p["mfu"] is None
+
+
+def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys):
+    trace = tmp_path / "trace"
+    code = main(["profile", "mlp-regression", "--data.samples", "1100", "--data.val-samples", "100",
+                 "--model.hidden", "32", "--batch-size", "20", "--steps-per-call", "10", "--seconds", "30",
+                 "--trace", str(trace)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "PROFILE: where the" in out and "50 steps in 5 calls" in out
+    assert "Verdict:  " in out and "Try:      1. " in out
+    assert any(p.suffix == ".pb" for p in trace.rglob("*")), list(trace.rglob("*"))
+    assert f"files under {trace}" in out
+
+
+def test_profile_command_stops_at_its_time_budget(capsys):
+    assert main(["profile", "mlp-regression", "--data.samples", "6100", "--data.val-samples", "100",
+                 "--model.hidden", "16", "--batch-size", "10", "--steps-per-call", "1", "--seconds", "0.02"]) == 0
+    out = capsys.readouterr().out
+    steps = int(out.split("training loop ")[1].split(": ")[1].split(" steps")[0].replace(",", ""))
+    assert 0 < steps < 600 and "stopped at the time budget" in out  # the epoch has 600 steps
+    assert "Verdict:  " in out
+
+
+def test_profile_command_errors_are_one_line(capsys):
+    assert main(["profile"]) == 2
+    assert main(["profile", "mlp-regression", "--seconds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "missing recipe" in err and "--seconds 0 must be > 0" in err
