@@ -13,6 +13,7 @@ from jaxtrain.bench import (
     remat,
     scale,
     scan,
+    selfplay,
 )
 
 # name -> (config class, main(config) -> exit code)
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "remat": (remat.RematBenchConfig, remat.main),
     "scale": (scale.ScaleBenchConfig, scale.main),
     "scan": (scan.ScanBenchConfig, scan.main),
+    "selfplay": (selfplay.SelfPlayBenchConfig, selfplay.main),
 }
 
 __all__ = ["BENCHMARKS"]
