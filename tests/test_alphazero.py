@@ -68,7 +68,7 @@ def test_ring_add_keeps_the_newest_valid_rows_in_order():
 def test_search_never_chooses_an_illegal_move_and_targets_only_legal_ones(policy):
     _, forward, variables = _net()
     states = _random_states(SIM, 24, np.random.default_rng(1))
-    search = jax.jit(make_search(SIM, forward, SearchConfig(simulations=8, policy=policy)), static_argnums=3)
+    search = jax.jit(make_search(SIM, forward, SearchConfig(simulations=8, policy=policy)))
     for explore in (True, False):
         out = search(variables, states, jax.random.key(2), explore)
         legal = np.asarray(clique.legal_actions(states))
@@ -98,7 +98,7 @@ def test_search_finds_the_only_safe_move_with_an_untrained_network():
     _, forward, variables = _net()
     batch = jax.tree.map(lambda x: x[None], state)
     for policy in ("gumbel", "muzero"):
-        search = make_search(SIM, forward, SearchConfig(simulations=64, policy=policy))
+        search = jax.jit(make_search(SIM, forward, SearchConfig(simulations=64, policy=policy)))
         out = search(variables, batch, jax.random.key(0), False)
         assert int(out.action[0]) in safe, policy
 
@@ -126,7 +126,7 @@ def test_self_play_positions_targets_and_outcomes_are_consistent():
 
 def test_debug_mode_plays_the_same_moves_without_jit():
     _, forward, variables = _net()
-    play = make_self_play(SIM, forward, SearchConfig(simulations=4), 3, moves=2)
+    play = make_self_play(SIM, forward, SearchConfig(simulations=2), 2, moves=2)
     compiled = jax.jit(play)(variables, jax.random.key(4))
     with jax.disable_jit():
         eager = play(variables, jax.random.key(4))
