@@ -125,6 +125,17 @@ def _aliased(recipe: Any, args: Sequence[str]) -> list[str]:
     return out
 
 
+def _preset_config(recipe: Any, rest: list[str], prog: str) -> tuple[Any, str | None]:
+    """`(config, preset)`: the recipe's config from `--preset NAME` (taken out of `rest`; None when
+    absent) and the other flags in `rest`."""
+    has_preset, preset = _pop_option(rest, "--preset")
+    if has_preset and preset not in recipe.presets:
+        known = ", ".join(recipe.presets) if recipe.presets else "none"
+        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
+    default = recipe.presets[preset] if has_preset else recipe.config
+    return parse_config(type(recipe.config), default, rest, prog), preset
+
+
 def _train(args: Sequence[str]) -> int:
     from jaxtrain import runs
     from jaxtrain.recipes import get_recipe
@@ -136,11 +147,8 @@ def _train(args: Sequence[str]) -> int:
     resume, run_dir = _pop_option(rest, "--resume")
     overwrite = "--overwrite" in rest
     rest = [a for a in rest if a != "--overwrite"]
-    has_preset, preset = _pop_option(rest, "--preset")
+    has_preset = "--preset" in rest
     prog = f"jaxtrain train {recipe.name}"
-    if has_preset and (preset not in recipe.presets):
-        known = ", ".join(recipe.presets) if recipe.presets else "none"
-        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
     if resume:
         if has_preset:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
@@ -152,8 +160,7 @@ def _train(args: Sequence[str]) -> int:
         else:  # killed before it wrote its config: the command's settings start it from the beginning
             config = parse_config(type(recipe.config), recipe.config, rest, prog)
     else:
-        default = recipe.presets[preset] if has_preset else recipe.config
-        config = parse_config(type(recipe.config), default, rest, prog)
+        config, _ = _preset_config(recipe, rest, prog)
     runs.train(recipe, config, run_dir or config.run_dir, resume=resume, overwrite=overwrite)
     return 0
 
@@ -303,17 +310,12 @@ def _tune(args: Sequence[str]) -> int:
     throughput = "--no-throughput" not in rest
     rest = [a for a in rest if a != "--no-throughput"]
     _, out = _pop_option(rest, "--out")
-    has_preset, preset = _pop_option(rest, "--preset")
-    if has_preset and preset not in recipe.presets:
-        known = ", ".join(recipe.presets) if recipe.presets else "none"
-        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
-    default = recipe.presets[preset] if has_preset else recipe.config
-    config = parse_config(type(recipe.config), default, rest, f"jaxtrain tune batch-size {recipe.name}")
+    config, preset = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}")
     out = out or f"runs/tune-{recipe.name}-batch-size.png"
     console = Console(highlight=False, soft_wrap=True)
     result = tune.batch_size(recipe, config, max_memory_gb, max_batch=max_batch, seconds=seconds,
                              throughput=throughput, note=lambda line: console.print(f"[dim]{line}[/dim]"))
-    command = f"jaxtrain train {recipe.name}" + (f" --preset {preset}" if has_preset else "")
+    command = f"jaxtrain train {recipe.name}" + (f" --preset {preset}" if preset else "")
     print_batch_size(result, console, command)
     console.print(f"plot: {plot_batch_size(result, out)}")
     return 0
@@ -388,12 +390,7 @@ def _profile(args: Sequence[str]) -> int:
     has_trace, trace = _pop_option(rest, "--trace")
     if has_trace and trace is None:
         raise ConfigError(f"--trace needs a directory; {PROFILE_USAGE}")
-    has_preset, preset = _pop_option(rest, "--preset")
-    if has_preset and preset not in recipe.presets:
-        known = ", ".join(recipe.presets) if recipe.presets else "none"
-        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
-    default = recipe.presets[preset] if has_preset else recipe.config
-    config = parse_config(type(recipe.config), default, rest, f"jaxtrain profile {recipe.name}")
+    config, _ = _preset_config(recipe, rest, f"jaxtrain profile {recipe.name}")
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"profiling {recipe.name}: one epoch or {seconds:g} s of training, no validation ...")
     profile = profile_recipe(recipe, config, seconds, trace)
