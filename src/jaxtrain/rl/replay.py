@@ -109,7 +109,8 @@ class ReplayFeed:
 
     def __init__(self, buffer: ReplayBuffer, config: TrainConfig, data_key: jax.Array, layout: Layout):
         if layout.num_devices > 1:
-            raise ConfigError("a replay buffer trains on one device; use --mesh 1")
+            raise ConfigError(f"a replay buffer trains on one device but the mesh has {layout.num_devices}; "
+                              "use --mesh data=1")
         if not config.steps_per_epoch:
             raise ConfigError("training from a replay buffer needs --steps-per-epoch N (updates per iteration)")
         self.placement = Placement("replay", f"replay ring of {buffer.capacity:,} positions")
