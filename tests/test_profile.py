@@ -80,9 +80,24 @@ def test_large_mlp_with_long_calls_is_compute_bound():
     assert 0 < p["mfu"] and p["peak_flop_s"] > 0
 
 
-def test_last_call_of_the_epoch_is_reported_as_a_recompilation():
-    config = TrainConfig(epochs=1, batch_size=10, steps_per_call=7)  # 20 steps = 2 x 7 + 6
-    p = fit(small_mlp(), mse, regression_data(200), None, config, **NO_FILES).summary["profile"]
+def test_an_epochs_last_call_runs_ks_program_or_is_reported_as_a_recompilation():
+    import jax
+
+    config = TrainConfig(epochs=2, batch_size=10, steps_per_call=7)  # 20 steps = 2 x 7 + 6
+    # Device-resident data: the last call of 6 steps runs K=7's program with its 7th step skipped.
+    masked = fit(small_mlp(), mse, regression_data(200), None, config, **NO_FILES)
+    p = masked.summary["profile"]
+    assert [c["k"] for c in p["compiles"] if "k" in c] == [7] and p["recompilations"] == []
+    assert masked.summary["steps"] == 40 and int(masked.state.step) == 40
+    divides = fit(small_mlp(), mse, regression_data(200), None, TrainConfig(epochs=2, batch_size=10, steps_per_call=5),
+                  **NO_FILES)  # the same 40 steps in calls that divide the epoch
+    for a, b in zip(jax.tree.leaves(masked.state.params), jax.tree.leaves(divides.state.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    assert [r["train_loss"] for r in masked.history] == pytest.approx([r["train_loss"] for r in divides.history],
+                                                                       rel=1e-6)
+    # Streamed batches arrive stacked by call: a shorter call needs a program of its own, and says so.
+    streamed = TrainConfig(epochs=1, batch_size=10, steps_per_call=7, data=DataConfig(placement="stream"))
+    p = fit(small_mlp(), mse, ArraySource(regression_data(200)), None, streamed, **NO_FILES).summary["profile"]
     assert [(c["k"], c["why"]) for c in p["recompilations"]] == [
         (6, "last call of the epoch: the 6 steps left after calls of K=7")]
     assert any("--steps-per-call 5" in note for note in p["notes"])  # 5 divides the 20 steps of an epoch
