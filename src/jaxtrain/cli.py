@@ -55,6 +55,8 @@ commands:
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
+  bench profile --workload char-gpt|mnist-cnn|mlp-regression [--steps N] [--top N] [--out DIR]
+                           per-op profile of one training step (jax.profiler trace vs torch.profiler), by op family
   bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
   bench scan [OPTIONS]     a training step jitted alone vs inside lax.scan (XLA:CPU convolutions)
   bench scale [OPTIONS]    data parallel vs FSDP on 1, 2, 4 virtual devices: memory, collectives, agreement
