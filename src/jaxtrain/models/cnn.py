@@ -33,8 +33,10 @@ def conv2d_same(x: jax.Array, kernel: jax.Array) -> jax.Array:
     ph, pw = kh // 2, kw // 2
     xp = jnp.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)))  # (B, H+kh-1, W+kw-1, C_in)
     patches = [xp[:, i : i + H, j : j + W, :] for i in range(kh) for j in range(kw)]
-    cols = jnp.concatenate(patches, axis=-1)  # (B, H, W, kh*kw*C_in), (i, j, c) order as the kernel
-    return cols @ kernel.reshape(kh * kw * c_in, c_out)  # (B, H, W, C_out)
+    cols = jnp.concatenate(patches, axis=-1).reshape(B * H * W, kh * kw * c_in)  # (i, j, c) order as the kernel
+    # One 2-D matmul: XLA:CPU compiles the 2-D form's weight gradient (cols^T dy) to its fast
+    # matmul path without transposed copies (see models/gpt.py `_dense`).
+    return (cols @ kernel.reshape(kh * kw * c_in, c_out)).reshape(B, H, W, c_out)
 
 
 def avg_pool_2x2(x: jax.Array) -> jax.Array:

@@ -53,6 +53,20 @@ def _linear(n_in: int, n_out: int, bias: bool, std: float, rngs: nnx.Rngs) -> nn
     return nnx.Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
+def _dense(layer: nnx.Linear, x: jax.Array) -> jax.Array:
+    """`layer` applied to (B, T, C) activations as one (B*T, C) matmul.
+
+    The same math as `layer(x)`, but XLA:CPU compiles the 2-D form's weight gradient (x^T dy)
+    to its fast matmul path with no transposed copies of the activations around it: the baby
+    preset's training step took 72-78 ms with the 3-D form and 41-50 ms with this one
+    (`jaxtrain bench profile --workload char-gpt` showed the 3-D form's GELU-backward fusions
+    writing transposed outputs for Eigen's slower matmuls).
+    """
+    *lead, C = x.shape
+    y = layer(x.reshape(-1, C))  # (B*T, C_out)
+    return y.reshape(*lead, y.shape[-1])
+
+
 class CausalSelfAttention(nnx.Module):
     """Multi-head self-attention where position t attends to positions <= t."""
 
@@ -64,10 +78,10 @@ class CausalSelfAttention(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, C) -> (B, T, C)
         B, T, C = x.shape
-        q, k, v = jnp.split(self.c_attn(x), 3, axis=-1)  # each (B, T, C)
+        q, k, v = jnp.split(_dense(self.c_attn, x), 3, axis=-1)  # each (B, T, C)
         q, k, v = (a.reshape(B, T, self.n_head, C // self.n_head) for a in (q, k, v))  # (B, T, nh, hs)
         y = causal_attention(q, k, v)  # (B, T, nh, hs), scale 1/sqrt(hs)
-        return self.c_proj(y.reshape(B, T, C))
+        return _dense(self.c_proj, y.reshape(B, T, C))
 
 
 class MLPBlock(nnx.Module):
@@ -79,7 +93,7 @@ class MLPBlock(nnx.Module):
         self.c_proj = _linear(4 * C, C, config.bias, 0.02 / math.sqrt(2 * config.n_layer), rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # (B, T, C) -> (B, T, C)
-        return self.c_proj(jax.nn.gelu(self.c_fc(x), approximate=False))
+        return _dense(self.c_proj, jax.nn.gelu(_dense(self.c_fc, x), approximate=False))
 
 
 class Block(nnx.Module):
