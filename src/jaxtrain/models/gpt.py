@@ -57,10 +57,10 @@ def _dense(layer: nnx.Linear, x: jax.Array) -> jax.Array:
     """`layer` applied to (B, T, C) activations as one (B*T, C) matmul.
 
     The same math as `layer(x)`, but XLA:CPU compiles the 2-D form's weight gradient (x^T dy)
-    to its fast matmul path with no transposed copies of the activations around it: the baby
-    preset's training step took 72-78 ms with the 3-D form and 41-50 ms with this one
-    (`jaxtrain bench profile --workload char-gpt` showed the 3-D form's GELU-backward fusions
-    writing transposed outputs for Eigen's slower matmuls).
+    to its fast matmul path with no transposed copies of the activations around it:
+    `jaxtrain bench profile --workload char-gpt` measured the baby preset's step at 71-84 ms
+    with the 3-D form and 49-51 ms with this one (the 3-D form's GELU-backward fusions wrote
+    transposed outputs for Eigen's slower matmuls).
     """
     *lead, C = x.shape
     y = layer(x.reshape(-1, C))  # (B*T, C_out)
