@@ -26,7 +26,9 @@ RTOL = 1e-5
 def mlp_config(mesh: str, **changes):
     base = get_recipe("mlp-regression").config
     data = dataclasses.replace(base.data, samples=1200, val_samples=200)
-    settings = dict(epochs=2, steps_per_call=8, log_every=8, mesh=mesh, data=data, quiet=True, tensorboard=False)
+    model = dataclasses.replace(base.model, hidden=(128, 128))  # every weight matrix still over FSDP_MIN_ELEMENTS
+    settings = dict(epochs=2, steps_per_call=8, log_every=8, mesh=mesh, data=data, model=model, quiet=True,
+                    tensorboard=False)
     return dataclasses.replace(base, **{**settings, **changes})
 
 
