@@ -144,8 +144,10 @@ class GPT(nnx.Module):
         for block, k in zip(self.blocks, keys[1:]):
             x = remat_lib.call(block, x, k, mode=self.remat)
         # The output layer is the token embedding; float32 logits (accumulated in float32) under bf16.
-        return jnp.einsum("btc,vc->btv", self.ln_f(x), self.wte.embedding[...],
-                          preferred_element_type=jnp.float32)  # (B, T, V)
+        h = self.ln_f(x)  # (B, T, C)
+        logits = jnp.einsum("nc,vc->nv", h.reshape(-1, h.shape[-1]), self.wte.embedding[...],
+                            preferred_element_type=jnp.float32)  # (B*T, V): 2-D, as `_dense`
+        return logits.reshape(*h.shape[:-1], logits.shape[-1])  # (B, T, V)
 
 
 def num_params(model: nnx.Module, exclude_position: bool = True) -> int:
