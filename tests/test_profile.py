@@ -46,7 +46,10 @@ def test_streamed_run_with_slow_reads_is_input_bound():
 
 
 def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
-    config = TrainConfig(epochs=1, batch_size=8, steps_per_call=1, checkpoint=CheckpointConfig(enabled=False))
+    # Metrics fetched only at the epoch's end and no TensorBoard: no hook waits for the device mid-epoch,
+    # which on a busy machine would make the run host-sync-bound instead.
+    config = TrainConfig(epochs=1, batch_size=8, steps_per_call=1, log_every=100_000, tensorboard=False,
+                         checkpoint=CheckpointConfig(enabled=False))
     result = fit(small_mlp(), mse, regression_data(2400), None, config, run_dir=tmp_path / "run",
                  console=(console := silent()), quiet=True)
     p = result.summary["profile"]
