@@ -21,6 +21,13 @@ def test_overhead_benchmark_runs_in_quick_mode(tmp_path, capsys):
     want = statistics.median(results["hand_written_epoch_s"]) / statistics.median(results["fit_epoch_s"])
     assert results["ratio"] == pytest.approx(want, rel=1e-12)
     assert set(results["per_call_s"]) == {"nnx.jit", "jax.jit"}
+    # The whole-process table: one fresh run of each in quick mode, its ratio from the median walls.
+    assert "whole process, launch to exit" in printed and "whole-process speed" in printed
+    walls = results["process"]["wall_s"]
+    assert len(walls["jaxtrain train"]) == len(walls["hand-written script"]) == 1
+    want = statistics.median(walls["hand-written script"]) / statistics.median(walls["jaxtrain train"])
+    assert results["process"]["ratio"] == pytest.approx(want, rel=1e-12)
+    assert all(f <= w for f, w in zip(results["process"]["jaxtrain_parts_s"]["fit"], walls["jaxtrain train"]))
 
 
 def test_ladder_quick_runs_and_validates(tmp_path, capsys):

@@ -8,13 +8,18 @@ still need one per length).
 Compile time is measured exactly and kept out of epoch times; the train state is donated, so its
 buffers are reused rather than doubled. Calls are compiled with explicit in/out shardings from
 the run's `Layout`: the state stays where the layout puts it, metrics come back replicated.
+Programs not needed at once (the other length the K chooser times, the epoch permutation,
+evaluation) compile in a background thread while the main thread compiles or trains; only the
+time the main thread waits for them counts as compile time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 import jax
@@ -86,6 +91,10 @@ class StepsPerCall:
     def measuring(self) -> bool:
         return bool(self._plan)
 
+    def planned(self) -> list[int]:
+        """The call lengths still to be timed, each once."""
+        return sorted(set(self._plan))
+
     def next_length(self, remaining: int) -> int:
         """Steps for the next call, given the steps left in the epoch."""
         if self._plan and self._plan[0] > remaining:  # too close to the epoch's end to measure
@@ -154,6 +163,28 @@ class CallSource(Protocol):
     def abstract_args(self, k: int) -> tuple[Any, ...]: ...
 
 
+class Compiling:
+    """A program compiling in the background: callable like the compiled program, whose first use
+    waits for it (that wait, not the compile, is added to `calls.compile_s`); compile errors are
+    raised there."""
+
+    def __init__(self, future: Future, calls: "CompiledCalls"):
+        self._future, self._calls = future, calls
+
+    def result(self) -> Callable:
+        if not self._future.done():
+            t0 = time.perf_counter()
+            self._future.result()
+            self._calls.compile_s += time.perf_counter() - t0
+        return self._future.result()
+
+    def __call__(self, *args: Any) -> Any:
+        return self.result()(*args)
+
+    def __getattr__(self, name: str) -> Any:  # cost_analysis, memory_analysis, ...
+        return getattr(self.result(), name)
+
+
 class CompiledCalls:
     """The compiled K-step calls of a run, compiled ahead of time on first use, with donation.
 
@@ -180,6 +211,9 @@ class CompiledCalls:
         self.compile_s = 0.0
         self.memory: dict[str, int] | None = None  # of the first call compiled (`memory.compiled_memory`)
         self.compiles: list[dict[str, Any]] = []  # every program compiled: what, seconds (K calls: k, why)
+        self._background: ThreadPoolExecutor | None = None  # one thread: the main thread uses the other core
+        self._lock = threading.Lock()
+        self._pending: list[Compiling] = []
         self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
         self.wait_s = 0.0  # host seconds waiting for calls to finish: the device computing
 
@@ -192,40 +226,75 @@ class CompiledCalls:
         return self.chooser.next_length(remaining)
 
     def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
-                out_shardings: Any = None) -> Callable:
+                out_shardings: Any = None, background: bool = False, **record: Any) -> Callable:
         """Compiles `fn` for `args` ahead of time (donating the first argument if asked); inputs
         are placed as `args` are unless `in_shardings` says, outputs replicated unless
-        `out_shardings` says. The seconds it takes are added to `compile_s`."""
+        `out_shardings` says. The seconds it takes are added to `compile_s`; `record` joins its
+        entry in `compiles`. With `background`, it compiles in a background thread and a
+        `Compiling` is returned at once (only a wait for it counts in `compile_s`)."""
+        in_shardings = in_shardings if in_shardings is not None else _shardings_of(args)
+        out_shardings = out_shardings if out_shardings is not None else self.layout.replicated
+        entry = {"what": getattr(fn, "__name__", "program"), "seconds": 0.0, **record}
+
+        def build() -> Callable:
+            t0 = time.perf_counter()
+            jitted = jax.jit(fn, donate_argnums=(0,) if donate else (), in_shardings=in_shardings,
+                             out_shardings=out_shardings)
+            compiled = jitted.lower(*args).compile()
+            entry["seconds"] = time.perf_counter() - t0
+            with self._lock:
+                self.compiles.append(entry)
+            return compiled
+
+        if background:
+            if self._background is None:
+                self._background = ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-compile")
+            self._pending.append(Compiling(self._background.submit(build), self))
+            return self._pending[-1]
         t0 = time.perf_counter()
-        jitted = jax.jit(fn, donate_argnums=(0,) if donate else (),
-                         in_shardings=in_shardings if in_shardings is not None else _shardings_of(args),
-                         out_shardings=out_shardings if out_shardings is not None else self.layout.replicated)
-        compiled = jitted.lower(*args).compile()
-        seconds = time.perf_counter() - t0
-        self.compile_s += seconds
-        self.compiles.append({"what": getattr(fn, "__name__", "program"), "seconds": seconds})
+        compiled = build()
+        self.compile_s += time.perf_counter() - t0
         return compiled
+
+    def finish_compiles(self) -> None:
+        """Waits for every background compile (the wait counts in `compile_s`)."""
+        for pending in self._pending:
+            pending.result()
+        self._pending = []
+
+    def close(self) -> None:
+        """Lets background compiles finish and ends their thread."""
+        if self._background is not None:
+            self._background.shutdown(wait=True)
 
     def get(self, k: int) -> Callable:
         """The compiled call of k steps (compiled now if it is new): `call(state, *args, valid)`
         runs the first `valid` of its k steps (see `masked_call`)."""
         if k not in self._compiled:
-            fn, args = masked_call(self.source, self.train_step, k), self.source.abstract_args(k)
-            valid = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.layout.replicated)
-            self._compiled[k] = self.compile(
-                fn, self._state_shapes, *args, valid, donate=True,
-                in_shardings=(self.state_shardings, *_shardings_of(args), self.layout.replicated),
-                out_shardings=(self.state_shardings, self.layout.replicated))
-            self.compiles[-1].update(what="train call", k=k, why=self.chooser.why(k))
-            if self.memory is None:
-                self.memory = compiled_memory(self._compiled[k])
+            self._compiled[k] = self._compile_call(k)
+            for other in self.chooser.planned():  # the K chooser's other timed length: in the background
+                if other not in self._compiled:
+                    self._compiled[other] = self._compile_call(other, background=True)
+        if isinstance(self._compiled[k], Compiling):
+            self._compiled[k] = self._compiled[k].result()
+        if self.memory is None:
+            self.memory = compiled_memory(self._compiled[k])
         return self._compiled[k]
 
+    def _compile_call(self, k: int, background: bool = False) -> Callable:
+        fn, args = masked_call(self.source, self.train_step, k), self.source.abstract_args(k)
+        valid = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.layout.replicated)
+        return self.compile(fn, self._state_shapes, *args, valid, donate=True, background=background,
+                            in_shardings=(self.state_shardings, *_shardings_of(args), self.layout.replicated),
+                            out_shardings=(self.state_shardings, self.layout.replicated),
+                            what="train call", k=k, why=self.chooser.why(k))
+
     def program_length(self, k: int) -> int:
-        """The program a call of k steps runs: K's for a shorter call (an epoch's last) when the
-        feed's arguments do not depend on the call's length, so one program serves the run."""
+        """The program a call of k steps runs: K's for a shorter call (an epoch's last, or the
+        rest of the first epoch after the K chooser's timed calls) when the feed's arguments do not
+        depend on the call's length, so one program serves the run."""
         K = self.chooser.k
-        if k < K and not self.chooser.measuring and K in self._compiled and self._same_args(k, K):
+        if k < K and not self.chooser.measuring and self._same_args(k, K):
             return K
         return k
 
@@ -236,6 +305,8 @@ class CompiledCalls:
     def __call__(self, k: int, state: TrainState, args: tuple[Any, ...]) -> tuple[TrainState, Metrics]:
         length = self.program_length(k)
         fn = self.get(length)
+        if self.chooser.measuring:  # timed calls run with nothing compiling beside them
+            self.finish_compiles()
         t0 = time.perf_counter()
         state, metrics = fn(state, *args, np.int32(k))
         if length != k:  # the steps the call ran; the rest of the program's were skipped

@@ -35,7 +35,7 @@ from jaxtrain.errors import ConfigError, DataError
 from jaxtrain.sharding import Layout
 from jaxtrain.step import epoch_permutation, make_multi_step, make_scan_steps
 
-Compile = Callable[..., Callable]  # CompiledCalls.compile: (fn, *args, donate=False) -> executable
+Compile = Callable[..., Callable]  # CompiledCalls.compile: (fn, *args, donate=False, background=False) -> executable
 
 
 class Feed(Protocol):
@@ -125,7 +125,9 @@ class DeviceFeed:
         self._host = None  # the device copy is the one used from here
         self._key = layout.put(self._key, layout.replicated)
         n = self.num_samples
-        self._permute = compile(lambda key, epoch: epoch_permutation(key, epoch, n), self._key, np.int32(1))
+        # first used when the first epoch starts: compiled meanwhile, beside the training call
+        self._permute = compile(lambda key, epoch: epoch_permutation(key, epoch, n), self._key, np.int32(1),
+                                background=True)
 
     def make_call(self, train_step: Callable, k: int) -> Callable:
         return make_multi_step(train_step, self._B, k, constrain=self._layout.constrain_batch)

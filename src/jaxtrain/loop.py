@@ -289,6 +289,7 @@ def _end(run: Run, summary: dict[str, Any]) -> None:
     """Hands the summary to every hook; once a run failed, errors of the hooks' clean-up are not
     raised over the error that stopped it."""
     run.summary = summary
+    run.calls.close()  # background compiles end (their seconds are in the profile)
     for hook in run.hooks:
         try:
             hook.on_end(run, summary)

@@ -4,7 +4,12 @@
    (jit + `lax.scan` over the whole epoch + donation; same model, data, preprocessing,
    optimizer and batch size), interleaved in one process, several repetitions; compile time
    is excluded from both.
-2. Per-call cost of one training step under `nnx.jit` (NNX objects in, object graph traversed
+2. The whole process: `jaxtrain train mlp-regression --epochs 5 --quiet` against
+   examples/mlp_regression_script.py (the same data, model, optimizer, batch size, epochs and
+   per-epoch validation, written by hand with jit + `lax.scan`), each a fresh process timed from
+   launch to exit, interleaved; jaxtrain's own summary.json splits its time into fit (compile,
+   training, the rest) and the time outside fit (imports, data, model init, exit).
+3. Per-call cost of one training step under `nnx.jit` (NNX objects in, object graph traversed
    in Python every call) against `jax.jit` on the split state pytree.
 """
 
@@ -14,8 +19,12 @@ import dataclasses
 import io
 import json
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +35,7 @@ from rich.table import Table
 
 from jaxtrain import data as data_lib
 from jaxtrain.config import OptimConfig, TrainConfig
+from jaxtrain.errors import ConfigError, JaxtrainError
 from jaxtrain.loop import fit
 from jaxtrain.models import MLP
 from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data, mse_loss
@@ -46,6 +56,8 @@ class OverheadConfig:
     """Batch size for both loops."""
     call_repeats: int = 2000
     """Calls timed per repetition for the nnx.jit-vs-jax.jit comparison."""
+    epochs: int = 5
+    """Epochs of the whole-process comparison (the recipe's default data: 45,000 train / 5,000 val)."""
     quick: bool = False
     """A cut-down run (small data, few repetitions) for smoke tests."""
     out: str | None = None
@@ -143,9 +155,83 @@ def _per_call_times(config: OverheadConfig, train) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+SCRIPT = Path(__file__).resolve().parents[3] / "examples" / "mlp_regression_script.py"
+PROCESS_TARGET = 0.95  # jaxtrain's whole process at >= 0.95x the hand-written script's speed
+QUICK_DATA = (2_000, 200)  # samples, validation samples of --quick's process runs
+
+
+def _process_commands(config: OverheadConfig, run_dir: Path) -> dict[str, list[str]]:
+    """The two fresh-process commands: the jaxtrain CLI (writing into `run_dir`) and the script."""
+    jaxtrain = [sys.executable, "-m", "jaxtrain", "train", "mlp-regression", "--epochs", str(config.epochs),
+                "--quiet", "--run-dir", str(run_dir)]
+    script = [sys.executable, str(SCRIPT), "--epochs", str(config.epochs)]
+    if config.quick:
+        samples, val = QUICK_DATA
+        jaxtrain += ["--data.samples", str(samples), "--data.val-samples", str(val)]
+        script += ["--samples", str(samples), "--val-samples", str(val)]
+    return {"jaxtrain train": jaxtrain, "hand-written script": script}
+
+
+def _time_process(command: list[str]) -> float:
+    """Wall seconds of `command` from launch to exit; a failure is one line naming the command."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        raise JaxtrainError(f"`{' '.join(command[1:4])} ...` exited with code {proc.returncode}: "
+                            f"{lines[-1] if lines else 'no output'}")
+    return seconds
+
+
+def _whole_process(config: OverheadConfig, console: Console) -> dict[str, Any]:
+    """Fresh-process wall times of the jaxtrain command and the hand-written script, interleaved
+    (the order alternates between repetitions), plus jaxtrain's own split of each run."""
+    if not SCRIPT.is_file():
+        raise ConfigError(f"{SCRIPT} is missing; the whole-process comparison runs it (a source checkout of jaxtrain)")
+    walls: dict[str, list[float]] = {"jaxtrain train": [], "hand-written script": []}
+    parts: dict[str, list[float]] = {"fit": [], "compile": [], "train": []}
+    with tempfile.TemporaryDirectory(prefix="jaxtrain-overhead-") as tmp:
+        for rep in range(1 if config.quick else config.repeats):  # quick: one of each, seconds
+            commands = _process_commands(config, Path(tmp) / f"run-{rep}")
+            for name in sorted(commands, reverse=rep % 2 == 1):
+                walls[name].append(_time_process(commands[name]))
+            summary = json.loads((Path(tmp) / f"run-{rep}" / "summary.json").read_text())
+            parts["fit"].append(summary["total_time_s"])
+            parts["compile"].append(summary["compile_time_s"])
+            parts["train"].append(summary["train_time_s"])
+            console.print(f"  process {rep + 1}: jaxtrain train {walls['jaxtrain train'][-1]:.2f} s, "
+                          f"hand-written script {walls['hand-written script'][-1]:.2f} s")
+    return {"wall_s": walls, "jaxtrain_parts_s": parts}
+
+
+def _print_whole_process(results: dict[str, Any], config: OverheadConfig, console: Console) -> float:
+    """The whole-process table; returns the speed ratio (script wall / jaxtrain wall, medians)."""
+    walls, parts = results["wall_s"], results["jaxtrain_parts_s"]
+    median = {name: statistics.median(times) for name, times in walls.items()}
+    table = Table(title=f"whole process, launch to exit: mlp-regression, {config.epochs} epochs "
+                        f"({len(walls['jaxtrain train'])} interleaved fresh runs each, medians)")
+    for column in ("process", "wall (s)", "min..max (s)"):
+        table.add_column(column, justify="left" if column == "process" else "right")
+    rows = [("hand-written script", walls["hand-written script"]), ("jaxtrain train", walls["jaxtrain train"])]
+    outside = [w - f for w, f in zip(walls["jaxtrain train"], parts["fit"])]
+    other = [f - c - t for f, c, t in zip(parts["fit"], parts["compile"], parts["train"])]
+    rows += [("  outside fit: imports, data, model, exit", outside), ("  fit: waiting for compiles", parts["compile"]),
+             ("  fit: training epochs", parts["train"]), ("  fit: the rest (eval, files, profile)", other)]
+    for label, times in rows:
+        table.add_row(label, f"{statistics.median(times):.2f}", f"{min(times):.2f}..{max(times):.2f}")
+    console.print(table)
+    console.print(f"  script: python {SCRIPT.relative_to(SCRIPT.parents[1])} --epochs {config.epochs}; jaxtrain: "
+                  f"jaxtrain train mlp-regression --epochs {config.epochs} --quiet --run-dir DIR")
+    ratio = median["hand-written script"] / median["jaxtrain train"]
+    met = "met" if ratio >= PROCESS_TARGET else "MISSED"
+    console.print(f"jaxtrain / hand-written whole-process speed: {ratio:.3f} (target >= {PROCESS_TARGET}: {met})")
+    return ratio
+
+
 def main(config: OverheadConfig) -> int:
     if config.quick:
-        config = dataclasses.replace(config, repeats=2, samples=3_000, call_repeats=100)
+        config = dataclasses.replace(config, repeats=2, samples=3_000, call_repeats=100, epochs=1)
     train, _ = make_data(RegressionDataConfig(samples=config.samples, val_samples=0))
     preprocess = data_lib.normalize("x", train["x"].mean(0), train["x"].std(0))
     console = Console(highlight=False)
@@ -174,6 +260,9 @@ def main(config: OverheadConfig) -> int:
     met = "met" if ratio >= 0.97 else "MISSED"
     console.print(f"jaxtrain / hand-written steps/s: {ratio:.3f} (target >= 0.97: {met})")
 
+    processes = _whole_process(config, console)
+    process_ratio = _print_whole_process(processes, config, console)
+
     calls = _per_call_times(config, train)
     table = Table(title=f"one training step per call, batch {config.batch_size} (medians)")
     table.add_column("step function")
@@ -190,6 +279,7 @@ def main(config: OverheadConfig) -> int:
             "device": device_description(jax.devices()[0]), "samples": len(train["x"]), "batch_size": config.batch_size,
             "hand_written_epoch_s": hand, "fit_epoch_s": ours, "steps_per_call": ks, "ratio": ratio,
             "per_call_s": calls, "jax_version": jax.__version__,
+            "process": {**processes, "epochs": config.epochs, "ratio": process_ratio},
         }
         Path(config.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0

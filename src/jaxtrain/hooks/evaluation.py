@@ -65,7 +65,7 @@ class EvalHook(Hook):
         data = self._place(run, self._data)
         n = self.num_samples
         fn = make_evaluate_sums(self._step, n, self._B, self._constrain(run, self._B))
-        sums = run.calls.compile(fn, shapes_of(run.state), data)
+        sums = run.calls.compile(fn, shapes_of(run.state), data, background=True)  # first used after an epoch
         return lambda state: {k: float(v) / n for k, v in jax.device_get(sums(state, data)).items()}
 
     def _build_streamed(self, run: Run) -> Callable:

@@ -5,6 +5,7 @@ and, for streamed data, the input wait. Written with tensorboardX's `SummaryWrit
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,7 @@ class TensorBoard(Hook):
         self._writer = None
 
     def on_start(self, run: Run) -> None:
-        from tensorboardX import SummaryWriter
-
+        SummaryWriter = _summary_writer_class()
         if self.log_dir is None:
             if run.run_dir is None:
                 raise ConfigError("the TensorBoard hook needs a run directory or TensorBoard(log_dir=...)")
@@ -56,3 +56,23 @@ class TensorBoard(Hook):
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def _summary_writer_class() -> type:
+    """tensorboardX's `SummaryWriter`, imported without PyTorch where PyTorch is not loaded yet.
+
+    tensorboardX's writer module imports torch, when installed, only for a type hint; that import
+    took 1.4 s of a 2-core machine's 1.43 s for tensorboardX (docs/benchmarks.md, whole-process
+    overhead). Marking torch absent while tensorboardX loads leaves its writer on NumPy types,
+    which is all scalars need; torch itself stays importable afterwards."""
+    if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter

@@ -1,0 +1,71 @@
+"""Start-up cost: what `jaxtrain train` imports before training begins (docs/benchmarks.md,
+whole-process overhead). Heavy optional libraries load only when used: matplotlib for the final
+plot (in a background thread once training runs), tensorboardX without PyTorch."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from jaxtrain.data.synthetic import regression_rows
+from jaxtrain.hooks.tensorboard import _summary_writer_class
+
+LAZY = ("matplotlib", "torch", "tensorboardX", "tensorboard", "grain", "orbax")
+
+CHECK = """
+import json, sys
+import jaxtrain, jaxtrain.cli, jaxtrain.runs, jaxtrain.recipes
+at_import = sorted(m for m in {lazy!r} if m in sys.modules)
+from jaxtrain import LambdaHook, TrainConfig, fit
+from jaxtrain.models import MLP
+from flax import nnx
+import numpy as np
+seen = {{}}
+rng = np.random.default_rng(0)
+data = {{"x": rng.normal(size=(256, 4)).astype(np.float32), "y": rng.normal(size=(256, 2)).astype(np.float32)}}
+def loss(model, batch, key):
+    return ((model(batch["x"]) - batch["y"]) ** 2).mean(), {{}}
+hook = LambdaHook(on_start=lambda run: seen.update(start=sorted(m for m in {lazy!r} if m in sys.modules)))
+fit(MLP((4, 8, 2), rngs=nnx.Rngs(0)), loss, data, data, TrainConfig(epochs=1, batch_size=32), hooks=[hook],
+    run_dir={run_dir!r}, verbosity="silent")
+end = sorted(m for m in {lazy!r} if m in sys.modules)
+print(json.dumps({{"import": at_import, "start": seen["start"], "end": end}}))
+"""
+
+
+def test_train_path_imports_heavy_libraries_only_when_used(tmp_path):
+    # A fresh interpreter: pytest's own process may have loaded any of them for other tests.
+    code = CHECK.format(lazy=LAZY, run_dir=str(tmp_path / "run"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["import"] == [], "`import jaxtrain.cli` and the train command's modules load none of them"
+    # Orbax is needed by then (the run checkpoints), the rest is not.
+    assert seen["start"] in ([], ["orbax"]), "nothing else heavy is loaded before the first training step"
+    # By the end the plot's matplotlib and the TensorBoard writer are loaded, PyTorch never is.
+    assert "matplotlib" in seen["end"] and "tensorboardX" in seen["end"] and "torch" not in seen["end"]
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
+    assert list((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_summary_writer_import_leaves_torch_importable(monkeypatch):
+    monkeypatch.delitem(sys.modules, "tensorboardX.writer", raising=False)
+    assert _summary_writer_class().__name__ == "SummaryWriter"
+    assert sys.modules.get("torch", "absent") is not None  # not left marked missing
+
+
+def test_hand_written_script_makes_the_recipes_data():
+    # The overhead benchmark's reference script generates the recipe's rows itself (it does not
+    # import jaxtrain); they must be the same rows, bit for bit.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "mlp_regression_script.py"
+    spec = importlib.util.spec_from_file_location("mlp_regression_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    x, y = script.make_rows(1234, 9000)  # more than one generation block
+    rows = regression_rows(1234, 0, 9000)
+    np.testing.assert_array_equal(x, rows["features"])
+    np.testing.assert_array_equal(y, rows["targets"])
