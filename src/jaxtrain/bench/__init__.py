@@ -15,6 +15,7 @@ from jaxtrain.bench import (
     scale,
     scan,
     selfplay,
+    xla_flags,
 )
 
 # name -> (config class, main(config) -> exit code)
@@ -33,6 +34,7 @@ BENCHMARKS = {
     "scale": (scale.ScaleBenchConfig, scale.main),
     "scan": (scan.ScanBenchConfig, scan.main),
     "selfplay": (selfplay.SelfPlayBenchConfig, selfplay.main),
+    "xla-flags": (xla_flags.XlaFlagsBenchConfig, xla_flags.main),
 }
 
 __all__ = ["BENCHMARKS"]
