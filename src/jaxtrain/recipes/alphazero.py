@@ -100,11 +100,12 @@ class AlphaZeroConfig(RecipeConfig):
 
 
 def build_model(config: AlphaZeroConfig, info: dict | None = None) -> nnx.Module:
+    from jaxtrain.models import compiled_init
     from jaxtrain.rl import clique
     from jaxtrain.rl.network import PolicyValueMLP
 
     game = clique.Game(config.vertices, config.k)
-    return PolicyValueMLP(game.num_edges, config.width, config.depth, rngs=nnx.Rngs(config.seed))
+    return compiled_init(lambda: PolicyValueMLP(game.num_edges, config.width, config.depth, rngs=nnx.Rngs(config.seed)))
 
 
 def solver_for(game: Any) -> Any:

@@ -23,7 +23,7 @@ from flax import nnx
 from jaxtrain.config import DataConfig, OptimConfig
 from jaxtrain.data.sources import HDF5Source
 from jaxtrain.errors import ConfigError
-from jaxtrain.models import SequenceCNN
+from jaxtrain.models import SequenceCNN, compiled_init
 from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
 
 Task = Literal["regression", "classification"]
@@ -108,8 +108,9 @@ def build(config: HDF5SequenceConfig) -> Workload:
 
 def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:
     m = config.model
-    return SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels, layers=m.layers,
-                       kernel=m.kernel, remat=config.remat, rngs=nnx.Rngs(config.seed))
+    return compiled_init(lambda: SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels,
+                                            layers=m.layers, kernel=m.kernel, remat=config.remat,
+                                            rngs=nnx.Rngs(config.seed)))
 
 
 RECIPE = Recipe(

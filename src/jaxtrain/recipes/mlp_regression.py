@@ -23,7 +23,7 @@ from jaxtrain.config import DataConfig
 from jaxtrain.data.sources import HDF5Source
 from jaxtrain.data.synthetic import regression_rows
 from jaxtrain.errors import ConfigError
-from jaxtrain.models import MLP
+from jaxtrain.models import MLP, compiled_init
 from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
 
 
@@ -147,7 +147,8 @@ def build(config: MLPRegressionConfig) -> Workload:
 
 def build_model(config: MLPRegressionConfig, info: dict) -> MLP:
     _check_no_remat(config)
-    return MLP((info["features"], *config.model.hidden, info["targets"]), rngs=nnx.Rngs(config.seed))
+    sizes = (info["features"], *config.model.hidden, info["targets"])
+    return compiled_init(lambda: MLP(sizes, rngs=nnx.Rngs(config.seed)))
 
 
 RECIPE = Recipe(

@@ -18,7 +18,7 @@ from flax import nnx
 from jaxtrain.config import DataConfig, OptimConfig
 from jaxtrain.data.datasets import load_mnist
 from jaxtrain.errors import ConfigError
-from jaxtrain.models import CNN
+from jaxtrain.models import CNN, compiled_init
 from jaxtrain.recipes.base import Recipe, RecipeConfig, Workload
 
 
@@ -80,7 +80,7 @@ def build(config: MNISTConfig) -> Workload:
 
 
 def build_model(config: MNISTConfig, info: dict) -> CNN:
-    return CNN(remat=config.remat, rngs=nnx.Rngs(config.seed))
+    return compiled_init(lambda: CNN(remat=config.remat, rngs=nnx.Rngs(config.seed)))
 
 
 MNIST = Recipe(
