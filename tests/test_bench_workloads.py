@@ -92,7 +92,7 @@ def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
 
     def check_derived(r, workload):  # every variant's derived figures follow from its measured ones
         setup = payload["workloads"][workload]
-        assert r["steps"] == 6 and r["compile_s"] > 0
+        assert r["steps"] == 6 and (r["compile_s"] > 0) == (r["variant"] != "torch-eager")  # eager compiles nothing
         assert r["ms_per_step"] == pytest.approx(r["train_s"] / 6 * 1e3, rel=1e-12)
         assert r["eval_s"] == pytest.approx(sum(i["eval_s"] for i in r["intervals"]), rel=1e-12)
         flops_per_s = setup["flops_per_step"] / (r["ms_per_step"] / 1e3)

@@ -39,7 +39,9 @@ def run_child(target: str | Path, payload: Any, timeout: float | None = None,
       line of its stderr, else its exit code.
     """
     script = str(target).endswith(".py")
-    command = [sys.executable, *([] if script else ["-m"]), str(target), CHILD_FLAG, json.dumps(payload)]
+    # A script runs with -P: its directory is not put first on sys.path, where this package's
+    # bench/profile.py would shadow the standard library's `profile` (which torch imports).
+    command = [sys.executable, "-P" if script else "-m", str(target), CHILD_FLAG, json.dumps(payload)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)

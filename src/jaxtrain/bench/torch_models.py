@@ -28,8 +28,13 @@ from torch import nn
 
 if __package__:  # imported as jaxtrain.bench.torch_models
     from jaxtrain.bench.child import child_main, peak_rss_mib
-else:  # run as a script: this file's directory is sys.path[0], and `child` imports only the standard library
-    from child import child_main, peak_rss_mib
+else:  # run as a script (`python -P`, see child.run_child): `child` imports only the standard library
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("child", Path(__file__).with_name("child.py"))
+    _child = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_child)
+    child_main, peak_rss_mib = _child.child_main, _child.peak_rss_mib
 
 FORWARD_TOLERANCE = 1e-4  # max |logit difference| / max |JAX logit| on the initial weights, float32
 
