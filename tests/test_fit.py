@@ -176,6 +176,15 @@ def test_steps_per_call_choice_from_two_timed_lengths():
         cheap.record(k := cheap.next_length(1000), 1e-6 + k * 0.001)
     assert cheap.k == 16
 
+    # A length beyond K_b compiles one more program: only when it saves more than a compile.
+    for total, compile_s, expected in ((3000, 0.5, 128), (3000, 0.01, 500), (200_000, 0.5, 500)):
+        weighed = StepsPerCall(0, 5000, total_steps=total)
+        while weighed.measuring:
+            message = weighed.record(k := weighed.next_length(5000), 0.01 + k * 0.001, compile_s)
+        # saving at 500 over 128: (total - 432 timed) x 10 ms x (1/128 - 1/500) = 0.15 s for 3000 steps
+        assert weighed.k == expected, (total, compile_s, message)
+        assert ("less than its compile" in message) == (expected == 128)
+
     assert StepsPerCall(7, 1000).k == 7 and not StepsPerCall(7, 1000).measuring
     assert StepsPerCall(0, 300).k == 16 and not StepsPerCall(0, 300).measuring  # too short to measure
     assert StepsPerCall(0, 10).k == 10

@@ -72,10 +72,13 @@ class StepsPerCall:
     A K set by the user is used as is. Otherwise the first calls of the run (real training
     steps) are timed at two lengths, K_a and K_b: `t(K) = overhead + K * step` gives both
     costs, and K becomes the smallest length whose overhead is under `overhead_target` of its
-    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a.
+    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a. A
+    length beyond K_b means compiling one more program: given the run's `total_steps`, it is chosen
+    only when its saving over the steps left exceeds a compile's time (`record`'s `compile_s`).
     """
 
-    def __init__(self, fixed: int, steps_per_epoch: int, auto: AutoSteps = AutoSteps()):
+    def __init__(self, fixed: int, steps_per_epoch: int, auto: AutoSteps = AutoSteps(),
+                 total_steps: int | None = None):
         k_a, k_b = (min(k, steps_per_epoch) for k in auto.probe_lengths)
         self.k = min(fixed, steps_per_epoch) if fixed else k_a
         self.fixed = bool(fixed)
@@ -86,6 +89,7 @@ class StepsPerCall:
         self._steps_per_epoch = steps_per_epoch
         self._target = auto.overhead_target
         self._remaining = steps_per_epoch  # steps left in the epoch at the last `next_length`
+        self._steps_left = total_steps  # steps of the run not yet timed (None: unknown)
 
     @property
     def measuring(self) -> bool:
@@ -102,10 +106,12 @@ class StepsPerCall:
         self._remaining = remaining
         return self._plan[0] if self._plan else min(self.k, remaining)
 
-    def record(self, k: int, seconds: float) -> str | None:
-        """Takes the time of a measured call; after the last one, picks K and describes why."""
+    def record(self, k: int, seconds: float, compile_s: float = 0.0) -> str | None:
+        """Takes the time of a measured call; after the last one, picks K and describes why.
+        `compile_s`: what compiling one more program would cost (e.g. the last one's time)."""
         self._times.setdefault(k, []).append(seconds)
         self._plan.pop(0)
+        self._steps_left = None if self._steps_left is None else self._steps_left - k
         if self._plan:
             return None
         (k_a, t_a), (k_b, t_b) = sorted((k, min(ts)) for k, ts in self._times.items())
@@ -114,10 +120,16 @@ class StepsPerCall:
         self.fitted = (step_s, overhead_s)
         needed = math.ceil(round(overhead_s / (self._target * step_s), 6))
         self.k = k_a if needed <= k_a else k_b if needed <= k_b else min(needed, self._steps_per_epoch)
+        kept = ""
+        if self.k > k_b and self._steps_left is not None:  # a new program: worth its compile?
+            saving = self._steps_left * overhead_s * (1 / k_b - 1 / self.k)
+            if saving < compile_s:
+                kept = f"; K={self.k} would save {saving:.2f} s over the run, less than its compile ({compile_s:.2f} s)"
+                self.k = k_b
         share = overhead_s / (overhead_s + self.k * step_s)
         return (
             f"K={self.k} steps per compiled call (measured: {step_s * 1e3:.3f} ms per step, "
-            f"{overhead_s * 1e3:.3f} ms per call = {share:.1%} overhead at K={self.k})"
+            f"{overhead_s * 1e3:.3f} ms per call = {share:.1%} overhead at K={self.k}{kept})"
         )
 
     def why(self, k: int) -> str:
@@ -314,7 +326,8 @@ class CompiledCalls:
         self.dispatch_s += time.perf_counter() - t0
         if self.chooser.measuring:  # the first calls of the run are timed one by one
             self.wait(metrics)
-            if message := self.chooser.record(k, time.perf_counter() - t0):
+            compile_s = max((c["seconds"] for c in self.compiles if c.get("what") == "train call"), default=0.0)
+            if message := self.chooser.record(k, time.perf_counter() - t0, compile_s):
                 self.log(message)
         return state, metrics
 

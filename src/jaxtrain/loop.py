@@ -219,7 +219,8 @@ def fit(
         lr = learning_rate_fn(tx, state.params, schedule)
         train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                      layout.split_grads, policy_of(config), config.grad_accum)
-        chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps)
+        chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps,
+                               total_steps - int(state.step))
         progress = ProgressHook(console, bar=bar)
         calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)
         eval_batch = config.eval_batch_size or config.batch_size
