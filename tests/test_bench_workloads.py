@@ -76,6 +76,8 @@ def test_frameworks_config_rejects_unknown_names():
         FrameworksConfig(workloads="mnist-cnn,resnet")
     with pytest.raises(ConfigError, match="variants"):
         FrameworksConfig(variants="jax")
+    with pytest.raises(ConfigError, match="torch_compile_mode='fastest'.*max-autotune"):
+        FrameworksConfig(torch_compile_mode="fastest")
 
 
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline MNIST and Shakespeare files")

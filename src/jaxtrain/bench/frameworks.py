@@ -34,6 +34,7 @@ from jaxtrain.errors import ConfigError
 WORKLOADS = ("mnist-cnn", "char-gpt")
 VARIANTS = ("jaxtrain", "torch-eager", "torch-compile")
 TORCH_SCRIPT = Path(__file__).with_name("torch_models.py")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CHECK_BATCH = {"mnist-cnn": 16, "char-gpt": 4}  # samples in the torch-vs-JAX forward check
 QUICK = {  # --quick: a few steps on a small slice of the data, evaluation on a few batches
     "mnist-cnn": {"epochs": 2, "steps_per_epoch": 3, "data": {"limit": 1536}},
@@ -51,6 +52,8 @@ class FrameworksConfig:
     """Comma-separated variants: jaxtrain, torch-eager, torch-compile (torch variants need `pip install torch`)."""
     runs: int = 5
     """Runs of each variant, each in a fresh process, interleaved across variants."""
+    torch_compile_mode: str = "default"
+    """torch.compile's mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs."""
     steps: int = 0
     """Training steps (0: the workload's default). At most one evaluation interval (mnist-cnn: one epoch,
     char-gpt: 250) or a multiple of it."""
@@ -68,6 +71,9 @@ class FrameworksConfig:
             if unknown or not names:
                 raise ConfigError(f"{field}={getattr(self, field)!r}: choose a comma-separated subset of "
                                   f"{','.join(allowed)}")
+        if self.torch_compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"torch_compile_mode={self.torch_compile_mode!r}: choose one of "
+                              f"{', '.join(COMPILE_MODES)}")
         if not isinstance(self.runs, int) or self.runs < 1:
             raise ConfigError(f"runs={self.runs!r} must be an integer >= 1")
         if not isinstance(self.steps, int) or self.steps < 0:
@@ -236,10 +242,10 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
             "device": s["device"], "jax_version": s["jax_version"]}
 
 
-def _run_child(prepared: Prepared, variant: str) -> dict[str, Any]:
+def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default") -> dict[str, Any]:
     if variant == "jaxtrain":
         return run_child("jaxtrain.bench.frameworks", {"workload": prepared.workload, "config": prepared.recipe_config})
-    return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant})
+    return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant, "mode": compile_mode})
 
 
 def _derive(r: dict[str, Any], prepared: Prepared, peak_gflops: float, target: float) -> None:
@@ -344,7 +350,8 @@ def main(config: FrameworksConfig) -> int:
                 for variant in active:
                     if variant in failed:
                         continue
-                    r = {"workload": workload, "variant": variant, "run": run, **_run_child(prepared, variant)}
+                    measured = _run_child(prepared, variant, config.torch_compile_mode)
+                    r = {"workload": workload, "variant": variant, "run": run, **measured}
                     runs.append(r)
                     if "error" in r:
                         failed[variant] = r["error"]

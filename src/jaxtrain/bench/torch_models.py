@@ -249,7 +249,7 @@ def _evaluate(task: Any, fn: Callable, eval_batch_size: int) -> dict[str, float]
     return {f"val_{name}": total / n for name, total in zip(task.metric_names, totals)}
 
 
-def train(spec: dict[str, Any], variant: str) -> dict[str, Any]:
+def train(spec: dict[str, Any], variant: str, mode: str = "default") -> dict[str, Any]:
     """One benchmark run of `variant` (torch-eager or torch-compile) on the prepared workload `spec`.
 
     Every step is timed on its own (torch on the CPU runs synchronously): gather the rows, set the
@@ -257,7 +257,7 @@ def train(spec: dict[str, Any], variant: str) -> dict[str, Any]:
     torch-compile, the first training step traces and compiles the forward and backward graphs: its
     time minus the mean of the other steps is compile time, and training time is N × that mean;
     the evaluation graphs are compiled before training on one batch of each evaluation shape (also
-    compile time), so evaluation times hold no compilation.
+    compile time), so evaluation times hold no compilation. `mode` is torch.compile's.
     """
     torch.set_num_threads(os.cpu_count() or 1)
     arrays = np.load(spec["arrays"])
@@ -273,8 +273,9 @@ def train(spec: dict[str, Any], variant: str) -> dict[str, Any]:
     eval_B = spec["eval_batch_size"]
     compile_s = 0.0
     if variant == "torch-compile":
-        loss_fn = torch.compile(task.loss, dynamic=False)
-        metrics_fn = torch.compile(task.metrics, dynamic=False)
+        mode = None if mode == "default" else mode
+        loss_fn = torch.compile(task.loss, dynamic=False, mode=mode)
+        metrics_fn = torch.compile(task.metrics, dynamic=False, mode=mode)
         n_val = len(task.val[0])
         t0 = time.perf_counter()
         task.model.eval()
@@ -337,4 +338,5 @@ def train(spec: dict[str, Any], variant: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":  # errors (e.g. torch.compile failing) are reported to the driver, which goes on
-    child_main(lambda payload: train(json.loads(Path(payload["spec"]).read_text()), payload["variant"]))
+    child_main(lambda payload: train(json.loads(Path(payload["spec"]).read_text()), payload["variant"],
+                                     payload.get("mode", "default")))
