@@ -499,7 +499,7 @@ def torch_profile(spec_path: str, variant: str, warmup: int, steps: int) -> dict
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from jaxtrain.bench.torch_models import TASKS, build_optimizer, forward_check, load_jax_params
+    from jaxtrain.bench.torch_models import TASKS, build_optimizer, forward_check, load_jax_params, train_step
 
     torch.set_num_threads(os.cpu_count() or 1)
     spec = json.loads(Path(spec_path).read_text())
@@ -518,17 +518,9 @@ def torch_profile(spec_path: str, variant: str, warmup: int, steps: int) -> dict
         loss_fn = torch.compile(task.loss, dynamic=False)
     task.model.train()
 
-    def step(i: int) -> None:  # as torch_models.train: gather, learning rate, forward, backward, clip, update
-        batch = task.gather(rows[i])
-        for group in optimizer.param_groups:
-            group["lr"] = lrs[i]
-        loss = loss_fn(*batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        with record_function(OPTIMIZER_SCOPE):
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(parameters, clip)
-            optimizer.step()
+    def step(i: int) -> None:  # torch_models.train's step, its clip and update labelled for the profile
+        train_step(task, loss_fn, optimizer, parameters, rows[i], lrs[i], clip,
+                   lambda: record_function(OPTIMIZER_SCOPE))
 
     times = []
     for i in range(warmup):

@@ -15,6 +15,7 @@ torch (the optional `jaxtrain[bench]` extra) and its sibling `child.py` (standar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -167,6 +168,25 @@ def build_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Opti
     return cls(groups, lr=0.0, betas=(optim["b1"], optim["b2"]), eps=optim["eps"], fused=True)
 
 
+def train_step(task: Any, loss_fn: Callable, optimizer: torch.optim.Optimizer, parameters: list[torch.Tensor],
+               rows: torch.Tensor, lr: float, clip: float,
+               update_scope: Callable = contextlib.nullcontext) -> torch.Tensor:
+    """One training step as every benchmark runs it: gather the batch's rows, set the learning
+    rate, forward, backward, then clip and update inside `update_scope()` (e.g. a profiler label).
+    Returns the loss."""
+    batch = task.gather(rows)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = loss_fn(*batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    with update_scope():
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(parameters, clip)
+        optimizer.step()
+    return loss
+
+
 class ImageTask:
     """mnist-cnn: uint8 images standardised inside the step (as the recipe's preprocess), cross-entropy."""
 
@@ -296,15 +316,7 @@ def train(spec: dict[str, Any], variant: str, mode: str = "default") -> dict[str
         losses = []
         for _ in range(steps_per_epoch):
             t0 = time.perf_counter()
-            batch = task.gather(rows[step])
-            for group in optimizer.param_groups:
-                group["lr"] = lrs[step]
-            loss = loss_fn(*batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(parameters, clip)
-            optimizer.step()
+            loss = train_step(task, loss_fn, optimizer, parameters, rows[step], lrs[step], clip)
             losses.append(loss.detach())
             times.append(time.perf_counter() - t0)
             step += 1
