@@ -17,7 +17,7 @@ from case_study_loop import EPS, LR, SIZES, make_data  # the original's data and
 from flax import nnx
 
 from jaxtrain import OptimConfig, TrainConfig, data, fit
-from jaxtrain.models import MLP
+from jaxtrain._src.models import MLP
 
 
 def mse(model: nnx.Module, batch: dict, key) -> tuple:

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 from rich.console import Console
 
-from jaxtrain.models import MLP
+from jaxtrain._src.models import MLP
 
 
 def mse(model, batch, key):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxtrain.rl import arena, clique, solver
-from jaxtrain.rl.network import PolicyValueMLP, alphazero_loss, make_forward, relative_board
-from jaxtrain.rl.replay import add, empty_ring
-from jaxtrain.rl.search import SearchConfig, make_search
-from jaxtrain.rl.selfplay import Positions, make_self_play
+from jaxtrain._src.rl import arena, clique, solver
+from jaxtrain._src.rl.network import PolicyValueMLP, alphazero_loss, make_forward, relative_board
+from jaxtrain._src.rl.replay import add, empty_ring
+from jaxtrain._src.rl.search import SearchConfig, make_search
+from jaxtrain._src.rl.selfplay import Positions, make_self_play
 
 SIM = clique.Game(6, 3)
 
@@ -181,7 +181,7 @@ def test_relative_board_is_the_mover_view():
 
 
 def test_symmetry_augment_keeps_the_solver_value_and_moves_targets_with_edges():
-    from jaxtrain.rl.network import make_symmetry_augment
+    from jaxtrain._src.rl.network import make_symmetry_augment
 
     table = solver.solve(SIM)
     states = _random_states(SIM, 32, np.random.default_rng(8))

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from jaxtrain.checkpoint import Checkpointer
-from jaxtrain.cli import main
+from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain.tools.cli import main
 
 TINY = ["--game-batch-size", "8", "--simulations", "4", "--eval-games", "8", "--steps-per-epoch", "4",
         "--steps-per-call", "4", "--training-batch-size", "32", "--width", "16", "--depth", "2",
@@ -37,7 +37,7 @@ def test_bad_input_is_one_line_and_exit_2(flags, message, tmp_path, capsys):
 
 
 def test_num_episodes_sets_the_iterations():
-    from jaxtrain.recipes.alphazero import AlphaZeroConfig
+    from jaxtrain.tools.recipes.alphazero import AlphaZeroConfig
 
     assert AlphaZeroConfig(num_episodes=1000, game_batch_size=64).epochs == 16
     assert AlphaZeroConfig(epochs=5).epochs == 5

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxtrain.models import attention
-from jaxtrain.models import gpt as gpt_module
-from jaxtrain.models.gpt import GPT, GPTConfig
+from jaxtrain._src.models import attention
+from jaxtrain._src.models import gpt as gpt_module
+from jaxtrain._src.models.gpt import GPT, GPTConfig
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_ATOL = 3e-2
@@ -124,7 +124,7 @@ def test_gpt_under_bf16_parameters_runs_its_matmuls_in_bf16_and_returns_float32_
 
 
 def test_attention_benchmark_runs_in_quick_mode(capsys):
-    from jaxtrain.bench import attention as bench
+    from jaxtrain.tools.bench import attention as bench
 
     assert bench.main(bench.AttentionBenchConfig(quick=True)) == 0
     out = capsys.readouterr().out

@@ -6,8 +6,8 @@ import statistics
 import numpy as np
 import pytest
 
-from jaxtrain.bench import overhead
-from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data
+from jaxtrain.tools.bench import overhead
+from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 
 
 def test_overhead_benchmark_runs_in_quick_mode(tmp_path, capsys):
@@ -31,7 +31,7 @@ def test_overhead_benchmark_runs_in_quick_mode(tmp_path, capsys):
 
 
 def test_ladder_quick_runs_and_validates(tmp_path, capsys):
-    from jaxtrain.bench import ladder, ladder_report
+    from jaxtrain.tools.bench import ladder, ladder_report
 
     # The original runs as the benchmark runs every variant, in a fresh child process; rungs 1-5 run in
     # this process through the same function a child calls (`_child`), to spare five interpreter and JAX
@@ -63,7 +63,7 @@ def test_ladder_quick_runs_and_validates(tmp_path, capsys):
 
 
 def test_ladder_validation_fails_on_a_prediction_mismatch(tmp_path):
-    from jaxtrain.bench import ladder, ladder_report
+    from jaxtrain.tools.bench import ladder, ladder_report
 
     config = ladder.LadderConfig(out=str(tmp_path))
     preds = np.zeros((10, 64), np.float32)
@@ -78,7 +78,7 @@ def test_ladder_validation_fails_on_a_prediction_mismatch(tmp_path):
 
 
 def test_checkpoint_benchmark_runs_in_quick_mode(tmp_path, capsys):
-    from jaxtrain.bench import checkpoint
+    from jaxtrain.tools.bench import checkpoint
 
     out = tmp_path / "checkpoint.json"
     assert checkpoint.main(checkpoint.CheckpointBenchConfig(quick=True, out=str(out))) == 0
@@ -111,8 +111,8 @@ child_main(work)
 def test_run_child_returns_the_childs_result_or_one_error_line(tmp_path):
     from pathlib import Path
 
-    import jaxtrain.bench.child as child
-    from jaxtrain.bench.child import run_child
+    import jaxtrain.tools.bench.child as child
+    from jaxtrain.tools.bench.child import run_child
 
     script = tmp_path / "work.py"
     script.write_text(CHILD.format(bench=str(Path(child.__file__).parent)))

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from jaxtrain.bench import faults
+from jaxtrain.tools.bench import faults
 
 
 def test_quick_faults_benchmark_resumes_an_async_save_kill_to_an_equal_run(tmp_path, capsys):

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxtrain.bench import BENCHMARKS
-from jaxtrain.bench import profile as bench_profile
-from jaxtrain.bench.profile import HloOp, ProfileBenchConfig, hlo_ops, jax_op_rows, torch_category
-from jaxtrain.cli import USAGE
-from jaxtrain.cli import main as cli_main
+from jaxtrain.tools.bench import BENCHMARKS
+from jaxtrain.tools.bench import profile as bench_profile
+from jaxtrain.tools.bench.profile import HloOp, ProfileBenchConfig, hlo_ops, jax_op_rows, torch_category
+from jaxtrain.tools.cli import USAGE
+from jaxtrain.tools.cli import main as cli_main
 
 
 def test_quick_run_prints_the_op_table_and_writes_results(tmp_path, capsys):

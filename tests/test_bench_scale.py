@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from jaxtrain.bench import BENCHMARKS, scale
+from jaxtrain.tools.bench import BENCHMARKS, scale
 
 # A K=8 call: the scan's body (trip count 8) holds an all-reduce of 1 KiB over 4 devices, a
 # reduce-scatter whose result is 256 B per device of 2 (S = 512 B) and an async all-gather of 2 KiB;

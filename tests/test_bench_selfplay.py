@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from jaxtrain.bench import BENCHMARKS
-from jaxtrain.bench.selfplay import VARIANTS, SelfPlayBenchConfig, main
-from jaxtrain.cli import USAGE
-from jaxtrain.cli import main as cli_main
+from jaxtrain.tools.bench import BENCHMARKS
+from jaxtrain.tools.bench.selfplay import VARIANTS, SelfPlayBenchConfig, main
+from jaxtrain.tools.cli import USAGE
+from jaxtrain.tools.cli import main as cli_main
 
 
 def test_quick_run_prints_every_row_and_writes_json_and_png(tmp_path, capsys):

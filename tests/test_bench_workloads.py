@@ -20,8 +20,8 @@ def test_frameworks_batch_rows_follow_fits_order():
     from rich.console import Console
 
     from jaxtrain import OptimConfig, TrainConfig, fit
-    from jaxtrain.bench.frameworks import batch_rows
-    from jaxtrain.models import MLP
+    from jaxtrain.tools.bench.frameworks import batch_rows
+    from jaxtrain._src.models import MLP
 
     seen = []
 
@@ -44,9 +44,9 @@ def test_frameworks_torch_models_mirror_the_jax_models():
     import torch
     from flax import nnx
 
-    from jaxtrain.bench import torch_models
-    from jaxtrain.models import CNN
-    from jaxtrain.models.gpt import GPT, GPTConfig
+    from jaxtrain.tools.bench import torch_models
+    from jaxtrain._src.models import CNN
+    from jaxtrain._src.models.gpt import GPT, GPTConfig
 
     def params_of(model):
         flat = jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))
@@ -69,8 +69,8 @@ def test_frameworks_torch_models_mirror_the_jax_models():
 
 
 def test_frameworks_config_rejects_unknown_names():
-    from jaxtrain.bench.frameworks import FrameworksConfig
-    from jaxtrain.errors import ConfigError
+    from jaxtrain.tools.bench.frameworks import FrameworksConfig
+    from jaxtrain._src.errors import ConfigError
 
     with pytest.raises(ConfigError, match="workloads='mnist-cnn,resnet'"):
         FrameworksConfig(workloads="mnist-cnn,resnet")
@@ -84,8 +84,8 @@ def test_frameworks_config_rejects_unknown_names():
 def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
     import math
 
-    from jaxtrain.bench import frameworks
-    from jaxtrain.bench.child import torch_available
+    from jaxtrain.tools.bench import frameworks
+    from jaxtrain.tools.bench.child import torch_available
 
     out = tmp_path / "frameworks"
     assert frameworks.main(frameworks.FrameworksConfig(quick=True, out=str(out))) == 0
@@ -141,10 +141,10 @@ def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
 
 
 def test_data_benchmark_quick(tmp_path, capsys):
-    from jaxtrain.bench.data import DataBenchConfig, main
+    from jaxtrain.tools.bench.data import DataBenchConfig, main
 
     assert main(DataBenchConfig(quick=True, dir=str(tmp_path))) == 0
-    from jaxtrain.recipes import get_recipe
+    from jaxtrain.tools.recipes import get_recipe
 
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["runs"]) == {"device (small file in memory)", "stream (large file)", "stream (small file)"}
@@ -163,7 +163,7 @@ def test_data_benchmark_quick(tmp_path, capsys):
 
 
 def test_scan_benchmark_quick(capsys):
-    from jaxtrain.bench.scan import ScanBenchConfig, main
+    from jaxtrain.tools.bench.scan import ScanBenchConfig, main
 
     assert main(ScanBenchConfig(quick=True)) == 0
     out = capsys.readouterr().out

@@ -15,9 +15,9 @@ from conftest import mse, regression_data, silent, small_mlp
 
 import jaxtrain
 from jaxtrain import CheckpointConfig, CheckpointError, NonFiniteLossError, TrainConfig, fit
-from jaxtrain.checkpoint import Checkpointer, flatten_state, unflatten_state
-from jaxtrain.state import init_state
-from jaxtrain.step import epoch_permutation
+from jaxtrain._src.checkpoint import Checkpointer, flatten_state, unflatten_state
+from jaxtrain._src.state import init_state
+from jaxtrain._src.step import epoch_permutation
 
 TIMINGS = ("elapsed_s", "train_time_s", "eval_time_s", "epoch_time_s", "input_wait_s", "input_wait_fraction")
 
@@ -183,7 +183,7 @@ def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path)
                 "y": np.zeros((2000, 64), np.float32)}
         from flax import nnx
 
-        from jaxtrain.models import MLP
+        from jaxtrain._src.models import MLP
 
         config = TrainConfig(epochs=20, batch_size=100, checkpoint=CheckpointConfig(keep_last=100, keep_best=0))
         with pytest.raises(CheckpointError, match="cannot write a checkpoint to .*the last complete checkpoint is"):
@@ -200,7 +200,7 @@ def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path)
 
 
 def test_eval_and_load(tmp_path, capsys):
-    from jaxtrain.cli import main  # in-process: nothing here needs a separate process
+    from jaxtrain.tools.cli import main  # in-process: nothing here needs a separate process
 
     run_dir = tmp_path / "run"
     assert main(["train", "mlp-regression", "--data.samples", "2000", "--data.val-samples", "300", "--epochs", "2",
@@ -219,7 +219,7 @@ def test_eval_and_load(tmp_path, capsys):
 
 
 def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, capsys):
-    from jaxtrain.cli import main
+    from jaxtrain.tools.cli import main
 
     run_dir = tmp_path / "run"
     assert main([*TRAIN, "--epochs", "1", "--run-dir", str(run_dir)]) == 0
@@ -253,7 +253,7 @@ def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, ca
 def test_load_a_python_fit_run_with_a_template(tmp_path):
     from flax import nnx
 
-    from jaxtrain.models import MLP
+    from jaxtrain._src.models import MLP
 
     result = _run(tmp_path / "py", epochs=1)
     template = nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(123)))  # no weights allocated
@@ -271,8 +271,8 @@ def test_load_a_python_fit_run_with_a_template(tmp_path):
 def test_load_reads_no_data(tmp_path, monkeypatch):
     """Recipe runs restore weights into `Recipe.model(config, model.json)`: building the workload
     (which reads the datasets) is not needed, so here it is made to fail."""
-    from jaxtrain import runs
-    from jaxtrain.recipes import get_recipe
+    from jaxtrain.tools import runs
+    from jaxtrain.tools.recipes import get_recipe
 
     recipe = get_recipe("mlp-regression")
     config = dataclasses.replace(recipe.config, epochs=1, quiet=True, data=dataclasses.replace(
@@ -284,7 +284,7 @@ def test_load_reads_no_data(tmp_path, monkeypatch):
     def no_data(config):
         raise AssertionError("the datasets were built")
 
-    from jaxtrain.recipes import RECIPES
+    from jaxtrain.tools.recipes import RECIPES
 
     monkeypatch.setitem(RECIPES, "mlp-regression", dataclasses.replace(recipe, build=no_data))
     loaded = jaxtrain.load(tmp_path / "run", "latest")

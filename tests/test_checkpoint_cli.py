@@ -15,8 +15,8 @@ import pytest
 from test_checkpoint import TRAIN, _assert_bit_equal, _mount_tmpfs, _unmount
 
 import jaxtrain
-from jaxtrain.checkpoint import Checkpointer
-from jaxtrain.cli import main
+from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain.tools.cli import main
 
 
 def _cli(*args, **kwargs):

@@ -15,9 +15,9 @@ from conftest import small_mlp
 from flax import nnx
 
 from jaxtrain import CheckpointError
-from jaxtrain.checkpoint import Checkpointer, flatten_state
-from jaxtrain.models import MLP
-from jaxtrain.state import init_state
+from jaxtrain._src.checkpoint import Checkpointer, flatten_state
+from jaxtrain._src.models import MLP
+from jaxtrain._src.state import init_state
 
 STEPS = (10, 20, 30)
 

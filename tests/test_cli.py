@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxtrain.cli import main
-from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data
+from jaxtrain.tools.cli import main
+from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 
 TINY = ["--epochs", "1", "--data.samples", "2000", "--data.val-samples", "300", "--quiet"]
 

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain import rl
-from jaxtrain.rl import Game, init, init_batch, legal_actions, observation, reward, step
+from jaxtrain._src import rl
+from jaxtrain._src.rl import Game, init, init_batch, legal_actions, observation, reward, step
 
 B = 256  # random games per (n, k): one compile each, shared by the tests below
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from jaxtrain.cli import main
-from jaxtrain.errors import ConfigError
-from jaxtrain.report.compare import compare_runs, flatten
+from jaxtrain.tools.cli import main
+from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.report.compare import compare_runs, flatten
 
 TINY = ["--epochs", "2", "--data.samples", "600", "--data.val-samples", "100", "--model.hidden", "16",
         "--log-every", "5", "--checkpoint.no-enabled", "--no-tensorboard", "--quiet"]

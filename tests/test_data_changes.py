@@ -12,12 +12,12 @@ import pytest
 from conftest import mse, regression_data, silent, small_mlp
 
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
-from jaxtrain.checkpoint import Checkpointer
-from jaxtrain.cli import main
-from jaxtrain.data.generate import generate_dataset
-from jaxtrain.data.sources import HDF5Source
-from jaxtrain.errors import DataError
-from jaxtrain.hooks import LambdaHook
+from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain.tools.cli import main
+from jaxtrain._src.data.generate import generate_dataset
+from jaxtrain._src.data.sources import HDF5Source
+from jaxtrain._src.errors import DataError
+from jaxtrain._src.hooks import LambdaHook
 
 KEYS = {"x": "x", "y": "y"}
 AN_HOUR_AGO_NS = 3600 * 10**9

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtrain.data import datasets
-from jaxtrain.data.datasets import CharTokenizer, fetch, load_mnist, load_tinyshakespeare, read_idx
-from jaxtrain.errors import DataError
+from jaxtrain._src.data import datasets
+from jaxtrain._src.data.datasets import CharTokenizer, fetch, load_mnist, load_tinyshakespeare, read_idx
+from jaxtrain._src.errors import DataError
 
 OFFLINE = os.environ.get("JAXTRAIN_DATA_DIR")
 needs_data = pytest.mark.skipif(not OFFLINE, reason="JAXTRAIN_DATA_DIR (the offline datasets) is not set")

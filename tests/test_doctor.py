@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxtrain.cli import main
-from jaxtrain.diagnose import doctor
+from jaxtrain.tools.cli import main
+from jaxtrain.tools.diagnose import doctor
 
 NAMES = ["versions", "backend", "device memory", "jit", "transfer", "dispatch", "matmul f32", "matmul bf16",
          "cudnn attention", "jax config"]
@@ -105,7 +105,7 @@ def test_cli_table_and_a_bad_option(capsys):
 @on_cpu
 def test_gpu_checks_judge_results_when_the_backend_says_gpu(monkeypatch):
     """The GPU-only checks' logic, run on a CPU that claims to be a GPU (no GPU in CI)."""
-    from jaxtrain.models import attention
+    from jaxtrain._src.models import attention
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(doctor, "ATTENTION_SHAPE", (1, 64, 2, 64))

@@ -10,8 +10,8 @@ from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import NonFiniteLossError, OptimConfig, TrainConfig, fit
-from jaxtrain.errors import ConfigError, DataError
-from jaxtrain.step import epoch_permutation
+from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.step import epoch_permutation
 
 
 def _fit(train, val=None, seed=0, **overrides):
@@ -153,7 +153,7 @@ def test_run_dir_files(tmp_path):
 
 
 def test_steps_per_call_choice_from_two_timed_lengths():
-    from jaxtrain.calls import StepsPerCall
+    from jaxtrain._src.calls import StepsPerCall
 
     chooser = StepsPerCall(0, 1000)
     lengths = []

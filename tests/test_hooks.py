@@ -12,9 +12,9 @@ import pytest
 from conftest import leaves_close, mse, regression_data, silent, small_mlp
 
 from jaxtrain import DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig, fit
-from jaxtrain.calls import AutoSteps
-from jaxtrain.errors import ConfigError
-from jaxtrain.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
+from jaxtrain._src.calls import AutoSteps
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
 
 
 def _config(**overrides):

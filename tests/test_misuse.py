@@ -8,9 +8,9 @@ from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import TrainConfig, fit
-from jaxtrain.checks import abstract_batch, check_fit_inputs
-from jaxtrain.data import ArraySource
-from jaxtrain.errors import ConfigError, DataError
+from jaxtrain._src.checks import abstract_batch, check_fit_inputs
+from jaxtrain._src.data import ArraySource
+from jaxtrain._src.errors import ConfigError, DataError
 
 B = 16
 

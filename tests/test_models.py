@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxtrain.models import CNN
-from jaxtrain.models.cnn import avg_pool_2x2, conv2d_same
-from jaxtrain.models.gpt import GPT, GPTConfig, sample
+from jaxtrain._src.models import CNN
+from jaxtrain._src.models.cnn import avg_pool_2x2, conv2d_same
+from jaxtrain._src.models.gpt import GPT, GPTConfig, sample
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -117,7 +117,7 @@ def test_gpt_dense_equals_the_3d_linear_in_value_and_gradients():
     import numpy as np
     from flax import nnx
 
-    from jaxtrain.models.gpt import _dense, _linear
+    from jaxtrain._src.models.gpt import _dense, _linear
 
     layer = _linear(16, 48, True, 0.02, nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (3, 5, 16))

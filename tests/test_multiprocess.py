@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtrain.checkpoint import Checkpointer
+from jaxtrain._src.checkpoint import Checkpointer
 
 # 50 steps per epoch (calls of 8 steps and a remainder of 2); a step checkpoint every 24 steps. A step of
 # two processes costs tens of ms (gloo all-reduces over TCP): after the first checkpoint the killed job
@@ -39,7 +39,7 @@ def free_port() -> int:
 def start(args: list[str], devices: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    command = [sys.executable, "-c", "from jaxtrain.cli import entry_point; entry_point()", *args]
+    command = [sys.executable, "-c", "from jaxtrain.tools.cli import entry_point; entry_point()", *args]
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -127,7 +127,7 @@ def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path
      "dist.coordinator='nohost' must be host:port"),
 ])
 def test_bad_distributed_settings_exit_2(args, message, tmp_path, capsys):
-    from jaxtrain.cli import main
+    from jaxtrain.tools.cli import main
 
     port = free_port()  # nothing listens there
     assert main([*ARGS, "--run-dir", str(tmp_path / "r"), *[a.format(port=port) for a in args]]) == 2

@@ -11,9 +11,9 @@ from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import DataConfig, OptimConfig, TrainConfig, fit
-from jaxtrain.errors import ConfigError
-from jaxtrain.models import MLP
-from jaxtrain.precision import LossScaleState, Policy, loss_scaling
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.models import MLP
+from jaxtrain._src.precision import LossScaleState, Policy, loss_scaling
 
 
 def _fit(train, model=None, **overrides):
@@ -134,7 +134,7 @@ def test_precision_and_accumulation_on_a_mesh():
             low = _fit(data, batch_size=8, grad_accum=4, epochs=2, mesh=mesh, precision=precision)
             assert abs(low.final_train_loss - one.final_train_loss) <= 0.05 * one.final_train_loss, (mesh, precision)
     # rematerialised blocks under FSDP: the same training as without (1e-6)
-    from jaxtrain.models.gpt import GPT, GPTConfig
+    from jaxtrain._src.models.gpt import GPT, GPTConfig
 
     tokens = {"tokens": np.random.default_rng(0).integers(0, 11, (64, 9)).astype(np.int32)}
 
@@ -175,7 +175,7 @@ def test_fp16_loss_scale_is_checkpointed_and_resumed_exactly(tmp_path):
 
 
 def test_bench_precision_quick_prints_every_setting(capsys):
-    from jaxtrain.cli import main
+    from jaxtrain.tools.cli import main
 
     assert main(["bench", "precision", "--quick"]) == 0
     out = capsys.readouterr().out

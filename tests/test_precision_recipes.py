@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from jaxtrain import runs
-from jaxtrain.recipes import RECIPES
+from jaxtrain.tools import runs
+from jaxtrain.tools.recipes import RECIPES
 
 # recipe -> (preset, overrides, data overrides)
 SMALL = {

@@ -10,10 +10,10 @@ from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
-from jaxtrain.cli import main
-from jaxtrain.data.sources import ArraySource
-from jaxtrain.models import MLP
-from jaxtrain.report.profile_report import BOUND_SHARE, LOOP_PARTS, PARTS, build_profile, profile_lines
+from jaxtrain.tools.cli import main
+from jaxtrain._src.data.sources import ArraySource
+from jaxtrain._src.models import MLP
+from jaxtrain._src.report.profile_report import BOUND_SHARE, LOOP_PARTS, PARTS, build_profile, profile_lines
 
 NO_FILES = dict(verbosity="silent")
 

@@ -1,4 +1,4 @@
-"""The plain-Python AlphaZero search (jaxtrain.rl.python_mcts): it avoids losing moves and finds forced
+"""The plain-Python AlphaZero search (jaxtrain.tools.bench.python_mcts): it avoids losing moves and finds forced
 wins in hand-built Sim positions, and its games follow the JAX rules of jaxtrain.rl.clique.
 
 The positions' premises (which moves lose at once, which replies all lose) are checked here with a
@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxtrain.rl import clique
-from jaxtrain.rl.python_mcts import GameRecord, play_game, search
+from jaxtrain._src.rl import clique
+from jaxtrain.tools.bench.python_mcts import GameRecord, play_game, search
 
 SIM = clique.Game(6, 3)
 EDGES = list(itertools.combinations(range(6), 2))  # edge e joins EDGES[e]

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain import runs
-from jaxtrain.data.datasets import load_mnist
-from jaxtrain.recipes import RECIPES
-from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data
+from jaxtrain.tools import runs
+from jaxtrain._src.data.datasets import load_mnist
+from jaxtrain.tools.recipes import RECIPES
+from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 
 
 def test_data_is_deterministic_from_its_seed_and_split():
@@ -59,7 +59,7 @@ def test_mnist_cnn_smoke(tmp_path):
 
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline Tiny Shakespeare file")
 def test_char_gpt_smoke_and_sample(tmp_path, capsys):
-    from jaxtrain.cli import main
+    from jaxtrain.tools.cli import main
 
     run_dir = tmp_path / "gpt"
     args = ["train", "char-gpt", "--preset", "seed", "--epochs", "2", "--steps-per-epoch", "10",
@@ -80,7 +80,7 @@ def test_char_gpt_smoke_and_sample(tmp_path, capsys):
 
 
 def test_mlp_regression_from_an_hdf5_file_streams_or_holds_it(tmp_path, capsys):
-    from jaxtrain.cli import main
+    from jaxtrain.tools.cli import main
 
     path = tmp_path / "reg.h5"
     assert main(["data", "generate", "mlp-regression", str(path), "--samples", "3000", "--quiet"]) == 0
@@ -103,7 +103,7 @@ def test_mlp_regression_from_an_hdf5_file_streams_or_holds_it(tmp_path, capsys):
 
 
 def test_hdf5_sequence_recipe_learns_from_a_streamed_file(tmp_path, capsys):
-    from jaxtrain.cli import main
+    from jaxtrain.tools.cli import main
 
     path = tmp_path / "seq.h5"
     assert main(["data", "generate", "sequence", str(path), "--samples", "2500", "--seq-len", "32", "--quiet"]) == 0

@@ -14,9 +14,9 @@ import pytest
 from flax import nnx
 
 import jaxtrain
-from jaxtrain import remat
-from jaxtrain.errors import ConfigError
-from jaxtrain.models import CNN, GPT, GPTConfig, SequenceCNN
+from jaxtrain._src import remat
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.models import CNN, GPT, GPTConfig, SequenceCNN
 
 ATOL = 1e-6
 MODES = ["blocks", "full"]
@@ -142,8 +142,8 @@ def test_an_unknown_mode_is_a_one_line_config_error():
 
 
 def test_mlp_regression_with_remat_is_a_config_error_and_exit_code_2(capsys):
-    from jaxtrain.cli import main
-    from jaxtrain.recipes.mlp_regression import RECIPE
+    from jaxtrain.tools.cli import main
+    from jaxtrain.tools.recipes.mlp_regression import RECIPE
 
     config = dataclasses.replace(RECIPE.config, remat="blocks")
     with pytest.raises(ConfigError, match="no repeated blocks"):
@@ -156,7 +156,7 @@ def test_mlp_regression_with_remat_is_a_config_error_and_exit_code_2(capsys):
 
 
 def test_recipes_build_their_models_with_the_remat_setting():
-    from jaxtrain.recipes import char_gpt, hdf5_sequence, mnist_cnn
+    from jaxtrain.tools.recipes import char_gpt, hdf5_sequence, mnist_cnn
 
     gpt = char_gpt.build_model(dataclasses.replace(char_gpt.SEED, remat="blocks"), {"vocabulary": "abc"})
     cnn = mnist_cnn.build_model(dataclasses.replace(mnist_cnn.MNIST.config, remat="full"), {})
@@ -168,8 +168,8 @@ def test_recipes_build_their_models_with_the_remat_setting():
 
 def test_remat_trains_like_none_in_the_engine():
     """Through `make_train_step` inside `lax.scan` (how fit runs it): the same losses, 3 steps."""
-    from jaxtrain.state import init_state
-    from jaxtrain.step import make_train_step
+    from jaxtrain._src.state import init_state
+    from jaxtrain._src.step import make_train_step
 
     tokens = jax.random.randint(jax.random.key(3), (3, 4, 17), 0, 13)  # (K, B, T + 1)
 
@@ -187,7 +187,7 @@ def test_remat_trains_like_none_in_the_engine():
 
 
 def test_remat_benchmark_measures_a_tiny_workload():
-    from jaxtrain.bench import remat as bench
+    from jaxtrain.tools.bench import remat as bench
 
     workload = bench.Workload(
         "tiny gpt", lambda m: _gpt(m, n_layer=1, dropout=0.0, block_size=8), bench._lm_loss,

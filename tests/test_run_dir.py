@@ -21,12 +21,12 @@ from test_checkpoint import _log_rows
 
 import jaxtrain
 from jaxtrain import TrainConfig, fit
-from jaxtrain.checkpoint import Checkpointer
-from jaxtrain.cli import main
-from jaxtrain.errors import ConfigError
-from jaxtrain.loop import TrainingStopped
-from jaxtrain.run_guard import RunGuard
-from jaxtrain.state import init_state
+from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain.tools.cli import main
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.loop import TrainingStopped
+from jaxtrain._src.run_guard import RunGuard
+from jaxtrain._src.state import init_state
 
 DATA = regression_data(160)
 CONFIG = TrainConfig(epochs=2, batch_size=16, steps_per_call=5, tensorboard=False)
@@ -133,7 +133,7 @@ def test_a_resumed_run_keeps_the_best_checkpoint(tmp_path):
 
 
 def test_sigterm_during_start_up_stops_before_training_and_writes_the_status(tmp_path, monkeypatch):
-    import jaxtrain.loop as loop
+    import jaxtrain._src.loop as loop
 
     real = loop.make_feed
 
@@ -154,9 +154,9 @@ def test_sigterm_during_start_up_stops_before_training_and_writes_the_status(tmp
 def test_sigterm_before_fit_ends_the_command_with_one_line(tmp_path):
     # SIGTERM while the recipe builds its data (before fit): one line, exit 143, nothing written.
     script = ("import os, signal, sys\n"
-              "import jaxtrain.runs as runs\n"
+              "import jaxtrain.tools.runs as runs\n"
               "from jaxtrain import cli\n"
-              "from jaxtrain.recipes import get_recipe\n"
+              "from jaxtrain.tools.recipes import get_recipe\n"
               "recipe = get_recipe('mlp-regression')\n"
               "build = recipe.build\n"
               "object.__setattr__(recipe, 'build', lambda c: (os.kill(os.getpid(), signal.SIGTERM), build(c))[1])\n"

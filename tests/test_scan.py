@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxtrain.cli import main
-from jaxtrain.diagnose import RULES, Finding, scan_paths, scan_source
-from jaxtrain.diagnose.scan import CHECKS
+from jaxtrain.tools.cli import main
+from jaxtrain.tools.diagnose import RULES, Finding, scan_paths, scan_source
+from jaxtrain.tools.diagnose.scan import CHECKS
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "jaxtrain"
@@ -201,7 +201,7 @@ def load(path):
         x = f["features"][:]  # <-
     return x
 """, """
-from jaxtrain.data import HDF5Source
+from jaxtrain._src.data import HDF5Source
 
 def load(path):
     return HDF5Source(path, {"x": "features", "y": "targets"})

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from jaxtrain import fit
-from jaxtrain.cli import main
-from jaxtrain.errors import ConfigError
-from jaxtrain.recipes import get_recipe
-from jaxtrain.sharding import FSDP_MIN_ELEMENTS, make_layout, parse_mesh, shard_bytes
+from jaxtrain.tools.cli import main
+from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.recipes import get_recipe
+from jaxtrain._src.sharding import FSDP_MIN_ELEMENTS, make_layout, parse_mesh, shard_bytes
 
 MESHES = ("data=4", "data=2,fsdp=2", "fsdp=4")
 RTOL = 1e-5
@@ -112,10 +112,10 @@ def test_char_gpt_on_meshes_matches_one_device():
 def test_every_mesh_and_placement_visits_the_same_batches():
     """A fake step returns a fingerprint of each batch (its ids weighted by position), so equal
     metrics mean equal rows in the same order, step by step."""
-    from jaxtrain.calls import CompiledCalls, StepsPerCall
-    from jaxtrain.data import Placement
-    from jaxtrain.feeds import DeviceFeed, StreamFeed, as_source
-    from jaxtrain.state import TrainState
+    from jaxtrain._src.calls import CompiledCalls, StepsPerCall
+    from jaxtrain._src.data import Placement
+    from jaxtrain._src.feeds import DeviceFeed, StreamFeed, as_source
+    from jaxtrain._src.state import TrainState
 
     n, B, K = 1000, 32, 5
     data = {"id": np.arange(n, dtype=np.int32), "x": np.ones((n, 3), np.float32)}

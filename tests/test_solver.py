@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain.rl.clique import Game, State, init_batch, legal_actions, step
-from jaxtrain.rl.solver import (
+from jaxtrain._src.rl.clique import Game, State, init_batch, legal_actions, step
+from jaxtrain._src.rl.solver import (
     UNREACHABLE,
     decode,
     first_player_value,

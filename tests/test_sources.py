@@ -7,9 +7,9 @@ import h5py
 import numpy as np
 import pytest
 
-from jaxtrain.data import ArraySource, HDF5Source
-from jaxtrain.data.sources import check_finite
-from jaxtrain.errors import DataError
+from jaxtrain._src.data import ArraySource, HDF5Source
+from jaxtrain._src.data.sources import check_finite
+from jaxtrain._src.errors import DataError
 
 
 def write_h5(path, chunks=16, compression=None, **arrays):

@@ -8,17 +8,17 @@ import sys
 
 import numpy as np
 
-from jaxtrain.data.synthetic import regression_rows
-from jaxtrain.hooks.tensorboard import _summary_writer_class
+from jaxtrain._src.data.synthetic import regression_rows
+from jaxtrain._src.hooks.tensorboard import _summary_writer_class
 
 LAZY = ("matplotlib", "torch", "tensorboardX", "tensorboard", "grain", "orbax")
 
 CHECK = """
 import json, sys
-import jaxtrain, jaxtrain.cli, jaxtrain.runs, jaxtrain.recipes
+import jaxtrain, jaxtrain.tools.cli, jaxtrain.tools.runs, jaxtrain.tools.recipes
 at_import = sorted(m for m in {lazy!r} if m in sys.modules)
 from jaxtrain import LambdaHook, TrainConfig, fit
-from jaxtrain.models import MLP
+from jaxtrain._src.models import MLP
 from flax import nnx
 import numpy as np
 seen = {{}}
@@ -40,7 +40,7 @@ def test_train_path_imports_heavy_libraries_only_when_used(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen["import"] == [], "`import jaxtrain.cli` and the train command's modules load none of them"
+    assert seen["import"] == [], "`import jaxtrain.tools.cli` and the train command's modules load none of them"
     # Orbax is needed by then (the run checkpoints), the rest is not.
     assert seen["start"] in ([], ["orbax"]), "nothing else heavy is loaded before the first training step"
     # By the end the plot's matplotlib and the TensorBoard writer are loaded, PyTorch never is.
@@ -77,8 +77,8 @@ def test_recipes_built_as_one_program_get_the_eager_weights():
     import jax
     from flax import nnx
 
-    from jaxtrain.models import MLP, Conv2D, SequenceCNN, compiled_init
-    from jaxtrain.rl.network import PolicyValueMLP
+    from jaxtrain._src.models import MLP, Conv2D, SequenceCNN, compiled_init
+    from jaxtrain._src.rl.network import PolicyValueMLP
 
     # mnist-cnn's CNN is Conv2D and nnx.Linear layers (built whole, eagerly, it takes seconds)
     for build in (lambda: MLP((6, 16, 3), rngs=nnx.Rngs(3)), lambda: Conv2D(3, 8, rngs=nnx.Rngs(1)),

@@ -6,8 +6,8 @@ import numpy as np
 import optax
 from conftest import leaves_close, mse, regression_data, small_mlp
 
-from jaxtrain.state import init_state
-from jaxtrain.step import epoch_permutation, make_eval_step, make_evaluate, make_multi_step, make_train_step
+from jaxtrain._src.state import init_state
+from jaxtrain._src.step import epoch_permutation, make_eval_step, make_evaluate, make_multi_step, make_train_step
 
 
 def _setup(seed=0):

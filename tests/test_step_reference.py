@@ -13,9 +13,9 @@ import pytest
 from flax import nnx
 
 from jaxtrain import OptimConfig, build_optimizer
-from jaxtrain.models import MLP
-from jaxtrain.state import init_state
-from jaxtrain.step import make_train_step
+from jaxtrain._src.models import MLP
+from jaxtrain._src.state import init_state
+from jaxtrain._src.step import make_train_step
 
 RTOL = 1e-5
 ATOL = 1e-6  # float32 parameters of size ~0.5 and losses of size ~1

@@ -12,8 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-from jaxtrain.data import ArraySource, DevicePrefetcher, HDF5Source, StreamLoader
-from jaxtrain.errors import ConfigError, DataError
+from jaxtrain._src.data import ArraySource, DevicePrefetcher, HDF5Source, StreamLoader
+from jaxtrain._src.errors import ConfigError, DataError
 
 
 def id_arrays(n: int) -> dict[str, np.ndarray]:
@@ -221,7 +221,7 @@ def test_bad_loader_settings_are_config_errors():
 
 PEAK_RSS = textwrap.dedent("""
     import resource, sys
-    from jaxtrain.data import HDF5Source, StreamLoader
+    from jaxtrain._src.data import HDF5Source, StreamLoader
     with HDF5Source(sys.argv[1], {"x": "x"}) as source:
         loader = StreamLoader(source, 4096, seed=0, block_rows=16384, window_blocks=4, drop_last=False)
         rows = sum(len(b["x"]) for b in loader.iter_epoch(0))

@@ -9,8 +9,8 @@ import numpy as np
 from conftest import mse, regression_data, silent, small_mlp
 
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
-from jaxtrain.checkpoint import Checkpointer
-from jaxtrain.data.sources import ArraySource, HDF5Source
+from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain._src.data.sources import ArraySource, HDF5Source
 
 CHUNK = 16  # rows per HDF5 chunk; 301 rows: not a multiple of the chunk or the batch (16)
 

@@ -5,9 +5,9 @@ import dataclasses
 import h5py
 import numpy as np
 
-from jaxtrain.data import generate_dataset, make_rows
-from jaxtrain.data.synthetic import GEN_BLOCK_ROWS, regression_rows
-from jaxtrain.recipes.mlp_regression import RegressionDataConfig, make_data
+from jaxtrain._src.data import generate_dataset, make_rows
+from jaxtrain._src.data.synthetic import GEN_BLOCK_ROWS, regression_rows
+from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 
 
 def test_recipe_data_equal_the_generated_file_for_the_same_seed(tmp_path):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain.data import compose, gaussian_noise, normalize
+from jaxtrain._src.data import compose, gaussian_noise, normalize
 
 
 def test_normalize_matches_numpy():

@@ -1,4 +1,4 @@
-"""The batch-size finder (`jaxtrain.tune.batch_size`, `jaxtrain tune batch-size`): its memory search
+"""The batch-size finder (`jaxtrain.tools.tune.batch_size`, `jaxtrain tune batch-size`): its memory search
 against a cap, its trial runs, the learning-rate scaling, the command line."""
 
 import dataclasses
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from jaxtrain import cli, fit, tune
-from jaxtrain.models.gpt import GPTConfig
-from jaxtrain.recipes import get_recipe
-from jaxtrain.report.tune import plot_batch_size, print_batch_size
-from jaxtrain.sharding import make_layout
+from jaxtrain import fit
+from jaxtrain.tools import cli, tune
+from jaxtrain._src.models.gpt import GPTConfig
+from jaxtrain.tools.recipes import get_recipe
+from jaxtrain.tools.report.tune import plot_batch_size, print_batch_size
+from jaxtrain._src.sharding import make_layout
 
 GiB = 2**30
 FAST = dict(seconds=0.05, refine_steps=1)  # about 17 ms per timed call; one bisection step

@@ -1,9 +1,9 @@
 """jaxtrain: fast, memory-efficient neural-network training on JAX by default."""
 
-from jaxtrain import data, distributed, hooks, models, sharding, tune
-from jaxtrain.calls import AutoSteps
-from jaxtrain.checkpoint import CheckpointError
-from jaxtrain.config import (
+from jaxtrain import data, hooks, models
+from jaxtrain._src.calls import AutoSteps
+from jaxtrain._src.checkpoint import CheckpointError
+from jaxtrain._src.config import (
     CheckpointConfig,
     DataConfig,
     DistConfig,
@@ -11,49 +11,12 @@ from jaxtrain.config import (
     OptimConfig,
     TrainConfig,
 )
-from jaxtrain.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
-from jaxtrain.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
-from jaxtrain.loop import FitResult, TrainingStopped, fit
-from jaxtrain.optim import build_optimizer, build_schedule
-from jaxtrain.runs import load
-from jaxtrain.state import TrainState, init_state
-from jaxtrain.step import make_eval_step, make_evaluate, make_multi_step, make_train_step
+from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
+from jaxtrain._src.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
+from jaxtrain._src.loop import FitResult, TrainingStopped, fit
+from jaxtrain._src.optim import build_optimizer, build_schedule
+from jaxtrain._src.state import TrainState, init_state
+from jaxtrain._src.step import make_eval_step, make_evaluate, make_multi_step, make_train_step
+from jaxtrain.tools.runs import load
 
 __version__ = "0.1.0"
-
-__all__ = [
-    "AutoSteps",
-    "CheckpointConfig",
-    "CheckpointError",
-    "ConfigError",
-    "DataConfig",
-    "DataError",
-    "DistConfig",
-    "EarlyStopping",
-    "EarlyStoppingConfig",
-    "FitResult",
-    "Hook",
-    "JaxtrainError",
-    "LambdaHook",
-    "NonFiniteLossError",
-    "OptimConfig",
-    "TensorBoard",
-    "TrainConfig",
-    "TrainState",
-    "TrainingStopped",
-    "build_optimizer",
-    "build_schedule",
-    "data",
-    "distributed",
-    "fit",
-    "hooks",
-    "init_state",
-    "load",
-    "make_eval_step",
-    "make_evaluate",
-    "make_multi_step",
-    "make_train_step",
-    "models",
-    "sharding",
-    "tune",
-]

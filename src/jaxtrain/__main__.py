@@ -1,3 +1,3 @@
-from jaxtrain.cli import entry_point
+from jaxtrain.tools.cli import entry_point
 
 entry_point()

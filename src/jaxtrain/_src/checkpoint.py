@@ -1,0 +1,519 @@
+"""Orbax checkpoints of the whole `TrainState`, with the loop's position and history beside it.
+
+A checkpoint is a step directory under `<run dir>/checkpoints/` holding the item `state`, the
+`TrainState` flattened to `{path: array}` (so names and shapes can be checked on restore) plus,
+for a feed that holds data it makes during the run (a replay buffer), its arrays under `feed:`
+paths, and,
+as the step's custom metadata, JSON with the format version, the step, the chosen K, the
+history so far and the running sums of the current epoch. Orbax writes each step to a temporary directory and renames
+it when complete, so a process killed mid-save leaves no checkpoint that `latest_step` would pick.
+
+A complete step can still be unreadable later (a truncated or deleted file, a full disk at the
+wrong moment, a bad copy). Reading "the latest" or "the best" then falls back to the next step
+that reads, with a note naming the step skipped and why; a writer moves the skipped step
+directory aside (`<step>.unreadable-<unix time>`, a name orbax neither lists nor deletes) so that
+it can save that step number again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxtrain._src.errors import JaxtrainError
+from jaxtrain._src.loop_state import FORMAT_VERSION
+from jaxtrain._src.report import notes
+from jaxtrain._src.state import TrainState
+
+
+class CheckpointError(JaxtrainError):
+    """A checkpoint that cannot be written or restored (exit code 2)."""
+
+
+def _flatten(tree: Any) -> dict[str, Any]:
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def flatten_state(state: TrainState) -> dict[str, jax.Array]:
+    """`{path: array}` for every leaf of `state`; the PRNG key is stored as its raw uint32 data."""
+    return _flatten(state._replace(rng=jax.random.key_data(state.rng)))
+
+
+def _unflatten_checked(template: Any, expected: dict[str, Any], flat: dict[str, Any]) -> Any:
+    """`template`'s structure filled from `flat`, checked name by name and shape by shape against `expected`."""
+    missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+    if missing or extra:
+        raise CheckpointError(
+            f"the checkpoint holds other variables than this model (missing {missing[:3]}, unexpected {extra[:3]}); "
+            "it was written by another model or config"
+        )
+    for name, leaf in expected.items():
+        shape = tuple(getattr(leaf, "shape", None) or np.shape(leaf))  # arrays or abstract (eval_shape) leaves
+        if tuple(np.shape(flat[name])) != shape:
+            raise CheckpointError(
+                f"checkpoint variable {name} has shape {tuple(np.shape(flat[name]))} but this config builds "
+                f"{shape}; resume with the config the run was started with"
+            )
+    return jax.tree.unflatten(jax.tree.structure(template), [flat[name] for name in expected])
+
+
+FEED = "feed:"  # prefix of the paths of a feed's arrays
+
+
+def flatten_feed(arrays: Any) -> dict[str, Any]:
+    """`{"feed:" + path: array}` for a feed's arrays (a pytree; None has none)."""
+    return {FEED + path: leaf for path, leaf in _flatten(arrays).items()} if arrays is not None else {}
+
+
+def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
+    """The inverse of `flatten_state`, checked leaf by leaf against `template`.
+
+    Raises:
+      CheckpointError: when names or shapes differ (the checkpoint is of another model or config).
+    """
+    raw = template._replace(rng=jax.random.key_data(template.rng))
+    restored = _unflatten_checked(raw, _flatten(raw), flat)
+    return restored._replace(rng=jax.random.wrap_key_data(restored.rng, impl=jax.random.key_impl(template.rng)))
+
+
+class _StderrSilencer:
+    """Points file descriptor 2 at /dev/null until `restore` (native code writes there directly)."""
+
+    def __init__(self):
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+    def restore(self) -> None:
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+
+
+_REASON_CHARS = 150
+_STATUS = re.compile(r"^[A-Z_]+: ")  # an absl status code, how tensorstore's errors begin
+
+
+def _its_file(path: str | os.PathLike) -> str:
+    return f"its {'data file' if '/d/' in f'/{path}' else 'file'} {path}"
+
+
+def _os_reason(error: BaseException, root: Path | None = None) -> str:
+    """A short one-line reason inside an orbax/tensorstore error: the OS reason ("No space left on
+    device"), and, reading a checkpoint at `root`, which file or array is truncated, missing or
+    corrupt; else the error's first line.
+
+    Orbax wraps tensorstore's error in its own (with a 2,000-character spec), so the innermost
+    error of the chain that carries a status code is read; paths under `root` are shown relative.
+    """
+    chain = [error]
+    while len(chain) < 8 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    inner = next((e for e in reversed(chain) if _STATUS.match(str(e))), error)
+    text = re.sub(r"\s*\[tensorstore_spec=.*", "", str(inner), flags=re.S).strip()
+    text = (text.splitlines() or [type(inner).__name__])[0]
+    text = text.replace("\\'", "'")  # tensorstore escapes the quotes in array names
+    if root is not None:
+        text = text.replace(f"{root}/", "")
+    files = [f for f in re.findall(r'local file "([^"]+)"', text) if not f.endswith("/")]
+    array = re.search(r'(?:Error reading|Metadata at) "(.+?)/[^/"]*" in OCDBT database', text)
+    where = _its_file(files[-1]) if files else f"the data of array {array.group(1)}" if array else None
+    for e in chain:
+        code = re.search(r"os_error_code='?(\d+)", str(e))
+        os_error = os.strerror(int(code.group(1))) if code else getattr(e, "strerror", None)
+        if os_error:
+            name = getattr(e, "filename", None)
+            if root is not None and name and not where:
+                where = _its_file(Path(name).relative_to(root) if Path(name).is_relative_to(root) else name)
+            return f"{where}: {os_error}" if root is not None and where else os_error
+    truncated = re.search(r"byte range \[\d+, (\d+)\) is not valid for value of size (\d+)", text)
+    if truncated:
+        needed, size = truncated.groups()
+        if not files and root is not None:  # tensorstore names the array; its data file has that size
+            same = [p for p in root.glob("**/d/*") if p.is_file() and p.stat().st_size == int(size)]
+            where = _its_file(same[0].relative_to(root)) if len(same) == 1 else where
+        return f"{where or 'a data file'} is truncated: {size} bytes, {needed} needed"
+    if where and (text.startswith("NOT_FOUND") or "does not exist" in text):
+        return f"{where} is missing"
+    if where:
+        detail = text.split('": ')[-1].split("; at ")[0]
+        return f"{where} is corrupt: {detail}"[:_REASON_CHARS]
+    return _STATUS.sub("", text)[:_REASON_CHARS]
+
+
+def _check_values(step_dir: Path) -> None:
+    """Reads every value stored in the step's item once, synchronously.
+
+    Orbax reads arrays concurrently in an asyncio loop: when one read fails, tensorstore's
+    callbacks for the others land on the closed loop and print tracebacks after the error has
+    been raised. A damaged step fails here instead, quietly, and on every process of a job alike
+    (each reads all files, not only its shards), so that all of them skip the same steps. It
+    costs about a tenth of the restore (45 MiB: 0.05 s of 0.4 s).
+
+    Raises:
+      _Unreadable: a file is missing, truncated or corrupt.
+    """
+    state = step_dir / "state"
+    if not state.is_dir():  # orbax reports this as a KeyError
+        raise _Unreadable("its state/ directory is missing")
+    if not (state / "_METADATA").is_file():  # and this as metadata None
+        raise _Unreadable("its state/_METADATA is missing")
+    parsed = {}
+    for path in [state / "_METADATA", state / "_sharding", *sorted(state.glob("array_metadatas/*"))]:
+        try:  # orbax's JSON files, which its errors do not name
+            parsed[path.name] = json.loads(path.read_text()) if path.is_file() else None
+        except (OSError, ValueError) as e:
+            raise _Unreadable(f"its {path.relative_to(step_dir)} is not valid JSON: {getattr(e, 'msg', e)}") from None
+    if not (isinstance(parsed["_METADATA"], dict) and parsed["_METADATA"].get("use_ocdbt")):
+        return  # a layout without one database to list: orbax's read is the check
+    if not (state / "manifest.ocdbt").is_file():  # tensorstore would open an empty database
+        raise _Unreadable("its state/manifest.ocdbt is missing")
+    try:
+        import tensorstore as ts
+
+        store = ts.KvStore.open({"driver": "ocdbt", "base": {"driver": "file", "path": f"{state}/"}}).result()
+        keys = store.list().result()
+        for start in range(0, len(keys), 16):  # a few reads in flight, a few values in memory
+            for read in [store.read(key) for key in keys[start:start + 16]]:
+                read.result()
+    except Exception as e:  # noqa: BLE001 - tensorstore raises ValueError and others
+        raise _Unreadable(_os_reason(e, step_dir)) from None
+
+
+class _Unreadable(Exception):
+    """A complete checkpoint step whose files cannot be read; the message is the short reason."""
+
+
+def _steps_text(steps: list[int]) -> str:
+    """`[1, 2, 3]`, or for many steps `[1, 2, 3, ..., 98, 99, 100] (100 steps)`: one short line."""
+    if len(steps) <= 8:
+        return str(steps)
+    return f"[{', '.join(map(str, steps[:3]))}, ..., {', '.join(map(str, steps[-3:]))}] ({len(steps)} steps)"
+
+
+def _mib_tenths(nbytes: float, up: bool) -> int:
+    """`nbytes` in tenths of a MiB, rounded up or down (so that shown sums and comparisons hold)."""
+    tenths = nbytes * 10 / 2**20
+    return int(-(-tenths // 1)) if up else int(tenths // 1)
+
+
+class Checkpointer:
+    """Saves and restores checkpoints in `directory`; keeps the last `keep_last` and the
+    `keep_best` with the best `best_metric` (lowest when `best_mode` is min).
+
+    Reading "the latest" or "the best" skips steps that cannot be read, each with one line to
+    `note` (default: `note: ...` on stderr of process 0); `restored_step` is the step the last
+    successful read used.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        keep_last: int = 3,
+        keep_best: int = 1,
+        best_metric: str = "val_loss",
+        best_mode: str = "min",
+        read_only: bool = False,
+        note: Callable[[str], None] | None = None,
+    ):
+        self.directory = Path(directory).absolute()
+        self.read_only, self._note = read_only, note or notes.note
+        self.restored_step: int | None = None
+        self._silencer: _StderrSilencer | None = None
+        self.best_metric, self.best_mode = best_metric, best_mode
+        import orbax.checkpoint as ocp  # ~0.2 s to import: loaded by the runs that checkpoint
+
+        policies = ocp.checkpoint_managers
+        keep = [policies.LatestN(n=keep_last)]
+        if keep_best:
+            keep.append(policies.BestN(get_metric_fn=lambda m: m[best_metric], reverse=best_mode == "min", n=keep_best,
+                                       keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(  # a reader never creates, deletes or cleans up
+            preservation_policy=None if read_only else policies.AnyPreservationPolicy(keep),
+            enable_async_checkpointing=not read_only,
+            create=not read_only,
+            cleanup_tmp_directories=not read_only,
+            # Only with best_fn does orbax write each step's metrics to disk: without them a resumed
+            # run's manager would see the earlier steps unscored, and BestN would delete the best.
+            best_fn=(lambda m: m[best_metric]) if keep_best else None,
+            best_mode=best_mode,
+        )
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                                  item_handlers={"state": ocp.StandardCheckpointHandler()})
+        except OSError as e:
+            raise CheckpointError(f"cannot open checkpoint directory {self.directory}: {e.strerror or e}") from None
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints, oldest first."""
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The kept step with the best metric, or the latest when none has the metric (steps whose
+        metadata cannot be read are unranked)."""
+        ranked = self._ranked()
+        return ranked[0] if ranked else self.latest_step()
+
+    def _ranked(self) -> list[int]:
+        """The steps that have `best_metric`, best first; unreadable metadata ranks no step."""
+        scored = []
+        for step in self.steps():
+            try:
+                value = self._meta(step).get("metrics", {}).get(self.best_metric)
+            except _Unreadable:
+                continue
+            if value is not None:
+                scored.append((value if self.best_mode == "min" else -value, step))
+        return [step for _, step in sorted(scored)]
+
+    def save(self, step: int, state: TrainState, meta: dict[str, Any], metrics: dict[str, float] | None = None,
+             feed: Any = None) -> None:
+        """Starts an asynchronous save (returns once the arrays are copied off the device) of
+        `state` and `feed`, the arrays of a feed that makes data during the run (or None).
+
+        Raises:
+          CheckpointError: when this or an earlier save could not be written.
+        """
+        flat = flatten_state(state) | flatten_feed(feed)
+        # A deep copy: the save is asynchronous and the caller keeps changing its dicts and lists.
+        meta_json = json.dumps({"format": FORMAT_VERSION, **meta, "step": step, "metrics": metrics or {}})
+        meta = json.loads(meta_json)
+        self._preflight(sum(x.nbytes for x in flat.values()), len(flat), len(meta_json))
+        import orbax.checkpoint as ocp
+
+        args = ocp.args.Composite(state=ocp.args.StandardSave(flat))
+        scores = {k: v for k, v in (metrics or {}).items() if v is not None} or None
+        self._guard(lambda: self._manager.save(step, args=args, metrics=scores, force=True, custom_metadata=meta))
+
+    def _preflight(self, nbytes: int, n_arrays: int, meta_bytes: int) -> None:
+        """Fails before orbax starts writing when the directory is read-only or lacks the space:
+        a write that fails inside orbax's threads is reported only later, and noisily."""
+        probe = self.directory / f".write-test-{jax.process_index()}"
+        try:
+            probe.write_bytes(b"0")
+            probe.unlink()
+            free = shutil.disk_usage(self.directory).free
+        except OSError as e:
+            self._fail(e.strerror or str(e))
+        # Orbax writes a step into a temporary directory that it renames when complete, and deletes
+        # older steps only after that, so the whole step must fit beside the existing ones. The
+        # arrays are an upper bound (they are zstd-compressed); beyond them a step holds metadata:
+        # `_METADATA`, `_sharding` and `array_metadatas/` (about 0.5 KiB per array), the OCDBT
+        # manifest and b-tree nodes, `_CHECKPOINT_METADATA` (our meta as JSON), and some 25 files
+        # and directories that take at least one 4 KiB block each (about 100 KiB for a tiny
+        # model; 256 KiB leaves room for tensorstore's lock files and more processes).
+        margin = (256 << 10) + 1024 * n_arrays + meta_bytes
+        if free < nbytes + margin:
+            arrays, extra = _mib_tenths(nbytes, up=True), _mib_tenths(margin, up=True)
+            self._fail(f"not enough free space: a checkpoint needs about {arrays / 10:.1f} MiB of arrays + "
+                       f"{extra / 10:.1f} MiB of metadata = {(arrays + extra) / 10:.1f} MiB, and "
+                       f"{_mib_tenths(free, up=False) / 10:.1f} MiB is free")
+
+    def wait(self) -> None:
+        """Blocks until pending saves are on disk; raises CheckpointError if one failed."""
+        self._guard(self._manager.wait_until_finished)
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        """The meta saved with checkpoint `step`.
+
+        Raises:
+          CheckpointError: its `_CHECKPOINT_METADATA` is missing or damaged.
+        """
+        try:
+            return self._meta(step)
+        except _Unreadable as e:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} is unreadable ({e})") from None
+
+    def _meta(self, step: int) -> dict[str, Any]:
+        # Read as JSON here rather than with `CheckpointManager.metadata`, which also opens every
+        # array (slow, and on a damaged step its tensorstore threads print tracebacks later).
+        path = self.directory / str(step) / "_CHECKPOINT_METADATA"
+        try:
+            stored = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise _Unreadable("its _CHECKPOINT_METADATA is missing") from None
+        except json.JSONDecodeError as e:
+            raise _Unreadable(f"its _CHECKPOINT_METADATA is not valid JSON: {e.msg}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            reason = getattr(e, "strerror", None) or e
+            raise _Unreadable(f"its _CHECKPOINT_METADATA cannot be read: {reason}") from None
+        meta = stored.get("custom_metadata") if isinstance(stored, dict) else None
+        if not meta:  # every save writes the format, step and metrics
+            raise _Unreadable("its _CHECKPOINT_METADATA holds no jaxtrain metadata")
+        return dict(meta)
+
+    def read(self, step: int | str | None = None, shardings: dict[str, Any] | None = None
+             ) -> tuple[dict[str, jax.Array], dict[str, Any]]:
+        """`({path: array}, meta)` of checkpoint `step`, unchecked.
+
+        `step` is a step number, `None` or `"latest"` (the newest step that reads), or `"best"`
+        (the best by `best_metric` that reads, then the others newest first). Each step skipped
+        gets one line to `note`; a writer moves it aside (see the module docstring).
+
+        Each array is placed with `shardings[path]` when given, else on this process's first
+        device: a checkpoint restores onto any mesh, whichever mesh wrote it.
+
+        Raises:
+          CheckpointError: no checkpoint, the step requested is absent or unreadable, no step
+            reads, or a checkpoint of a newer format.
+        """
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"no complete checkpoint in {self.directory}")
+        if step is not None and not isinstance(step, str):
+            step = int(step)  # also a NumPy integer
+        if isinstance(step, int):
+            if step not in steps:
+                raise CheckpointError(f"no checkpoint at step {step} in {self.directory}; it has steps "
+                                      f"{_steps_text(steps)}")
+            try:
+                flat, meta = self._read_step(step, shardings)
+            except _Unreadable as e:
+                others = [s for s in steps if s != step]
+                raise CheckpointError(f"checkpoint step {step} in {self.directory} is unreadable ({e}); "
+                                      f"{'other steps: ' + _steps_text(others) if others else 'no other step'}"
+                                      ) from None
+            self.restored_step = step
+            return flat, meta
+        if step is None or step == "latest":
+            order = steps[::-1]
+        elif step == "best":
+            ranked = self._ranked()
+            order = ranked + [s for s in reversed(steps) if s not in ranked]
+        else:
+            raise CheckpointError(f"checkpoint step={step!r} must be a step number, 'best' or 'latest'")
+        skipped: list[tuple[int, str]] = []
+        for candidate in order:
+            try:
+                flat, meta = self._read_step(candidate, shardings)
+            except _Unreadable as e:
+                skipped.append((candidate, str(e)))
+                continue
+            self._skip(skipped, candidate)
+            self.restored_step = candidate
+            return flat, meta
+        raise CheckpointError(f"no checkpoint in {self.directory} can be read (tried steps {_steps_text(order)}); "
+                              f"step {skipped[0][0]}: {skipped[0][1]}")
+
+    def _read_step(self, step: int, shardings: dict[str, Any] | None) -> tuple[dict[str, jax.Array], dict[str, Any]]:
+        """Checkpoint `step` read whole.
+
+        Raises:
+          _Unreadable: a file of it is missing, truncated or corrupt.
+          CheckpointError: it has a newer format than this jaxtrain reads.
+        """
+        meta = self._meta(step)
+        if meta.get("format", 0) > FORMAT_VERSION:
+            raise CheckpointError(
+                f"checkpoint step {step} has format {meta['format']}, newer than this jaxtrain reads "
+                f"({FORMAT_VERSION}); upgrade jaxtrain"
+            )
+        step_dir = self.directory / str(step)
+        _check_values(step_dir)
+        try:
+            saved = self._manager.item_metadata(step)["state"]
+            default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            target = {path: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=(shardings or {}).get(path, default))
+                      for path, m in saved.items()}
+            import orbax.checkpoint as ocp
+
+            restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+        except Exception as e:  # noqa: BLE001 - orbax raises many types for unreadable data
+            raise _Unreadable(_os_reason(e, step_dir)) from None
+        return dict(restored["state"]), meta
+
+    def _skip(self, skipped: list[tuple[int, str]], used: int) -> None:
+        """Notes each skipped step; a writer moves them aside first, so that a later save of the
+        same step number does not collide with them (process 0 renames, every process reloads)."""
+        moved: dict[int, str] = {}
+        if skipped and not self.read_only:
+            self.wait()  # no save in flight while the directory changes under the manager
+            if jax.process_index() == 0:
+                for step, _ in skipped:
+                    aside = self.directory / f"{step}.unreadable-{int(time.time())}"
+                    try:
+                        os.rename(self.directory / str(step), aside)
+                        moved[step] = f"moved to {self.directory.name}/{aside.name}"
+                    except OSError as e:
+                        moved[step] = f"could not move it aside: {e.strerror or e}"
+            if jax.process_count() > 1:
+                multihost_utils.sync_global_devices("jaxtrain: unreadable checkpoints moved aside")
+            self._manager.reload()  # forgets the moved steps
+        for step, reason in skipped:
+            self._note(f"checkpoint step {step} is unreadable ({reason}); "
+                       f"{moved[step] + '; ' if step in moved else ''}using step {used}")
+
+    def restore(self, template: TrainState, step: int | str | None = None, shardings: Any = None
+                ) -> tuple[TrainState, dict[str, Any]]:
+        """The state and meta of checkpoint `step` (as `read`: the latest that reads by default),
+        checked against `template` and placed with `shardings` (a pytree like `template`; default:
+        this process's first device)."""
+        state, _, meta = self.restore_with_feed(template, None, step, shardings)
+        return state, meta
+
+    def restore_with_feed(self, template: TrainState, feed: Any, step: int | str | None = None,
+                          shardings: Any = None) -> tuple[TrainState, Any, dict[str, Any]]:
+        """`(state, feed arrays, meta)` of checkpoint `step`, as `restore`; the feed's arrays are
+        checked against `feed` (a pytree of arrays, or None for a feed that saves none) and stay
+        on this process's first device."""
+        flat, meta = self.read(step, _flatten(shardings) if shardings is not None else None)
+        flat = {k: jax.numpy.asarray(v) for k, v in flat.items()}
+        feed_flat = {k: flat.pop(k) for k in [k for k in flat if k.startswith(FEED)]}
+        state = unflatten_state(template, flat)
+        if feed is None:
+            if feed_flat:
+                raise CheckpointError("the checkpoint holds a replay feed's arrays but this run has no such feed; "
+                                      "it was written by another workload")
+            return state, None, meta
+        return state, _unflatten_checked(feed, flatten_feed(feed), feed_flat), meta
+
+    def restore_model(self, params: Any, model_state: Any, step: int | str | None = None) -> tuple[Any, Any]:
+        """Only the model's variables of checkpoint `step` (as `read`; `restored_step` says which
+        step), checked against templates of `(params, model_state)`: no optimizer is needed."""
+        flat, _ = self.read(step)
+        template = TrainState(None, params, model_state, None, None)
+        wanted = {path: leaf for path, leaf in _flatten(template).items()}
+        picked = {path: flat[path] for path in wanted if path in flat}
+        restored = _unflatten_checked(template, wanted, picked)
+        return restored.params, restored.model_state
+
+    def close(self) -> None:
+        try:
+            self._manager.close()
+        except Exception:  # noqa: BLE001 - a failed pending save was already reported
+            pass
+        if self._silencer:
+            self._silencer.restore()
+            self._silencer = None
+
+    def _guard(self, action) -> Any:
+        try:
+            return action()
+        except Exception as e:  # noqa: BLE001 - orbax wraps OSErrors from its writer threads
+            # After a failed write, orbax's storage threads print tracebacks of it from native
+            # callbacks until the manager is closed; this error reports it once, in one line.
+            self._silencer = self._silencer or _StderrSilencer()
+            self._fail(_os_reason(e))
+
+    def _fail(self, reason: str) -> None:
+        last = self.latest_step()
+        raise CheckpointError(
+            f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another --run-dir "
+            f"(the last complete checkpoint is {'step ' + str(last) if last is not None else 'none'})"
+        )

@@ -1,0 +1,202 @@
+"""Misuse of `fit` caught before anything is compiled or written, as one clear line each.
+
+A loss that is not a scalar, a `loss_fn` that does not return `(loss, metrics)`, metrics that are
+not scalar batch means, validation data shaped unlike the training data: each would otherwise
+fail deep inside JAX (or, for per-sample metrics, be averaged silently). The checks are
+structural first (keys, row shapes, dtype kinds), then one `jax.eval_shape` of what a training
+step applies to a batch — preprocess, augment, then `loss_fn` on the merged model, as in
+`step.make_train_step` — on an abstract batch: no FLOPs, no device memory, one trace.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxtrain._src import data as data_lib
+from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError
+from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
+
+__all__ = ["abstract_batch", "check_fit_inputs", "check_loss_fn", "check_same_rows"]
+
+_SHAPE_ERROR = re.compile(r"shape|dimension", re.IGNORECASE)  # how JAX's shape mismatches read
+
+
+def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_data: Any, batch_size: int,
+                     preprocess: Preprocess | None = None, augment: Augment | None = None) -> None:
+    """Checks `fit`'s data and `loss_fn` together (see the module docstring).
+
+    Raises:
+      DataError: validation data unlike the training data; a batch the model or loss cannot take.
+      ConfigError: `loss_fn` does not return a float scalar loss and a dict of scalar metrics.
+    """
+    batch = abstract_batch(train_data, batch_size, "train_data")
+    if val_data is not None:
+        check_same_rows(batch, abstract_batch(val_data, batch_size, "val_data"))
+    check_loss_fn(model, loss_fn, batch, preprocess, augment)
+
+
+def abstract_batch(data: Any, batch_size: int, name: str = "data") -> Batch:
+    """A batch of `data` (a pytree of arrays or a row source) as `jax.ShapeDtypeStruct`s of shape (B, ...).
+
+    Raises:
+      DataError: a pytree without arrays, with a scalar, or with arrays of different lengths.
+    """
+    if hasattr(data, "abstract_batch"):  # data made during the run (a replay buffer)
+        return data.abstract_batch(batch_size)
+    if data_lib.is_source(data):
+        if hasattr(data, "row_shapes") and hasattr(data, "dtypes"):
+            shapes, dtypes = data.row_shapes, data.dtypes
+        else:  # a source with only the protocol's read()
+            row = data.read(0, 1)
+            shapes, dtypes = {k: v.shape[1:] for k, v in row.items()}, {k: v.dtype for k, v in row.items()}
+        return {k: jax.ShapeDtypeStruct((batch_size, *shapes[k]), np.dtype(dtypes[k])) for k in shapes}
+    data_lib.num_samples(data, name)  # the same errors the feed would raise
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size, *np.shape(x)[1:]), _dtype(x)), data)
+
+
+def check_same_rows(train: Batch, val: Batch) -> None:
+    """Validation batches must have the training batches' keys, row shapes and kinds of dtype.
+
+    Raises:
+      DataError: naming the first difference.
+    """
+    t, v = _named(train), _named(val)
+    if list(t) != list(v):
+        what = "keys" if isinstance(train, Mapping) and isinstance(val, Mapping) else "arrays"
+        raise DataError(f"validation data have {what} {list(v)} but training data have {list(t)}; "
+                        f"give both the same {what if what == 'keys' else 'structure'}")
+    for k in t:
+        of = f" {k!r}" if k else ""
+        if t[k].shape[1:] != v[k].shape[1:]:
+            raise DataError(f"validation data{of} have rows of shape {v[k].shape[1:]} but training data{of} have "
+                            f"{t[k].shape[1:]}; give both the same row shape")
+        if _kind(t[k].dtype) != _kind(v[k].dtype):
+            raise DataError(f"validation data{of} are {v[k].dtype} ({_kind(v[k].dtype)}) but training data{of} are "
+                            f"{t[k].dtype} ({_kind(t[k].dtype)}); give both the same kind of dtype")
+
+
+def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: Preprocess | None = None,
+                  augment: Augment | None = None) -> None:
+    """Traces one step's forward pass on the abstract `batch` with `jax.eval_shape` and checks
+    that `loss_fn` returns `(loss, metrics)`: a float scalar and a dict of scalar batch means.
+
+    Raises:
+      DataError: a missing batch key, or a shape mismatch inside preprocess, augment or the model.
+      ConfigError: what `loss_fn` returned cannot be trained on or logged.
+    """
+    graphdef, params, model_state = nnx.split(model, nnx.Param, ...)
+    seen: dict[str, Any] = {}  # what the trace saw, as shapes: no tracer leaves it
+
+    def forward(params: nnx.State, model_state: nnx.State, batch: Batch) -> None:
+        augment_key, loss_key = jax.random.split(jax.random.key(0))
+        seen.update(stage="preprocess", batch=_shapes(batch))
+        if preprocess is not None:
+            batch = preprocess(batch)
+        seen.update(stage="augment", batch=_shapes(batch))
+        if augment is not None:
+            batch = augment(batch, augment_key)
+        seen.update(stage="loss_fn", batch=_shapes(batch))
+        model = nnx.merge(graphdef, params, model_state, copy=True)
+        seen["out"] = _shapes(loss_fn(model, batch, loss_key))
+
+    try:
+        jax.eval_shape(forward, params, model_state, batch)
+    except JaxtrainError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        if "stage" in seen:  # raised by preprocess, augment or loss_fn
+            _raise_misuse(e, seen["stage"], seen["batch"], transformed=preprocess is not None or augment is not None)
+        raise
+    _check_outputs(seen["out"], jax.tree.leaves(batch)[0].shape[0])
+
+
+def _check_outputs(out: Any, batch_size: int) -> None:
+    pair = "loss_fn must return (loss, metrics), a float scalar and a dict of scalar batch means"
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        got = (f"one array of shape {out.shape} (return (loss, {{}}) when there are no metrics)"
+               if isinstance(out, jax.ShapeDtypeStruct) else f"a {type(out).__name__}"
+               + (f" of {len(out)} items" if isinstance(out, (tuple, list)) else ""))
+        raise ConfigError(f"{pair}; it returned {got}")
+    loss, metrics = out
+    if not isinstance(loss, jax.ShapeDtypeStruct):
+        raise ConfigError(f"{pair}; its loss is a {type(loss).__name__}")
+    if loss.shape != ():
+        raise ConfigError(f"loss_fn must return (loss, metrics) with loss a scalar; it returned a loss of shape "
+                          f"{loss.shape}: reduce it, e.g. jnp.mean(per_sample)")
+    if not jnp.issubdtype(loss.dtype, jnp.floating):
+        raise ConfigError(f"loss_fn returned a loss of dtype {loss.dtype}; gradients need a float scalar, "
+                          "e.g. loss.astype(jnp.float32)")
+    if not isinstance(metrics, Mapping):
+        raise ConfigError(f"{pair} ({{}} for none); its metrics are a {type(metrics).__name__}")
+    for name, value in metrics.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"metric names must be strings; loss_fn returned a metric named {name!r}")
+        if not isinstance(value, jax.ShapeDtypeStruct):
+            raise ConfigError(f"metric {name!r} is a {type(value).__name__}; metrics must be scalar batch means "
+                              "such as jnp.mean(...)")
+        if value.shape != ():
+            per_sample = ", one value per sample" if value.shape[:1] == (batch_size,) else ""
+            raise ConfigError(f"metric {name!r} has shape {value.shape}{per_sample}; return a scalar batch mean "
+                              "such as jnp.mean(...)")
+
+
+def _raise_misuse(e: Exception, stage: str, batch: Any, transformed: bool) -> None:
+    """Raises DataError for an error of the user's code that plainly comes from the batch; returns otherwise."""
+    after = " (after preprocess/augment)" if transformed and stage == "loss_fn" else ""
+    if isinstance(e, KeyError) and isinstance(batch, Mapping) and e.args and e.args[0] not in batch:
+        raise DataError(f"{stage} asked a training batch for key {e.args[0]!r} but its keys are "
+                        f"{list(batch)}{after}; name the data's arrays as {stage} expects") from e
+    sequence = isinstance(batch, (tuple, list))
+    if sequence and isinstance(e, TypeError) and "indices must be integers" in str(e):
+        raise DataError(f"{stage} indexes a training batch by name but training batches are a "
+                        f"{type(batch).__name__} of {len(batch)} arrays{after}; pass a dict of arrays") from e
+    if sequence and isinstance(e, IndexError) and "out of range" in str(e):
+        raise DataError(f"{stage} indexes past the end of a training batch, a {type(batch).__name__} of "
+                        f"{len(batch)} arrays{after}") from e
+    if isinstance(e, (TypeError, ValueError)) and not isinstance(e, jax.errors.JAXTypeError) and \
+            _SHAPE_ERROR.search(str(e)):
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"{stage} failed on a training batch of {_describe(batch)}{after}: {first}") from e
+
+
+def _shapes(tree: Any) -> Any:
+    """`tree` with every array (or tracer, or Python number) replaced by its shape and dtype."""
+    def spec(x: Any) -> Any:
+        if isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float)):
+            return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
+        return x
+
+    return jax.tree.map(spec, tree)
+
+
+def _named(batch: Batch) -> dict[str, jax.ShapeDtypeStruct]:
+    """Leaves by name: dict keys and tuple positions joined by '/' ('' for a bare array)."""
+    def name(path: tuple) -> str:
+        return "/".join(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)
+
+    return {name(path): leaf for path, leaf in jax.tree.flatten_with_path(batch)[0]}
+
+
+def _describe(batch: Any) -> str:
+    """`x: float32 (32, 5), y: float32 (32, 3)`."""
+    return ", ".join(f"{k or 'array'}: {v.dtype} {v.shape}" if isinstance(v, jax.ShapeDtypeStruct) else
+                     f"{k or 'leaf'}: {type(v).__name__}" for k, v in _named(batch).items())
+
+
+def _dtype(x: Any) -> np.dtype:
+    return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
+def _kind(dtype: Any) -> str:
+    for kind, base in (("bool", jnp.bool_), ("integer", jnp.integer), ("float", jnp.floating),
+                       ("complex", jnp.complexfloating)):
+        if jnp.issubdtype(dtype, base):
+            return kind
+    return str(dtype)

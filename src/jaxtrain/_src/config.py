@@ -1,0 +1,288 @@
+"""Frozen, validated configuration dataclasses.
+
+Field docstrings become the command-line help (through tyro). Configs reach builders and the
+loop; jitted functions never see them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from typing import Literal, get_args
+
+from jaxtrain._src.errors import ConfigError
+
+Optimizer = Literal["sgd", "adam", "adamw"]
+Schedule = Literal["constant", "warmup-cosine"]
+Placement = Literal["auto", "device", "stream"]
+OnNaN = Literal["stop", "skip"]
+Precision = Literal["fp32", "bf16", "fp16"]
+BestMode = Literal["min", "max"]
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _check_choice(field: str, value: str, choices: type) -> None:
+    allowed = get_args(choices)
+    _check(value in allowed, f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+
+
+def _check_positive(field: str, value: float) -> None:
+    _check(
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
+        f"{field}={value!r} must be a positive number",
+    )
+
+
+def _check_non_negative(field: str, value: float) -> None:
+    _check(
+        isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
+        f"{field}={value!r} must be zero or a positive number",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer, learning-rate schedule and gradient clipping."""
+
+    name: Optimizer = "adam"
+    """Update rule: sgd (with optional momentum), adam, or adamw (decoupled weight decay)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    schedule: Schedule = "constant"
+    """Learning-rate schedule: constant, or linear warmup then cosine decay."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from 0 to lr (warmup-cosine only)."""
+    decay_steps: int = 0
+    """Steps from the start to the end of the cosine decay; 0 means the whole run."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the cosine decay."""
+    momentum: float = 0.0
+    """SGD momentum; 0 is plain SGD."""
+    b1: float = 0.9
+    """Adam first-moment decay."""
+    b2: float = 0.999
+    """Adam second-moment decay."""
+    eps: float = 1e-8
+    """Adam denominator epsilon."""
+    weight_decay: float = 0.0
+    """Weight decay: decoupled for adamw, an L2 term added to the gradient for sgd and adam."""
+    clip_norm: float = 0.0
+    """Clip gradients to this global L2 norm before the update; 0 disables clipping."""
+
+    def __post_init__(self) -> None:
+        _check_choice("optim.name", self.name, Optimizer)
+        _check_choice("optim.schedule", self.schedule, Schedule)
+        _check_positive("optim.lr", self.lr)
+        for field in ("warmup_steps", "decay_steps"):
+            value = getattr(self, field)
+            _check(isinstance(value, int) and value >= 0, f"optim.{field}={value!r} must be an integer >= 0")
+        _check_non_negative("optim.min_lr", self.min_lr)
+        _check(self.min_lr <= self.lr, f"optim.min_lr={self.min_lr} must not exceed optim.lr={self.lr}")
+        _check(0 <= self.momentum < 1, f"optim.momentum={self.momentum} must be in [0, 1)")
+        _check(0 <= self.b1 < 1, f"optim.b1={self.b1} must be in [0, 1)")
+        _check(0 <= self.b2 < 1, f"optim.b2={self.b2} must be in [0, 1)")
+        _check_positive("optim.eps", self.eps)
+        _check_non_negative("optim.weight_decay", self.weight_decay)
+        _check_non_negative("optim.clip_norm", self.clip_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the training data lives while training."""
+
+    placement: Placement = "auto"
+    """auto: keep the dataset on the device when it fits the memory budget, else stream it; device:
+    always on the device; stream: read batches from host memory or disk in a background thread."""
+    memory_budget_gb: float = 0.0
+    """Device memory the dataset may take, in GiB; 0 means a quarter of device memory (2 GiB on CPU)."""
+    prefetch: int = 2
+    """Streaming: compiled calls' worth of batches (K batches each) read ahead and placed on the
+    device while the current call runs."""
+    shuffle_window_mb: int = 32
+    """Streaming: MiB of rows shuffled together (the shuffle buffer); blocks of ~1 MiB are read whole."""
+
+    def __post_init__(self) -> None:
+        _check_choice("data.placement", self.placement, Placement)
+        _check_non_negative("data.memory_budget_gb", self.memory_budget_gb)
+        _check(isinstance(self.prefetch, int) and self.prefetch >= 1, f"data.prefetch={self.prefetch!r} must be >= 1")
+        _check(isinstance(self.shuffle_window_mb, int) and self.shuffle_window_mb >= 1,
+               f"data.shuffle_window_mb={self.shuffle_window_mb!r} must be an integer >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints in <run dir>/checkpoints (written only when the run has a directory)."""
+
+    enabled: bool = True
+    """Write checkpoints at each epoch end (and every `every_steps`)."""
+    every_steps: int = 0
+    """Also save every N optimizer steps, at the next compiled-call boundary; 0: epoch ends only."""
+    keep_last: int = 3
+    """Keep the newest N checkpoints."""
+    keep_best: int = 1
+    """Also keep the N checkpoints with the best `best_metric`."""
+    best_metric: str = "val_loss"
+    """Epoch metric that ranks checkpoints: val_loss, train_loss or val_<metric>."""
+    best_mode: BestMode = "min"
+    """Whether lower (min) or higher (max) `best_metric` is better."""
+
+    def __post_init__(self) -> None:
+        _check_choice("checkpoint.best_mode", self.best_mode, BestMode)
+        _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
+               f"checkpoint.every_steps={self.every_steps!r} must be an integer >= 0")
+        _check(isinstance(self.keep_last, int) and self.keep_last >= 1,
+               f"checkpoint.keep_last={self.keep_last!r} must be an integer >= 1")
+        _check(isinstance(self.keep_best, int) and self.keep_best >= 0,
+               f"checkpoint.keep_best={self.keep_best!r} must be an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyStoppingConfig:
+    """Stop training when an epoch metric stops improving (the `EarlyStopping` hook)."""
+
+    patience: int = 0
+    """Epochs without improvement before training stops; 0 disables early stopping."""
+    metric: str = "val_loss"
+    """Epoch metric to watch: val_loss, train_loss or val_<metric>."""
+    mode: BestMode = "min"
+    """Whether lower (min) or higher (max) is better."""
+    min_delta: float = 0.0
+    """Smallest change that counts as an improvement."""
+
+    def __post_init__(self) -> None:
+        _check_choice("early_stopping.mode", self.mode, BestMode)
+        _check(isinstance(self.patience, int) and self.patience >= 0,
+               f"early_stopping.patience={self.patience!r} must be an integer >= 0")
+        _check_non_negative("early_stopping.min_delta", self.min_delta)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistConfig:
+    """Many processes (hosts) through jax.distributed. Without a coordinator, a SLURM job of several
+    tasks or an Open MPI job is detected and joined; otherwise the run is one process."""
+
+    coordinator: str = ""
+    """host:port where process 0 serves JAX's coordination service (every process gives the same)."""
+    num_processes: int = 0
+    """Processes in the job (with --dist.coordinator)."""
+    process_id: int = -1
+    """This process's index, 0 .. num_processes-1 (with --dist.coordinator)."""
+    timeout_s: float = 60.0
+    """Seconds to wait for the coordinator at start-up, and for a silent peer before this process
+    stops with a message rather than waiting forever."""
+
+    def __post_init__(self) -> None:
+        _check_positive("dist.timeout_s", self.timeout_s)
+        if not self.coordinator:
+            _check(self.num_processes == 0 and self.process_id == -1,
+                   "dist.num_processes and dist.process_id need dist.coordinator (host:port of process 0)")
+            return
+        _check(re.fullmatch(r"[^\s:]+:\d{1,5}", self.coordinator) is not None,
+               f"dist.coordinator={self.coordinator!r} must be host:port, e.g. node001:12345")
+        _check(isinstance(self.num_processes, int) and self.num_processes >= 1,
+               f"dist.num_processes={self.num_processes!r} must be an integer >= 1 with dist.coordinator")
+        _check(isinstance(self.process_id, int) and 0 <= self.process_id < self.num_processes,
+               f"dist.process_id={self.process_id!r} is out of range: use 0 .. {self.num_processes - 1} for "
+               f"{self.num_processes} processes")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How to train: epochs, batching, fused execution, logging, optimizer and data placement."""
+
+    epochs: int = 10
+    """Passes over the training set (or blocks of steps_per_epoch steps)."""
+    steps_per_epoch: int = 0
+    """0: an epoch is one pass over the training set. N: an epoch is N steps on batches drawn without
+    replacement from a fresh permutation of the training set, for iteration-based training (nanoGPT:
+    evaluate every N iterations); N * batch_size must not exceed the training set."""
+    batch_size: int = 32
+    """Samples per optimizer step."""
+    eval_batch_size: int = 0
+    """Samples per evaluation batch; 0 uses batch_size."""
+    seed: int = 0
+    """Seed for initialisation, shuffling and every random key of the run."""
+    steps_per_call: int = 0
+    """Optimizer steps fused into one compiled call (lax.scan); 0 picks the smallest K that keeps
+    per-call overhead under 2% of compute."""
+    log_every: int = 200
+    """Steps between training-metric lines in metrics.jsonl (each one a host sync)."""
+    eval_every: int = 1
+    """Epochs between evaluations on the validation set (the last epoch is always evaluated)."""
+    optim: OptimConfig = OptimConfig()
+    """Optimizer settings."""
+    data: DataConfig = DataConfig()
+    """Data placement settings."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpoint settings."""
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    """Early stopping settings (off by default)."""
+    on_nan: OnNaN = "stop"
+    """On a NaN/Inf loss or gradient: stop (exit code 3), or skip that update and count it."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to <run dir>/tensorboard (when the run has a directory)."""
+    precision: Precision = "fp32"
+    """Compute dtype of the forward and backward: fp32, bf16, or fp16 (with dynamic loss scaling).
+    Parameters, optimizer state, losses and normalisation statistics stay float32."""
+    loss_scale_init: float = 2.0**15
+    """fp16: the initial loss scale (halved on each overflow, whose update is skipped)."""
+    loss_scale_period: int = 2000
+    """fp16: optimizer steps without overflow after which the loss scale doubles."""
+    grad_accum: int = 1
+    """Micro-batches of batch_size per optimizer step, accumulated inside the compiled call: a step
+    sees grad_accum x batch_size samples for the activation memory of one micro-batch."""
+    mesh: str = "auto"
+    """Devices as a mesh: auto (every device, data parallel), data=N, fsdp=N or data=N,fsdp=M (FSDP:
+    parameters and optimizer state split over fsdp). The sizes multiply to the number of devices."""
+
+    def __post_init__(self) -> None:
+        from jaxtrain._src.sharding import parse_mesh
+
+        parse_mesh(self.mesh)
+        _check_choice("on_nan", self.on_nan, OnNaN)
+        _check_choice("precision", self.precision, Precision)
+        _check_positive("loss_scale_init", self.loss_scale_init)
+        for field in ("epochs", "batch_size", "log_every", "eval_every", "grad_accum", "loss_scale_period"):
+            value = getattr(self, field)
+            _check(isinstance(value, int) and value >= 1, f"{field}={value!r} must be an integer >= 1")
+        for field in ("eval_batch_size", "steps_per_call", "steps_per_epoch"):
+            value = getattr(self, field)
+            _check(
+                isinstance(value, int) and value >= 0,
+                f"{field}={value!r} must be an integer >= 1, or 0 for automatic",
+            )
+        _check(isinstance(self.seed, int), f"seed={self.seed!r} must be an integer")
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one optimizer step sees: batch_size x grad_accum."""
+        return self.batch_size * self.grad_accum
+
+
+def to_dict(config: object) -> dict:
+    """A JSON-ready dict of a (nested) config dataclass."""
+    return dataclasses.asdict(config)  # type: ignore[arg-type]
+
+
+def from_dict(cls: type, values: dict, where: str = "") -> object:
+    """Rebuilds a (nested) config dataclass from `to_dict`'s output; unknown keys are an error."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(where + k for k in unknown)} for {cls.__name__}")
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value, f"{where}{name}.")
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)

@@ -1,0 +1,43 @@
+"""Datasets, placement, in-graph preprocessing, and HDF5 streaming in bounded memory."""
+
+from jaxtrain._src.data.arrays import (
+    Placement,
+    choose_placement,
+    default_budget_bytes,
+    is_source,
+    nbytes,
+    num_rows,
+    num_samples,
+)
+from jaxtrain._src.data.datasets import CharTokenizer, fetch, load_mnist, load_tinyshakespeare, read_idx
+from jaxtrain._src.data.generate import generate_dataset
+from jaxtrain._src.data.inspect import inspect_file
+from jaxtrain._src.data.sources import ArraySource, HDF5Source
+from jaxtrain._src.data.stream import DevicePrefetcher, StreamLoader
+from jaxtrain._src.data.synthetic import make_rows
+from jaxtrain._src.data.transforms import compose, gaussian_noise, normalize
+
+__all__ = [
+    "ArraySource",
+    "CharTokenizer",
+    "DevicePrefetcher",
+    "HDF5Source",
+    "Placement",
+    "StreamLoader",
+    "choose_placement",
+    "compose",
+    "default_budget_bytes",
+    "fetch",
+    "gaussian_noise",
+    "generate_dataset",
+    "inspect_file",
+    "is_source",
+    "load_mnist",
+    "load_tinyshakespeare",
+    "make_rows",
+    "nbytes",
+    "normalize",
+    "num_rows",
+    "num_samples",
+    "read_idx",
+]

@@ -1,0 +1,78 @@
+"""In-memory datasets: validation and the placement decision (device-resident or streamed)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxtrain._src.errors import DataError
+
+CPU_BUDGET_BYTES = 2 * 1024**3  # the CPU "device" is host RAM: keep a fixed, modest share
+
+
+def num_samples(data: Any, name: str = "data") -> int:
+    """The common leading dimension of every array in the pytree `data`.
+
+    Raises:
+      DataError: if `data` holds no arrays, a scalar, or arrays of different lengths.
+    """
+    leaves, _ = jax.tree.flatten_with_path(data)
+    if not leaves:
+        raise DataError(f"{name} holds no arrays; pass a dict (or tuple) of arrays with one row per sample")
+    lengths = {}
+    for path, leaf in leaves:
+        shape = np.shape(leaf)
+        key = jax.tree_util.keystr(path) or "array"
+        if len(shape) == 0:
+            raise DataError(f"{name}{key} is a scalar; every array needs a leading sample axis")
+        lengths[key] = shape[0]
+    if len(set(lengths.values())) > 1:
+        detail = ", ".join(f"{k}: {v}" for k, v in lengths.items())
+        raise DataError(f"{name} arrays have different numbers of rows ({detail}); they must match")
+    return next(iter(lengths.values()))
+
+
+def is_source(data: Any) -> bool:
+    """A row source (`HDF5Source`, `ArraySource`, ...) rather than a pytree of arrays."""
+    return hasattr(data, "read") and hasattr(data, "chunk_rows")
+
+
+def num_rows(data: Any, name: str = "data") -> int:
+    """Rows of a row source or of a pytree of arrays (see `num_samples`)."""
+    return len(data) if is_source(data) else num_samples(data, name)
+
+
+def nbytes(data: Any) -> int:
+    """Total bytes of every array in `data`."""
+    return sum(getattr(x, "nbytes", None) or np.asarray(x).nbytes for x in jax.tree.leaves(data))
+
+
+def default_budget_bytes(device: jax.Device) -> int:
+    """A quarter of the device's memory, or `CPU_BUDGET_BYTES` where the device has no memory stats."""
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]) // 4
+    return CPU_BUDGET_BYTES
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the training data lives and why (printed in the run header)."""
+
+    where: str
+    reason: str
+    split: bool = False  # device-resident rows split over a mesh's devices rather than replicated
+
+
+def choose_placement(policy: str, data_bytes: int, budget_bytes: int) -> Placement:
+    """Decides whether the training set goes on the device whole or is streamed in batches."""
+    size = f"{data_bytes / 1024**2:,.1f} MiB"
+    budget = f"{budget_bytes / 1024**2:,.0f} MiB"
+    if policy in ("device", "stream"):
+        return Placement(policy, f"{size}, placement={policy} requested")
+    if data_bytes <= budget_bytes:
+        return Placement("device", f"{size}, within the {budget} device budget")
+    return Placement("stream", f"{size}, over the {budget} device budget")

@@ -1,0 +1,181 @@
+"""Synthetic HDF5 datasets of any size, written block by block in bounded memory.
+
+The rows are those of `jaxtrain.data.synthetic` (a pure function of the seed and the row index),
+so a file's content depends on the workload, its seed and its row count only, not on chunking,
+compression or write size. mlp-regression files also carry, as root attributes, the exact
+per-feature mean and std (ddof 0, float64 accumulation) of all N rows, so a recipe can normalise
+without reading the file first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import h5py
+import numpy as np
+
+from jaxtrain._src.data.synthetic import (
+    ALPHABET,
+    FEATURES,
+    GEN_BLOCK_ROWS,
+    LABEL_NOISE,
+    NUM_CLASSES,
+    WORKLOADS,
+    make_rows,
+    row_layout,
+)
+from jaxtrain._src.errors import ConfigError, DataError
+
+WRITE_ROWS = 65536  # rows generated and written per step: bounds the writer's memory
+CHUNK_BYTES = 1 << 19  # default HDF5 chunk: about 512 KiB of the widest dataset
+MAX_CHUNK_BYTES = 1 << 30
+
+
+class _MomentAccumulator:
+    """Per-column mean and M2 over blocks (Chan et al.'s pairwise update, float64)."""
+
+    def __init__(self, columns: int):
+        self.n, self.mean, self.m2 = 0, np.zeros(columns), np.zeros(columns)
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)  # (n, C)
+        n, mean = len(x), x.mean(axis=0)
+        m2 = ((x - mean) ** 2).sum(axis=0)
+        total = self.n + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta**2 * (self.n * n / total)
+        self.n = total
+
+    @property
+    def std(self) -> np.ndarray:
+        return np.sqrt(self.m2 / max(self.n, 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateResult:
+    """What `generate_dataset` wrote."""
+
+    path: Path
+    samples: int
+    seconds: float
+    bytes: int
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.samples / max(self.seconds, 1e-9)
+
+
+def default_chunk_rows(workload: str, samples: int, seq_len: int = 128) -> int:
+    """A power of two with chunks of about 512 KiB for the widest dataset (at most `samples`)."""
+    widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in row_layout(workload, seq_len).values())
+    rows = 1 << max(0, int(math.log2(max(1, CHUNK_BYTES // widest))))
+    return max(1, min(rows, samples))
+
+
+def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq_len: int = 128,
+             chunk_rows: int | None = None, compression: str = "none", seed: int = 0, force: bool = False,
+             on_rows: Callable[[int], None] | None = None) -> GenerateResult:
+    """Writes `samples` rows of a synthetic workload to the HDF5 file `out`, atomically.
+
+    Rows go to `out + ".partial"`, which replaces `out` only once complete; any error or Ctrl-C
+    removes it. Memory is bounded by `WRITE_ROWS` rows, whatever `samples` is.
+
+    Args:
+      workload: "mlp-regression" or "sequence".
+      out: the file to write.
+      samples: rows N.
+      seq_len: sequence length L (sequence workload).
+      chunk_rows: rows per HDF5 chunk; default chunks of about 512 KiB.
+      compression: "none", "gzip" or "lzf".
+      seed: the dataset seed.
+      force: replace an existing `out`.
+      on_rows: called with the number of rows written so far, after each write.
+
+    Raises:
+      ConfigError: a bad argument, or `out` exists and `force` is False.
+      DataError: the file cannot be written (a missing or read-only directory, a full disk).
+    """
+    chunk_rows = check_arguments(workload, out, samples, seq_len, chunk_rows, compression, seed, force)
+    layout = row_layout(workload, seq_len)
+    widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
+    out = Path(out)
+    tmp = out.with_name(out.name + ".partial")
+    t0 = time.perf_counter()
+    try:
+        with _create(tmp, chunk_rows * widest) as f:
+            _write(f, workload, samples, seq_len, min(chunk_rows, samples), compression, seed, layout, on_rows)
+        os.replace(tmp, out)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            raise DataError(f"cannot write {out}: {_reason(e)}; check that the directory exists, is writable and "
+                            "has space") from None
+        raise
+    return GenerateResult(out, samples, time.perf_counter() - t0, out.stat().st_size)
+
+
+def check_arguments(workload: str, out: str | os.PathLike, samples: int, seq_len: int, chunk_rows: int | None,
+                    compression: str, seed: int, force: bool) -> int:
+    """Validates `generate_dataset`'s arguments; returns the chunk rows to use.
+
+    Raises:
+      ConfigError: the first bad argument, or `out` exists and `force` is False.
+    """
+    if workload not in WORKLOADS:
+        raise ConfigError(f"unknown workload {workload!r}; choose one of: {', '.join(WORKLOADS)}")
+    if compression not in ("none", "gzip", "lzf"):
+        raise ConfigError(f"unknown compression {compression!r}; choose none, gzip or lzf")
+    for name, value in (("samples", samples), ("seq_len", seq_len)):
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be an integer >= 1")
+    if seed < 0:
+        raise ConfigError(f"seed={seed} must be >= 0")
+    widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in row_layout(workload, seq_len).values())
+    chunk_rows = chunk_rows or default_chunk_rows(workload, samples, seq_len)
+    if chunk_rows < 1 or chunk_rows * widest > MAX_CHUNK_BYTES:
+        raise ConfigError(f"chunk_rows={chunk_rows} must be >= 1 and give chunks of at most 1 GiB "
+                          f"({MAX_CHUNK_BYTES // widest:,} rows here)")
+    if Path(out).exists() and not force:
+        raise ConfigError(f"{out} exists; pass --force to replace it, or choose another file name")
+    return chunk_rows
+
+
+def _create(path: Path, chunk_bytes: int) -> h5py.File:
+    # A chunk cache that holds a chunk split over two writes, so no chunk is read back.
+    return h5py.File(path, "w", rdcc_nbytes=max(1 << 20, 4 * chunk_bytes), rdcc_nslots=10007)
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or " ".join(str(e).split())
+
+
+def _write(f: h5py.File, workload: str, samples: int, seq_len: int, chunk_rows: int, compression: str, seed: int,
+           layout: dict, on_rows: Callable[[int], None] | None) -> None:
+    options = {} if compression == "none" else {"compression": compression}
+    datasets = {name: f.create_dataset(name, (samples, *shape), dtype, chunks=(chunk_rows, *shape), **options)
+                for name, (shape, dtype) in layout.items()}
+    moments = _MomentAccumulator(FEATURES) if workload == "mlp-regression" else None
+    step = max(GEN_BLOCK_ROWS, WRITE_ROWS // GEN_BLOCK_ROWS * GEN_BLOCK_ROWS)
+    for start in range(0, samples, step):
+        stop = min(start + step, samples)
+        rows = make_rows(workload, seed, start, stop, seq_len)
+        for name, values in rows.items():
+            datasets[name][start:stop] = values
+        if moments is not None:
+            moments.update(rows["features"])
+        if on_rows is not None:
+            on_rows(stop)
+    f.attrs.update({"workload": workload, "seed": seed, "samples": samples})
+    if moments is not None:
+        f.attrs.update({"feature_mean": moments.mean, "feature_std": moments.std, "label_noise": LABEL_NOISE})
+    else:
+        f.attrs.update({"seq_len": seq_len, "alphabet_size": len(ALPHABET), "alphabet": ALPHABET,
+                        "num_classes": NUM_CLASSES})

@@ -1,0 +1,175 @@
+"""Many processes: joining a job through `jax.distributed`, and not hanging when a peer dies.
+
+`initialize(config)` starts JAX's multi-controller runtime from `--dist.*` flags, or from a
+SLURM job of several tasks or an Open MPI job (JAX's own cluster detection), before anything
+touches a device. Each process then sees every device of the job in `jax.devices()`; the mesh
+spans them all and the same compiled program runs in every process.
+
+A process that dies leaves the others blocked inside a collective. JAX's coordination service
+notices only after its heartbeat timeout and then aborts the survivors with a C++ stack trace.
+`initialize` therefore also starts a watchdog thread: every process publishes a heartbeat in the
+coordination service's key-value store each second; a peer whose heartbeat stops for
+`timeout_s`, or which exited while this process still runs `timeout_s` later, makes this process
+print one line and exit with code 4. Checkpoints already written stay intact, so every process can
+be restarted with `--resume`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import threading
+import time
+
+import jax
+
+from jaxtrain._src.config import DistConfig
+from jaxtrain._src.errors import ConfigError
+
+PEER_LOST_EXIT_CODE = 4
+_KEY = "jaxtrain/heartbeat/"
+_watchdog: "_Watchdog | None" = None
+
+
+def detected_cluster() -> str | None:
+    """'SLURM' or 'Open MPI' when this process is one task of such a job with several tasks (a
+    SLURM job step started by srun: the batch script's own shell is not a task)."""
+    if int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_STEP_NODELIST" in os.environ:
+        return "SLURM"
+    if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
+        return "Open MPI"
+    return None
+
+
+def initialize(config: DistConfig = DistConfig()) -> int:
+    """Joins the job described by `config` (or detected from the environment); returns the number of
+    processes. One process without a coordinator or a detected cluster: nothing happens. Call it
+    before anything uses a device.
+
+    Raises:
+      ConfigError: the coordinator cannot be reached within `config.timeout_s`, or the job's
+        processes do not agree.
+    """
+    if jax.distributed.is_initialized():
+        return jax.process_count()
+    cluster = None if config.coordinator else detected_cluster()
+    if not config.coordinator and cluster is None:
+        return 1
+    where = config.coordinator or f"the {cluster} job's first node"
+    timeout = max(1, round(config.timeout_s))
+    if config.coordinator:  # JAX aborts the process when it cannot connect: check first, clearly
+        _check_coordinator(config.coordinator, config.process_id, timeout)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of several processes
+    try:
+        jax.distributed.initialize(
+            config.coordinator or None,
+            config.num_processes or None,
+            config.process_id if config.coordinator else None,
+            initialization_timeout=timeout,
+            heartbeat_timeout_seconds=max(3 * timeout, 10),  # our watchdog speaks first
+        )
+    except Exception as e:  # noqa: BLE001 - XlaRuntimeError, RuntimeError, ValueError from cluster detection
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot join the job through the coordinator at {where} within {timeout} s "
+                          f"(process {config.process_id if config.coordinator else '?'}): {reason}; check that "
+                          "process 0 runs, the address and port are right and reachable, and every process "
+                          "gives the same --dist.num-processes") from None
+    start_watchdog(config.timeout_s)
+    return jax.process_count()
+
+
+def _check_coordinator(address: str, process_id: int, timeout_s: float) -> None:
+    """Process 0: the coordinator's port can be listened on. Others: it accepts connections within
+    `timeout_s`.
+
+    Raises:
+      ConfigError: an unknown host, a port in use, or no coordinator listening in time.
+    """
+    host, port = address.rsplit(":", 1)
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--dist.coordinator {address}: cannot resolve host {host!r} ({e})") from None
+    if process_id == 0:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("", int(port)))
+            except OSError as e:
+                raise ConfigError(f"process 0 cannot serve the coordinator on port {port}: {e.strerror}; choose a "
+                                  "free port in --dist.coordinator") from None
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(sockaddr[:2], timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"process {process_id} cannot reach the coordinator at {address} within "
+                                  f"{timeout_s:.0f} s: start process 0 with the same --dist.coordinator, or check "
+                                  "the host, port and firewall (raise the wait with --dist.timeout-s)") from None
+            time.sleep(0.2)
+
+
+def start_watchdog(timeout_s: float) -> None:
+    """Starts the heartbeat watchdog of this process (see the module docstring); once per process."""
+    global _watchdog
+    if _watchdog is None and jax.process_count() > 1:
+        _watchdog = _Watchdog(timeout_s)
+        atexit.register(_watchdog.exited)
+
+
+class _Watchdog:
+    def __init__(self, timeout_s: float):
+        from jax._src import distributed as jax_distributed
+
+        self._client = jax_distributed.global_state.client
+        self._me, self._n = jax.process_index(), jax.process_count()
+        self._timeout = timeout_s
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="jaxtrain-watchdog", daemon=True).start()
+
+    def exited(self) -> None:
+        """Marks this process as finished, so peers know it did not die."""
+        self._stop.set()
+        try:
+            self._client.key_value_set(f"{_KEY}{self._me}", "exited", allow_overwrite=True)
+        except Exception:  # noqa: BLE001 - the coordinator may be gone already
+            pass
+
+    def _run(self) -> None:
+        beat, last_value, last_change, exited_at = 0, {}, {}, {}
+        while not self._stop.wait(min(1.0, self._timeout / 5)):
+            now = time.monotonic()
+            try:
+                beat += 1
+                self._client.key_value_set(f"{_KEY}{self._me}", str(beat), allow_overwrite=True)
+                values = dict(self._client.key_value_dir_get(_KEY))
+            except Exception as e:  # noqa: BLE001 - the coordination service (process 0) is gone
+                if self._stop.is_set():
+                    return
+                self._fail(f"lost contact with the coordinator (process 0): {str(e).splitlines()[0][:120]}")
+            for peer in range(self._n):
+                if peer == self._me:
+                    continue
+                value = values.get(f"{_KEY}{peer}")
+                if value != last_value.get(peer, object()):
+                    last_value[peer], last_change[peer] = value, now
+                if value == "exited":
+                    exited_at.setdefault(peer, now)
+                    if now - exited_at[peer] > self._timeout:
+                        self._fail(f"process {peer} of {self._n} exited {self._timeout:.0f} s ago while this one "
+                                   "still runs (it probably stopped with an error; see its log)")
+                elif now - last_change.get(peer, now) > self._timeout:
+                    self._fail(f"process {peer} of {self._n} sent no heartbeat for {self._timeout:.0f} s "
+                               "(killed, crashed or hung)")
+
+    def _fail(self, reason: str) -> None:
+        if self._stop.is_set():
+            return
+        print(f"error: {reason}; stopping process {self._me} too. Checkpoints written so far are intact: "
+              "start every process again with --resume to continue", file=sys.stderr, flush=True)
+        os._exit(PEER_LOST_EXIT_CODE)

@@ -1,0 +1,332 @@
+"""Feeds: where a compiled call's batches come from.
+
+A feed hands the loop, per compiled call of K steps, the arguments of that call besides the train
+state, and builds the call's function around the pure train step:
+
+- `DeviceFeed`: the whole training set on the device; a permutation per epoch computed there;
+  each step gathers its batch inside the compiled call. No host work per step. On a mesh of
+  several devices the set is replicated on each when it fits the per-device budget, else its rows
+  are split over the devices (each step then gathers its batch with one all-reduce of B rows).
+- `StreamFeed`: rows read from a source (HDF5 file, arrays) by a background thread in a shuffled
+  block order, stacked K batches at a time and placed on the device ahead of the running call.
+  It measures how long the device waited for input. On a mesh, each process reads only its slice
+  of every global batch and each device receives its share of the rows.
+
+Feeds are checkpointable like Grain's iterators: `get_state()` is a JSON-ready dict of what,
+besides the loop's epoch and position, fixes the data order, and `set_state()` takes it back.
+`make_feed` holds the placement decision (device-resident when the data fit the memory budget).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtrain._src import data as data_lib
+from jaxtrain._src.config import TrainConfig
+from jaxtrain._src.data.arrays import Placement
+from jaxtrain._src.data.sources import ArraySource
+from jaxtrain._src.data.stream import BackgroundIterator, DevicePrefetcher, StreamLoader
+from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.sharding import Layout
+from jaxtrain._src.step import epoch_permutation, make_multi_step, make_scan_steps
+
+Compile = Callable[..., Callable]  # CompiledCalls.compile: (fn, *args, donate=False, background=False) -> executable
+
+
+class Feed(Protocol):
+    """Where a run's training batches come from (see the module docstring)."""
+
+    placement: Placement
+    num_samples: int  # rows of the training set
+    steps_per_epoch: int
+    dropped: int  # samples a full pass leaves out (the last partial batch)
+    device_bytes: int  # device memory the feed holds for the whole run
+    timing: dict[str, float]  # cumulative seconds of the run's input work (optional; see `hooks.profile`)
+
+    def setup(self, compile: Compile) -> None:
+        """Places what must live on the device and compiles helpers (compile time is counted)."""
+
+    def make_call(self, train_step: Callable, k: int) -> Callable: ...
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]: ...
+
+    def start_epoch(self, epoch: int, position: int) -> None:
+        """Positions the feed at step `position` (0-based) of epoch `epoch` (1-based)."""
+
+    def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
+        """The arguments of the next call of k steps. `previous` holds outputs of the call still
+        running, if any: a feed that measures input wait waits for it first."""
+
+    def epoch_stats(self, train_s: float) -> dict[str, float]:
+        """Figures of the epoch for its record (e.g. input wait)."""
+
+    def describe(self) -> str: ...
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def arrays(self) -> Any:
+        """Arrays a checkpoint must hold besides the train state: data the feed makes during the
+        run (a replay buffer), as a pytree; None for a feed whose data come from outside."""
+
+    def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
+        """Takes back `get_state()` and, for a feed that has them, `arrays()` of a checkpoint."""
+
+    def close(self) -> None: ...
+
+
+def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
+    """(steps per epoch, samples of the last partial batch that a full pass drops) for `n_train` samples.
+
+    Raises:
+      ConfigError: the batch, or steps_per_epoch batches, need more samples than there are.
+    """
+    B = config.samples_per_step  # batch_size x grad_accum
+    if B > n_train:
+        what = f"batch_size={B}" if config.grad_accum == 1 else f"batch_size x grad_accum = {B}"
+        raise ConfigError(f"{what} is larger than the training set ({n_train} samples); use "
+                          f"--batch-size {max(1, n_train // config.grad_accum)} or less")
+    if config.steps_per_epoch:
+        if config.steps_per_epoch * B > n_train:
+            raise ConfigError(
+                f"steps_per_epoch={config.steps_per_epoch} batches of {B} need {config.steps_per_epoch * B:,} "
+                f"samples but the training set has {n_train:,}; use --steps-per-epoch {n_train // B} or less"
+            )
+        return config.steps_per_epoch, 0  # a sample of the set, not a pass: nothing is "dropped"
+    return divmod(n_train, B)
+
+
+class DeviceFeed:
+    """The training set held on the device(s); batches gathered inside the compiled call."""
+
+    def __init__(self, data: Any, config: TrainConfig, placement: Placement, data_key: jax.Array, layout: Layout):
+        self.placement, self._host, self._layout = placement, data, layout
+        self.num_samples = data_lib.num_samples(data, "train_data")
+        self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
+        self.device_bytes = data_lib.nbytes(data) // (layout.num_devices if placement.split else 1)
+        self._B, self._key = config.samples_per_step, data_key
+        self._data = self._permute = self._perm = None
+        self._position = 0
+        self.timing = {"setup_copy_s": 0.0}  # placing the training set on the device, once
+
+    def setup(self, compile: Compile) -> None:
+        t0 = time.perf_counter()
+        layout, host = self._layout, jax.tree.map(np.asarray, self._host)
+        if self.placement.split:  # rows split over the devices: pad to a multiple (never indexed)
+            pad = -self.num_samples % layout.num_devices
+            host = jax.tree.map(lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]), host)
+        sharding = layout.batch if self.placement.split else layout.replicated
+        self._data = jax.block_until_ready(layout.put(host, jax.tree.map(lambda _: sharding, host)))
+        self.timing["setup_copy_s"] = time.perf_counter() - t0
+        self._host = None  # the device copy is the one used from here
+        self._key = layout.put(self._key, layout.replicated)
+        n = self.num_samples
+        # first used when the first epoch starts: compiled meanwhile, beside the training call
+        self._permute = compile(lambda key, epoch: epoch_permutation(key, epoch, n), self._key, np.int32(1),
+                                background=True)
+
+    def make_call(self, train_step: Callable, k: int) -> Callable:
+        return make_multi_step(train_step, self._B, k, constrain=self._layout.constrain_batch)
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]:
+        replicated = self._layout.replicated
+        return (self._data, jax.ShapeDtypeStruct((self.num_samples,), jnp.int32, sharding=replicated),
+                jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
+
+    def start_epoch(self, epoch: int, position: int) -> None:
+        self._perm, self._position = self._permute(self._key, np.int32(epoch)), position
+
+    def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
+        args = (self._data, self._perm, np.int32(self._position))
+        self._position += k
+        return args
+
+    def epoch_stats(self, train_s: float) -> dict[str, float]:
+        return {}
+
+    def describe(self) -> str:
+        return f"on the device ({self.placement.reason})"
+
+    def get_state(self) -> dict[str, Any]:
+        return {"placement": "device", "data_key": np.asarray(jax.random.key_data(self._key)).tolist()}
+
+    def arrays(self) -> None:
+        return None
+
+    def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
+        if "data_key" in state:
+            self._key = jax.random.wrap_key_data(jnp.asarray(state["data_key"], jnp.uint32))
+
+    def close(self) -> None:
+        pass
+
+
+class StreamFeed:
+    """Training batches streamed from a row source: a reader thread shuffles blocks and rows
+    (`StreamLoader`), a transfer thread stacks K batches and puts them on the device
+    (`DevicePrefetcher`), up to `config.data.prefetch` calls ahead."""
+
+    def __init__(self, source: Any, config: TrainConfig, placement: Placement, layout: Layout, treedef: Any = None):
+        self.placement, self._source, self._treedef, self._layout = placement, source, treedef, layout
+        self.num_samples = len(source)
+        self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
+        self.device_bytes = 0
+        self._B, self._seed, self._prefetch = config.samples_per_step, config.seed, config.data.prefetch
+        self._loader = StreamLoader(source, self._B, seed=config.seed, queue_depth=max(16, 2 * self._prefetch),
+                                    window_bytes=config.data.shuffle_window_mb << 20,
+                                    share=(jax.process_index(), jax.process_count()))
+        row = source.read(0, 1)
+        self._spec = {name: (v.shape[1:], v.dtype) for name, v in row.items()}
+        self._epoch, self._position = 1, 0
+        self._prefetcher: DevicePrefetcher | None = None
+        self._wait_s = 0.0
+        # input_wait_s: the loop waited for batches; device_wait_s: it waited for the running call;
+        # background_copy_s: the transfer thread's host-to-device copies (overlapped with computing)
+        self.timing = {"input_wait_s": 0.0, "device_wait_s": 0.0, "background_copy_s": 0.0}
+
+    def setup(self, compile: Compile) -> None:
+        pass
+
+    def make_call(self, train_step: Callable, k: int) -> Callable:
+        scan_steps, treedef, names = make_scan_steps(train_step), self._treedef, list(self._spec)
+        if treedef is None:
+            return scan_steps
+        return lambda state, batches: scan_steps(state, jax.tree.unflatten(treedef, [batches[n] for n in names]))
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]:
+        sharding = self._layout.stacked_batches
+        return ({n: jax.ShapeDtypeStruct((k, self._B, *shape), dtype, sharding=sharding)
+                 for n, (shape, dtype) in self._spec.items()},)
+
+    def _place(self, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """K stacked batches of this process's rows → global arrays, each device its share."""
+        t0, sharding = time.perf_counter(), self._layout.stacked_batches
+        placed = {n: jax.make_array_from_process_local_data(sharding, x) for n, x in host.items()}
+        jax.block_until_ready(placed)  # the transfer thread waits for it next anyway
+        self.timing["background_copy_s"] += time.perf_counter() - t0  # in the transfer thread
+        return placed
+
+    def start_epoch(self, epoch: int, position: int) -> None:
+        self.close()
+        self._epoch, self._position, self._wait_s = epoch, position, 0.0
+
+    def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
+        if previous is not None:  # from here the device is idle: waiting for batches is input-bound time
+            t0 = time.perf_counter()
+            jax.block_until_ready(previous)
+            self.timing["device_wait_s"] += time.perf_counter() - t0
+        if self._prefetcher is None:  # one transfer per call of k batches, `prefetch` calls ahead
+            batches = self._loader.iter_epoch(self._epoch, self._position)
+            self._prefetcher = DevicePrefetcher(batches, depth=self._prefetch * k, group=k, device=self._place)
+        t0 = time.perf_counter()
+        stacked = self._prefetcher.next_batches(k)
+        self._wait_s += time.perf_counter() - t0
+        self.timing["input_wait_s"] += time.perf_counter() - t0
+        self._position += k
+        return (stacked,)
+
+    def epoch_stats(self, train_s: float) -> dict[str, float]:
+        return {"input_wait_s": self._wait_s, "input_wait_fraction": self._wait_s / max(train_s, 1e-9)}
+
+    def describe(self) -> str:
+        return (f"streamed ({self.placement.reason}; shuffle window {self._loader.window_nbytes / 1024**2:,.0f} MiB, "
+                f"batches of up to {self._prefetch} calls read ahead onto the device)")
+
+    def get_state(self) -> dict[str, Any]:
+        return {"placement": "stream", "seed": self._seed}
+
+    def arrays(self) -> None:
+        return None
+
+    def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
+        pass  # the order is a function of (seed, epoch); the seed comes from the config
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+
+def as_source(data: Any, name: str) -> tuple[Any, Any]:
+    """`(row source, treedef)` for `data`: a source as is (treedef None), a dict of arrays as an
+    `ArraySource` (treedef None), any other pytree of arrays as an `ArraySource` over its leaves
+    plus the treedef that rebuilds a batch."""
+    if data_lib.is_source(data):
+        return data, None
+    data_lib.num_samples(data, name)
+    if isinstance(data, dict) and all(isinstance(k, str) for k in data) and not any(
+            isinstance(v, (dict, list, tuple)) for v in data.values()):
+        return ArraySource({k: np.asarray(v) for k, v in data.items()}), None
+    leaves, treedef = jax.tree.flatten(data)
+    return ArraySource({f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}), treedef
+
+
+def budget_bytes(config: TrainConfig, device: jax.Device) -> int:
+    """Device memory the datasets may take on each device (`--data.memory-budget-gb`, else a default)."""
+    return int(config.data.memory_budget_gb * 1024**3) or data_lib.default_budget_bytes(device)
+
+
+def _bytes(data: Any) -> int:
+    return data.row_nbytes * len(data) if data_lib.is_source(data) else data_lib.nbytes(data)
+
+
+def _placement(config: TrainConfig, data_bytes: int, layout: Layout) -> Placement:
+    """Where the training set goes: replicated on every device when it fits the per-device budget,
+    its rows split over the devices when only a share fits (or placement=device asks), else streamed."""
+    policy, budget, n = config.data.placement, budget_bytes(config, jax.local_devices()[0]), layout.num_devices
+    share = -(-data_bytes // n)
+    if n > 1 and data_bytes > budget and (policy == "device" or (policy == "auto" and share <= budget)):
+        return Placement("device", f"{data_bytes / 2**20:,.1f} MiB, rows split over {n} devices "
+                         f"({share / 2**20:,.1f} MiB each; budget {budget / 2**20:,.0f} MiB per device)", split=True)
+    return data_lib.choose_placement(policy, data_bytes, budget)
+
+
+def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout: Layout) -> Feed:
+    """The feed for `train_data` (a pytree of arrays or a row source), placed by `config.data.placement`:
+    auto keeps it on the devices within the per-device memory budget and streams it otherwise.
+    Data that make their own feed (a replay buffer filled during the run) are asked for it.
+
+    Raises:
+      DataError, ConfigError: data without rows, of different lengths, or fewer rows than a batch;
+        a batch that does not split over the mesh.
+    """
+    layout.check_batch(config.batch_size)  # each micro-batch is split over the devices
+    if hasattr(train_data, "make_feed"):  # data made during the run (`jaxtrain.rl.replay.ReplayBuffer`)
+        return train_data.make_feed(config, data_key, layout)
+    if not data_lib.is_source(train_data):
+        data_lib.num_samples(train_data, "train_data")
+    placement = _placement(config, _bytes(train_data), layout)
+    if placement.where == "stream":
+        source, treedef = as_source(train_data, "train_data")
+        return StreamFeed(source, config, placement, layout, treedef)
+    if data_lib.is_source(train_data):
+        train_data = train_data.read(0, len(train_data))  # fits the budget: read it whole, once
+    return DeviceFeed(train_data, config, placement, data_key, layout)
+
+
+def place_validation(val_data: Any, config: TrainConfig, feed: Feed) -> tuple[Any, bool]:
+    """`(data, streamed)`: validation data go on the devices whole when they fit what the training
+    data leave of the per-device memory budget, and are evaluated streamed from a row source otherwise."""
+    left = budget_bytes(config, jax.local_devices()[0]) - feed.device_bytes
+    if _bytes(val_data) > left and config.data.placement != "device":
+        return as_source(val_data, "val_data"), True
+    if data_lib.is_source(val_data):
+        val_data = val_data.read(0, len(val_data))
+    data_lib.num_samples(val_data, "val_data")
+    return val_data, False
+
+
+def stream_blocks(source: Any, rows_per_block: int, depth: int = 2) -> BackgroundIterator:
+    """Consecutive blocks of `rows_per_block` rows of `source` (the last may be shorter), read by a
+    background thread `depth` blocks ahead: `{name: (n, ...)}` host arrays."""
+    def produce(put: Callable[[dict], None]) -> None:
+        for start in range(0, len(source), rows_per_block):
+            put(source.read(start, min(len(source), start + rows_per_block)))
+
+    if rows_per_block < 1:
+        raise DataError(f"rows_per_block={rows_per_block} must be >= 1")
+    return BackgroundIterator(produce, depth, name="jaxtrain-eval-stream")

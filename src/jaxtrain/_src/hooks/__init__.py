@@ -1,0 +1,27 @@
+"""Hooks: small objects that react to the training loop's events (see `hooks.base`)."""
+
+from jaxtrain._src.hooks.base import Hook, LambdaHook, Run
+from jaxtrain._src.hooks.checkpointing import CheckpointHook
+from jaxtrain._src.hooks.early_stopping import EarlyStopping
+from jaxtrain._src.hooks.evaluation import EvalHook
+from jaxtrain._src.hooks.metrics import MetricsHook
+from jaxtrain._src.hooks.profile import ProfileBudgetReached, ProfileHook
+from jaxtrain._src.hooks.progress import PlotHook, ProgressHook
+from jaxtrain._src.hooks.run_files import RunFilesHook
+from jaxtrain._src.hooks.tensorboard import TensorBoard
+
+__all__ = [
+    "CheckpointHook",
+    "EarlyStopping",
+    "EvalHook",
+    "Hook",
+    "LambdaHook",
+    "MetricsHook",
+    "PlotHook",
+    "ProfileBudgetReached",
+    "ProfileHook",
+    "ProgressHook",
+    "Run",
+    "RunFilesHook",
+    "TensorBoard",
+]

@@ -1,0 +1,160 @@
+"""The hook protocol and the `Run` that hooks see.
+
+The loop announces events; hooks react (Keras callbacks, Lightning callbacks, CLU periodic actions):
+
+    on_start(run)                      parts are built and compiled; nothing has trained yet
+    on_epoch_start(run)                an epoch (or the rest of one, after a resume) begins
+    after_call(run, k, metrics)        a compiled call of k steps was queued; `metrics` are its
+                                       per-step values on the device, each of shape (k,)
+    on_log(run, row)                   a training-metrics row (host floats) every `log_every` steps
+    flush(run)                         fetch anything held on the device now (before a checkpoint)
+    on_epoch_end(run, record)          the epoch's record; hooks may add to it, in order
+    on_end(run, summary)               training ended (`summary["status"]` says how); hooks may add keys
+
+Hooks run in list order for every event. `fit` orders its own around the user's: metrics and
+evaluation first (they fill the epoch record), then the user's hooks, then early stopping,
+checkpoints, run files, TensorBoard, plots and the progress display.
+
+Metrics arrive as device arrays: a hook that converts them to host values on every call adds a
+host sync per call. Fetch them every so often, as `MetricsHook` does, or use `on_log` rows.
+
+A hook with state that must survive a resume gives itself a `name` and implements `state_dict()`
+and `load_state_dict()`; the state is saved in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+from rich.console import Console
+
+from jaxtrain._src.config import TrainConfig
+from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.state import TrainState
+
+
+class Hook:
+    """Base class of hooks: every event is a no-op until overridden."""
+
+    name: str | None = None
+    """Key of this hook's state in checkpoints; None: the hook has no state to save."""
+
+    def on_start(self, run: "Run") -> None: ...
+
+    def on_epoch_start(self, run: "Run") -> None: ...
+
+    def after_call(self, run: "Run", k: int, metrics: dict[str, jax.Array]) -> None: ...
+
+    def on_log(self, run: "Run", row: dict[str, Any]) -> None: ...
+
+    def flush(self, run: "Run") -> None: ...
+
+    def on_epoch_end(self, run: "Run", record: dict[str, Any]) -> None: ...
+
+    def on_end(self, run: "Run", summary: dict[str, Any]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class LambdaHook(Hook):
+    """A hook from plain functions, e.g. `LambdaHook(on_log=lambda run, row: print(row["loss"]))`."""
+
+    def __init__(self, *, on_start: Callable | None = None, on_epoch_start: Callable | None = None,
+                 after_call: Callable | None = None, on_log: Callable | None = None,
+                 on_epoch_end: Callable | None = None, on_end: Callable | None = None):
+        for event, fn in (("on_start", on_start), ("on_epoch_start", on_epoch_start), ("after_call", after_call),
+                          ("on_log", on_log), ("on_epoch_end", on_epoch_end), ("on_end", on_end)):
+            if fn is not None:
+                setattr(self, event, fn)
+
+
+@dataclasses.dataclass(eq=False)
+class Run:
+    """What hooks see of a run. The loop keeps `state`, `step` and `loop` current.
+
+    Attributes:
+      name: the run's name (the recipe).
+      config: the training settings.
+      console: where to print.
+      run_dir: the run directory, or None.
+      device: this process's first device (the kind of device training runs on).
+      layout: the mesh of devices and the shardings of the train state and batches.
+      feed: where batches come from (`feeds.Feed`).
+      calls: the compiled calls (`calls.CompiledCalls`): K, compile time.
+      state: the train state after the last queued call (it may still be computing).
+      step: optimizer steps queued so far.
+      loop: epoch, position in the epoch, history and training time (`LoopState`).
+      hooks: every hook of the run, in order.
+      num_val: validation samples (0 without validation data).
+      resumed_step: the checkpoint step the run resumed from, or None.
+      t_start: `time.perf_counter()` at the start of `fit`.
+      stop_signal: SIGINT/SIGTERM number once one arrived (a checkpoint hook saves, the loop stops).
+      stop_reason: set by a hook to end training after the current epoch (early stopping).
+      last_checkpoint: describes the newest good checkpoint, for error messages.
+      resume_hint: how to continue this run, for the message of a stopped run.
+      summary: the run's summary, once training ended.
+      hook_s: seconds the hooks spent on each event, keyed `(hook class name, event)` (`hooks.profile`).
+    """
+
+    name: str
+    config: TrainConfig
+    console: Console
+    run_dir: Path | None
+    device: jax.Device
+    layout: Any
+    feed: Any
+    calls: Any
+    state: TrainState
+    step: int
+    loop: LoopState
+    hooks: list[Hook]
+    num_val: int = 0
+    resumed_step: int | None = None
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    stop_signal: int | None = None
+    stop_reason: str | None = None
+    last_checkpoint: Callable[[], str] = lambda: "no checkpoint was saved"
+    resume_hint: str = "no run directory, so no checkpoint was saved"
+    summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hook_s: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.t_start
+
+    @property
+    def epoch(self) -> int:
+        return self.loop.epoch
+
+    def each(self, event: str, *args: Any) -> None:
+        """Announces `event` to every hook, in order, timing each."""
+        for hook in self.hooks:
+            t0 = time.perf_counter()
+            getattr(hook, event)(self, *args)
+            key = (type(hook).__name__, event)
+            self.hook_s[key] = self.hook_s.get(key, 0.0) + time.perf_counter() - t0
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Hands a training-metrics row to every hook's `on_log`."""
+        self.each("on_log", row)
+
+    def flush(self) -> None:
+        """Asks every hook to fetch what it holds on the device (called before a checkpoint)."""
+        self.each("flush")
+
+    def snapshot(self) -> LoopState:
+        """The loop state to save now: a finished epoch counts as the start of the next."""
+        loop = self.loop
+        epoch, position = (loop.epoch + 1, 0) if loop.position >= self.feed.steps_per_epoch else (
+            loop.epoch, loop.position)
+        states = {h.name: h.state_dict() for h in self.hooks if h.name}
+        hooks = {name: state for name, state in states.items() if state is not None}
+        return dataclasses.replace(loop, epoch=epoch, position=position, steps_per_call=self.calls.k,
+                                   feed=self.feed.get_state(), hooks=hooks)

@@ -1,0 +1,93 @@
+"""Orbax checkpoints of the train state and the loop state: at every epoch end, every
+`every_steps` steps (at the next call boundary) and when SIGINT/SIGTERM arrives; the newest
+`keep_last` and the `keep_best` best by `best_metric` are kept."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
+from jaxtrain._src.config import CheckpointConfig
+from jaxtrain._src.errors import ConfigError, JaxtrainError
+from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.report.notes import note
+from jaxtrain._src.state import TrainState
+
+
+class CheckpointHook(Hook):
+    """Saves checkpoints into `directory` (`<run dir>/checkpoints`); `restore` resumes from one."""
+
+    def __init__(self, directory: str | os.PathLike, config: CheckpointConfig, name: str = "fit"):
+        self.config, self._name = config, name
+        self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode)
+        self._last_save = 0
+
+    def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None, feed: Any = None
+                ) -> tuple[TrainState, LoopState]:
+        """The newest complete checkpoint's train state (checked against `template`, placed with
+        `shardings`, whatever mesh wrote it) and loop state; `feed` (a `feeds.Feed`) is set to
+        its saved position and arrays.
+
+        Raises:
+          ConfigError: `epochs` is fewer than the checkpoint has trained (or is in the middle of).
+        """
+        arrays = feed.arrays() if feed is not None else None
+        state, arrays, meta = self.ckpt.restore_with_feed(template, arrays, shardings=shardings)
+        try:
+            loop = LoopState.from_meta(meta)
+        except JaxtrainError as e:
+            raise CheckpointError(f"{self.ckpt.directory}: {e}") from None
+        if feed is not None:
+            feed.set_state(loop.feed, arrays)
+        done = loop.epoch - 1  # whole epochs trained
+        if epochs is not None and epochs < done + (loop.position > 0):
+            where = f"{done} epochs" + (f" and {loop.position} steps of epoch {loop.epoch}" if loop.position else "")
+            raise ConfigError(f"the checkpoint at step {int(state.step)} has trained {where}; --epochs {epochs} is "
+                              f"fewer: pass --epochs {done + (loop.position > 0)} or more")
+        if epochs == done:
+            note(f"the run has already trained its {done} epoch{'s' if done != 1 else ''}; nothing to train "
+                 f"(pass --epochs {done + 1} or more to train further)")
+        return state, loop
+
+    def on_start(self, run: Run) -> None:
+        self._last_save = run.step
+        run.last_checkpoint = self._describe_last
+        run_dir = self.ckpt.directory.parent
+        run.resume_hint = f"checkpoint saved; resume with: jaxtrain train {self._name} --resume {run_dir}"
+
+    def _describe_last(self) -> str:
+        latest = self.ckpt.latest_step()
+        return f"the last good checkpoint is step {latest}" if latest is not None else "no checkpoint was saved"
+
+    def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        every = self.config.every_steps
+        due = run.stop_signal is not None or (every and run.step - self._last_save >= every)
+        if due and run.loop.position < run.feed.steps_per_epoch:  # epoch ends save in on_epoch_end
+            run.flush()  # every metric up to this step is fetched and checked finite
+            self._save(run, None)
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._save(run, {self.config.best_metric: record.get(self.config.best_metric)})
+        if run.epoch == run.config.epochs or run.stop_reason is not None:
+            self.ckpt.wait()  # a failed final save is an error of the run
+
+    def _save(self, run: Run, metrics: dict[str, Any] | None) -> None:
+        self.ckpt.save(run.step, run.state, run.snapshot().to_meta(), metrics, feed=run.feed.arrays())
+        self._last_save = run.step
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        try:
+            self.ckpt.wait()
+        except CheckpointError:
+            pass  # reported by the save that failed, or by the wait in on_epoch_end
+        summary["latest_checkpoint_step"] = self.ckpt.latest_step()
+        self.ckpt.close()
+
+    @property
+    def directory(self) -> Path:
+        return self.ckpt.directory

@@ -1,0 +1,108 @@
+"""Evaluation on the validation set at the end of every `eval_every`-th epoch (and the last).
+
+Validation data on the device run as one compiled call: full batches under `lax.map`, plus one
+call of the remainder. Validation data streamed from a row source (when they exceed what the
+training data leave of the memory budget) are read in blocks of whole batches by a background
+thread; each block runs one compiled call and the sums are added up on the host in float64.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxtrain._src import data as data_lib
+from jaxtrain._src.calls import shapes_of
+from jaxtrain._src.feeds import stream_blocks
+from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.precision import policy_of
+from jaxtrain._src.state import eval_graphdef
+from jaxtrain._src.step import LossFn, Preprocess, make_eval_step, make_evaluate_sums
+
+STREAM_BLOCK_BYTES = 32 << 20  # rows per streamed evaluation call: about this many bytes, whole batches
+
+
+class EvalHook(Hook):
+    """Adds `val_loss` and `val_<metric>` (exact means over every validation sample), `eval_time_s`
+    and the evaluation's share of `epoch_time_s` to the epoch record.
+
+    Args:
+      model: the model, for its evaluation-mode graph (dropout off, running averages).
+      loss_fn, preprocess: as given to `fit`.
+      data: a pytree of arrays, or a `(row source, treedef)` pair when `streamed`.
+      streamed: evaluate from the row source in blocks instead of holding the data on the device.
+      batch_size: evaluation batch size (capped at the number of samples).
+      every: evaluate every this many epochs; the last epoch always.
+    """
+
+    def __init__(self, model: nnx.Module, loss_fn: LossFn, preprocess: Preprocess | None, data: Any,
+                 streamed: bool, batch_size: int, every: int):
+        self._parts = (eval_graphdef(model), loss_fn, preprocess)
+        self._data, self._streamed, self._every = data, streamed, every
+        self.num_samples = len(data[0]) if streamed else data_lib.num_samples(data, "val_data")
+        self._B = min(batch_size, self.num_samples)
+        self._evaluate: Callable[[Any], dict[str, float]] | None = None
+
+    def on_start(self, run: Run) -> None:
+        self._step = make_eval_step(*self._parts, policy_of(run.config))  # computed in the training dtype
+        self._evaluate = self._build_streamed(run) if self._streamed else self._build_on_device(run)
+
+    def _place(self, run: Run, host: Any) -> Any:
+        """Host arrays replicated on every device of the run's mesh."""
+        host = jax.tree.map(np.asarray, host)
+        return run.layout.put(host, jax.tree.map(lambda x: run.layout.replicated, host))
+
+    def _constrain(self, run: Run, batch_size: int) -> Callable | None:
+        """Splits evaluation batches over the devices when they divide evenly (else each device
+        evaluates the whole batch)."""
+        return run.layout.constrain_batch if batch_size % run.layout.num_devices == 0 else None
+
+    def _build_on_device(self, run: Run) -> Callable:
+        data = self._place(run, self._data)
+        n = self.num_samples
+        fn = make_evaluate_sums(self._step, n, self._B, self._constrain(run, self._B))
+        sums = run.calls.compile(fn, shapes_of(run.state), data, background=True)  # first used after an epoch
+        return lambda state: {k: float(v) / n for k, v in jax.device_get(sums(state, data)).items()}
+
+    def _build_streamed(self, run: Run) -> Callable:
+        source, treedef = self._data
+        n, B = self.num_samples, self._B
+        rows = B * max(1, STREAM_BLOCK_BYTES // (B * max(1, source.row_nbytes)))  # whole batches per call
+        rows = min(rows, n - n % B) or n
+        names = list(source.read(0, 1))
+
+        def as_batch(block: dict) -> Any:
+            return block if treedef is None else jax.tree.unflatten(treedef, [block[k] for k in names])
+
+        programs: dict[int, Callable] = {}
+
+        def program(size: int, state: Any, example: Any) -> Callable:
+            if size not in programs:
+                fn = make_evaluate_sums(self._step, size, min(B, size), self._constrain(run, min(B, size)))
+                programs[size] = run.calls.compile(fn, shapes_of(state), shapes_of(example))
+            return programs[size]
+
+        def evaluate(state: Any) -> dict[str, float]:
+            totals: dict[str, float] = {}
+            with stream_blocks(source, rows) as blocks:
+                for block in blocks:
+                    batch = as_batch(self._place(run, block))
+                    size = len(next(iter(block.values())))
+                    for k, v in jax.device_get(program(size, state, batch)(state, batch)).items():
+                        totals[k] = totals.get(k, 0.0) + float(np.float64(v))
+            return {k: v / n for k, v in totals.items()}
+
+        return evaluate
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        if run.epoch % self._every and run.epoch != run.config.epochs:
+            return
+        t0 = time.perf_counter()
+        record.update({f"val_{k}": v for k, v in self._evaluate(run.state).items()})
+        eval_s = time.perf_counter() - t0
+        record["eval_time_s"] = record.get("eval_time_s", 0.0) + eval_s
+        record["epoch_time_s"] = record.get("epoch_time_s", 0.0) + eval_s

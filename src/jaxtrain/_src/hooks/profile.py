@@ -1,0 +1,198 @@
+"""`ProfileHook`: where a run's wall time went, in every run (`summary["profile"]`, the final block).
+
+The loop's host thread is the clock. Each second of the training loop (compilation excluded) is
+spent on one of:
+
+- input: waiting for streamed batches (`StreamFeed`); the part of that wait due to host→device
+  copies ("transfer") is estimated as the wait times the share of training time the transfer
+  thread spent copying.
+- compute: waiting for the device to finish a call (`CompiledCalls.wait`, and the stream feed's
+  wait for the running call), less the device's fixed cost per call.
+- dispatch: the per-call overhead: handing calls to the device (`CompiledCalls.dispatch_s`), the
+  loop's own Python, and the device's fixed cost per call: the round trip of a trivial jitted call
+  that takes the run's state buffers (or the AutoSteps fit's overhead when K was measured).
+- host sync: the hooks' work after each call (fetching metrics, logging, a hook reading values).
+
+The whole run adds compilation, the one-off copy of data held on the device, evaluation and the
+other hooks' work at epoch boundaries, and the rest (building, checks, files) as "other".
+`report.profile_report.build_profile` turns these seconds into shares, FLOP/s and a verdict.
+
+FLOPs: XLA's cost analysis of the compiled K-step call. XLA counts a loop's body once; a probe
+finds out whether it does, and the count is scaled by K (and the gradient-accumulation loop) if so.
+Loops inside the model (a scan over layers) still count once: the FLOPs are then a lower bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxtrain._src.errors import JaxtrainError
+from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.progress import FINISHED
+from jaxtrain._src.report.blocks import device_description
+from jaxtrain._src.report.profile_report import build_profile
+
+__all__ = ["ProfileBudgetReached", "ProfileHook"]
+
+PROBE_REPEATS = 15  # timed trivial calls; the median counts
+
+
+class ProfileBudgetReached(JaxtrainError):
+    """Raised by `ProfileHook(budget_s=...)` to end a profiling run mid-epoch (caught by
+    `jaxtrain.tools.diagnose.profile_recipe`); the profile is in the summary all the same."""
+
+    exit_code = 0
+
+
+class ProfileHook(Hook):
+    """Measures where the run's time goes and adds `summary["profile"]` at the end.
+
+    `fit` adds one to every run; pass your own in `hooks` to set its options (it replaces the default).
+
+    Args:
+      budget_s: end training (with `ProfileBudgetReached`) once this many seconds were trained.
+      trace_dir: record a `jax.profiler` trace of the training (from `on_start` to the end) there,
+        for TensorBoard's profile plugin or Perfetto.
+    """
+
+    def __init__(self, budget_s: float | None = None, trace_dir: str | os.PathLike | None = None):
+        self.budget_s, self.trace_dir = budget_s, trace_dir
+        self.profile: dict[str, Any] | None = None
+        self.budget_reached = False
+        self._train_s = self._epoch_compile_s = 0.0
+        self._calls = self._steps = 0
+        self._open = self._tracing = False
+        self._t0 = self._c0 = self._t_last = self._c_last = 0.0
+
+    def on_start(self, run: Run) -> None:
+        if self.trace_dir is not None:
+            jax.profiler.start_trace(str(self.trace_dir))
+            self._tracing = True
+
+    def on_epoch_start(self, run: Run) -> None:
+        self._open = True
+        self._t0 = self._t_last = time.perf_counter()
+        self._c0 = self._c_last = run.calls.compile_s
+
+    def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        self._calls, self._steps = self._calls + 1, self._steps + k
+        self._t_last, self._c_last = time.perf_counter(), run.calls.compile_s
+        if self.budget_s is not None and self._train_s + self._open_s() >= self.budget_s:
+            run.calls.wait(metrics)  # the call's device time belongs to the timed training
+            self._t_last = time.perf_counter()
+            self._close()
+            self.budget_reached = True
+            raise ProfileBudgetReached(f"profiled {run.step:,} steps: the time budget of {self.budget_s:g} s is "
+                                       "reached")
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._train_s += record["train_time_s"]
+        self._open = False
+        self._epoch_compile_s += run.calls.compile_s - self._c_last  # programs compiled by evaluation
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        if self._tracing:
+            jax.profiler.stop_trace()
+            self._tracing = False
+        if self._open:  # stopped inside an epoch: up to the last call announced
+            self._close()
+        if self._calls == 0 or not (summary["status"] in FINISHED or self.budget_reached):
+            return  # a failed run's state may be gone: no profile
+        self.profile = build_profile(self._measurements(run, summary))
+        summary["profile"] = self.profile
+
+    def _open_s(self) -> float:
+        """Seconds trained in the open epoch, up to the last call announced (compilation left out)."""
+        return self._t_last - self._t0 - (self._c_last - self._c0)
+
+    def _close(self) -> None:
+        self._train_s += self._open_s()
+        self._open = False
+
+    def _measurements(self, run: Run, summary: dict[str, Any]) -> dict[str, Any]:
+        """The seconds, counts and rates `build_profile` needs."""
+        calls, config, feed = run.calls, run.config, run.feed
+        timing = getattr(feed, "timing", {})
+        hook_s: dict[str, dict[str, float]] = {}
+        for (name, event), seconds in run.hook_s.items():
+            hook_s.setdefault(event, {})
+            hook_s[event][name] = hook_s[event].get(name, 0.0) + seconds
+        dispatch_s, round_trip_s = _call_overhead(run.state)
+        device_overhead_s = round_trip_s - dispatch_s
+        if calls.chooser.fitted:  # measured on the run's own calls
+            device_overhead_s = max(calls.chooser.fitted[1] - dispatch_s, 0.0)
+        k = calls.k if any(c.get("k") == calls.k for c in calls.compiles) else max(
+            c["k"] for c in calls.compiles if "k" in c)
+        flops = calls.flops(k)
+        if flops is not None and _loop_body_counted_once():
+            flops *= k * config.grad_accum
+        return {
+            "wall_s": summary["total_time_s"], "train_s": self._train_s, "calls": self._calls, "steps": self._steps,
+            "steps_per_call": calls.k, "k_fixed": calls.chooser.fixed, "fitted": calls.chooser.fitted,
+            "steps_per_epoch": feed.steps_per_epoch, "batch_size": config.batch_size,
+            "samples_per_step": config.samples_per_step, "log_every": config.log_every,
+            "precision": config.precision, "placement": feed.placement.where,
+            "platform": run.device.platform, "device": device_description(run.device),
+            "devices": run.layout.num_devices, "compile_s": calls.compile_s, "compiles": list(calls.compiles),
+            "epoch_compile_s": self._epoch_compile_s,
+            "setup_copy_s": timing.get("setup_copy_s", 0.0), "input_wait_s": timing.get("input_wait_s", 0.0),
+            "background_copy_s": timing.get("background_copy_s", 0.0),
+            "device_wait_s": calls.wait_s + timing.get("device_wait_s", 0.0), "dispatch_s": calls.dispatch_s,
+            "device_overhead_per_call_s": device_overhead_s,
+            "after_call_hooks_s": hook_s.get("after_call", {}),
+            "epoch_hooks_s": sum(hook_s.get("on_epoch_start", {}).values())
+            + sum(hook_s.get("on_epoch_end", {}).values()),
+            "flops_per_step": None if flops is None else flops / k,
+            "peak_flop_s": _matmul_rate(run.device),
+            "budget_reached": self.budget_reached,
+        }
+
+
+def _call_overhead(state: Any) -> tuple[float, float]:
+    """(seconds to hand over, seconds round trip) of a trivial jitted call that takes every buffer
+    of `state`: the fixed cost of a call, whatever it computes (medians)."""
+    probe = jax.jit(lambda s: jnp.zeros((), jnp.float32), keep_unused=True)
+    jax.block_until_ready(probe(state))
+    handed, round_trip = [], []
+    for _ in range(PROBE_REPEATS):
+        t0 = time.perf_counter()
+        out = probe(state)
+        t1 = time.perf_counter()
+        jax.block_until_ready(out)
+        handed.append(t1 - t0)
+        round_trip.append(time.perf_counter() - t0)
+    return statistics.median(handed), statistics.median(round_trip)
+
+
+@functools.cache
+def _loop_body_counted_once() -> bool:
+    """Whether XLA's cost analysis counts a `lax.scan` body once rather than once per iteration."""
+    n, length = 64, 7
+
+    def chain(x: jax.Array) -> jax.Array:
+        return jax.lax.scan(lambda c, _: (c @ x, None), x, None, length=length)[0]  # (N, N)
+
+    cost = jax.jit(chain).lower(jax.ShapeDtypeStruct((n, n), jnp.float32)).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float((cost or {}).get("flops", 0.0))
+    return flops < 0.5 * length * 2 * n**3
+
+
+@functools.cache
+def _matmul_rate(device: jax.Device) -> float | None:
+    """The device's float32 matmul rate in FLOP/s (`jaxtrain doctor`'s measurement: 1024^2 on a
+    CPU, 4096^2 on an accelerator, median of 5), measured once per process and device."""
+    from jaxtrain.tools.diagnose.doctor import _matmul_rate as rate  # a tool's measurement, imported when used
+
+    try:
+        with jax.default_device(device):
+            return rate(1024 if device.platform == "cpu" else 4096, jnp.float32, 5)[0]
+    except Exception:  # noqa: BLE001 - the profile goes on without a peak
+        return None

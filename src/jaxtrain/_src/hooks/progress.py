@@ -1,0 +1,88 @@
+"""What a person watches: the run header, a progress bar per epoch, the epoch blocks, the loss
+curves' path and the final block."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import jax
+from rich.console import Console
+
+from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.report import EpochProgress, epoch_block, final_block, header_block
+from jaxtrain._src.report.plots import plot_run
+
+FINISHED = ("completed", "stopped early")
+
+
+class ProgressHook(Hook):
+    """Prints the header and blocks; with `bar`, a rich progress bar (steps/s, samples/s, ETA,
+    the last logged loss)."""
+
+    def __init__(self, console: Console, bar: bool = True):
+        self.console, self._bar_enabled = console, bar
+        self._bar: EpochProgress | None = None
+
+    def message(self, text: str) -> None:
+        self.console.print(f"  {text}")
+
+    def on_start(self, run: Run) -> None:
+        self._bar = EpochProgress(self.console, run.config.samples_per_step, enabled=self._bar_enabled)
+        self.console.print(header_block(run))
+
+    def on_epoch_start(self, run: Run) -> None:
+        self._bar.start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch, completed=run.loop.position)
+
+    def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        self._bar.advance(k)
+
+    def on_log(self, run: Run, row: dict[str, Any]) -> None:
+        self._bar.advance(0, row["loss"], at=row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch)
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._bar.end_epoch()
+        self.console.print(epoch_block(run.epoch, run.config.epochs, record, run.elapsed_s))
+        if run.stop_reason:
+            self.message(run.stop_reason)
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        if self._bar is not None:
+            self._bar.end_epoch()
+        if summary["status"] in FINISHED:
+            self.console.print(final_block(summary))
+
+
+class PlotHook(Hook):
+    """Draws the run's loss curves to `<run dir>/curves.png` when training finished.
+
+    Matplotlib is imported in a background thread while the run trains (0.3-0.5 s at the end of
+    a run on a 2-core machine otherwise), so only the drawing is left for the end. The import
+    starts once the K chooser's timed calls are over, so that it does not disturb them."""
+
+    def __init__(self) -> None:
+        self._import: threading.Thread | None = None
+
+    def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        if self._import is None and run.run_dir is not None and not run.calls.chooser.measuring:
+            self._import = threading.Thread(target=_import_pyplot, name="jaxtrain-import-matplotlib", daemon=True)
+            if "matplotlib.pyplot" not in sys.modules:
+                self._import.start()
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        if self._import is not None and self._import.is_alive():
+            self._import.join()
+        if run.run_dir is not None and summary["status"] in FINISHED:
+            run.console.print(f"  loss curves: {plot_run(run.run_dir)}")
+
+
+def _import_pyplot() -> None:
+    """Imports matplotlib's pyplot with the Agg backend (what `plot_run` draws with)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception:  # noqa: BLE001 - `plot_run` imports it again and reports what is wrong
+        pass

@@ -1,0 +1,348 @@
+"""`fit()`: build the parts, then one plain loop over epochs and compiled calls.
+
+The parts each live in their own module: the feed (`feeds.py`: where batches come from), the
+compiled calls (`calls.py`: K fused steps, compiled ahead of time, and the choice of K), the loop
+state (`loop_state.py`) and the hooks (`hooks/`: metrics, evaluation, checkpoints, run files,
+TensorBoard, progress). The pure step functions are in `step.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import optax
+from flax import nnx
+from jax.experimental import multihost_utils
+from rich.console import Console
+
+from jaxtrain._src.calls import AutoSteps, CompiledCalls, StepsPerCall
+from jaxtrain._src.checkpoint import CheckpointError
+from jaxtrain._src.checks import check_fit_inputs
+from jaxtrain._src.config import TrainConfig, to_dict
+from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
+from jaxtrain._src.feeds import make_feed, place_validation
+from jaxtrain._src.hooks import (
+    CheckpointHook,
+    EarlyStopping,
+    EvalHook,
+    Hook,
+    MetricsHook,
+    PlotHook,
+    ProfileHook,
+    ProgressHook,
+    Run,
+    RunFilesHook,
+    TensorBoard,
+)
+from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
+from jaxtrain._src.precision import policy_of
+from jaxtrain._src.report import build_summary
+from jaxtrain._src.run_guard import RunGuard
+from jaxtrain._src.sharding import make_layout
+from jaxtrain._src.state import TrainState, init_state
+from jaxtrain._src.step import Augment, LossFn, Preprocess, make_train_step
+
+__all__ = ["FitResult", "TrainingStopped", "fit"]
+
+VERBOSITY = ("progress", "summary", "silent")
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """What `fit` returns.
+
+    Attributes:
+      model: the trained model (the same object that was passed in, updated in place).
+      state: the final `TrainState`.
+      history: one dict per epoch: `train_loss`, `val_loss`, `val_<metric>`, times, samples.
+      summary: the run summary (the contents of summary.json).
+      run_dir: where the run's files are, or None.
+    """
+
+    model: nnx.Module
+    state: TrainState
+    history: list[dict[str, Any]]
+    summary: dict[str, Any]
+    run_dir: Path | None
+
+    @property
+    def best_val_loss(self) -> float | None:
+        return self.summary["best_val_loss"]
+
+    @property
+    def final_train_loss(self) -> float:
+        return self.summary["final_train_loss"]
+
+
+class TrainingStopped(JaxtrainError):
+    """Training was stopped by SIGINT or SIGTERM after saving a checkpoint (exit code 128 + signal)."""
+
+    def __init__(self, signum: int, step: int, resume_hint: str):
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; {resume_hint}")
+
+
+class _StopSignals:
+    """Turns SIGINT/SIGTERM into a flag the loop checks at call boundaries (main thread only).
+
+    In a job of several processes SIGTERM is left to JAX's preemption service, which makes every
+    process agree on the call at which they all stop (one stopping alone would leave the others
+    waiting in a collective)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._many, self._calls = jax.process_count() > 1, 0
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT,) if self._many else (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def poll(self) -> int | None:
+        """The stop signal, once one arrived (in every process of a job at the same call)."""
+        if self._many:
+            self._calls += 1
+            if multihost_utils.reached_preemption_sync_point(self._calls) and self.signum is None:
+                self.signum = signal.SIGTERM
+        return self.signum
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def fit(
+    model: nnx.Module,
+    loss_fn: LossFn,
+    train_data: Any,
+    val_data: Any = None,
+    config: TrainConfig = TrainConfig(),
+    *,
+    optimizer: optax.GradientTransformation | None = None,
+    hooks: Sequence[Hook] = (),
+    preprocess: Preprocess | None = None,
+    augment: Augment | None = None,
+    name: str = "fit",
+    run_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    verbosity: str = "progress",
+    run_config: Any = None,
+    console: Console | None = None,
+    auto_steps: AutoSteps = AutoSteps(),
+) -> FitResult:
+    """Trains `model` on `train_data` and evaluates on `val_data` after every epoch.
+
+    Args:
+      model: a Flax NNX module; it is trained in place and also returned in the result.
+      loss_fn: `loss_fn(model, batch, key) -> (loss, metrics)`, with `metrics` a dict of scalar
+        batch means (may be empty; per-sample values are a ConfigError). `key` is fresh every step.
+      train_data: a pytree (dict, tuple, ...) of arrays with one row per sample, or a row source
+        (`jaxtrain.data.HDF5Source`, `ArraySource`). `config.data.placement` decides whether it is
+        held on the device whole or streamed in batches (auto: streamed when over the budget).
+      val_data: the same for validation (same keys, row shapes, dtype kinds), or None. Held on the
+        device when it fits what the training data leave of the budget, else evaluated streamed.
+      config: training settings.
+      optimizer: your own optax transformation; None builds one from `config.optim`.
+        `config.on_nan="skip"` wraps either.
+      hooks: your `jaxtrain.hooks.Hook`s, run after evaluation and before checkpoints and reports.
+      preprocess: `batch -> batch`, traced into training and evaluation (e.g. normalisation).
+      augment: `(batch, key) -> batch`, traced into training only (e.g. input noise).
+      name: the run's name (the recipe), recorded in summary.json.
+      run_dir: directory for config.json, metrics.jsonl, summary.json, checkpoints/ and
+        tensorboard/; None writes nothing.
+      resume: continue from the newest complete checkpoint in `run_dir`: model, optimizer, step,
+        RNG, data position, history and hooks' state, so the result equals an uninterrupted run's.
+        Only `run_guard.RESUMABLE` settings may change; with no checkpoint yet, it starts afresh.
+      overwrite: start again in a `run_dir` that holds a run; else it is refused (and it is locked).
+      quiet: the same as `verbosity="summary"`.
+      verbosity: "progress" (a bar on a terminal, else a line per log interval), "summary" (header
+        and summaries only) or "silent" (nothing; notes go to stderr).
+      run_config: the configuration to save as config.json (defaults to `config`).
+      console: where to print; a new rich Console by default.
+      auto_steps: how the automatic K is measured (when `config.steps_per_call` is 0).
+
+    Returns:
+      A `FitResult`.
+
+    Raises:
+      ConfigError, DataError, CheckpointError: settings, data or checkpoints that cannot work.
+      NonFiniteLossError: a training loss became NaN or Inf (with `on_nan="stop"`).
+      TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
+    """
+    t_start = time.perf_counter()
+    _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
+    check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)  # eval_shape
+    primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
+    saved = {"recipe": name, **to_dict(run_config or config)}
+    # Stop signals count from here; the directory is claimed (locked, checked) before anything else.
+    with _StopSignals() as signals, RunGuard(run_dir, saved, resume=resume, overwrite=overwrite,
+                                             primary=primary) as guard:
+        run_dir, resume = guard.path, guard.resume
+        console, bar = _printing(console, "summary" if quiet and verbosity == "progress" else verbosity, primary)
+        layout, device = make_layout(config.mesh), jax.local_devices()[0]
+        step_key, data_key = jax.random.split(jax.random.key(config.seed))
+        feed = make_feed(train_data, config, data_key, layout)
+        val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
+        total_steps = config.epochs * feed.steps_per_epoch
+        tx = build_train_optimizer(config, total_steps, optimizer)
+        graphdef, state = init_state(model, tx, step_key)
+        shardings = layout.state_shardings(state)
+        state = layout.put(state, shardings)
+
+        # Restore before anything is written: a failed resume must leave the run directory untouched.
+        checkpoints = None
+        guard.clear()  # the files of a run this one replaces (--overwrite)
+        if run_dir is not None and (config.checkpoint.enabled or resume):
+            checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name)
+        loop = LoopState(feed=feed.get_state())
+        if resume:
+            state, loop = checkpoints.restore(state, shardings, config.epochs, feed)
+
+        schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
+        lr = learning_rate_fn(tx, state.params, schedule)
+        train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
+                                     layout.split_grads, policy_of(config), config.grad_accum)
+        chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps,
+                               total_steps - int(state.step))
+        progress = ProgressHook(console, bar=bar)
+        calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)
+        eval_batch = config.eval_batch_size or config.batch_size
+        evaluation = None if val is None else EvalHook(model, loss_fn, preprocess, val, val_streamed, eval_batch,
+                                                       config.eval_every)
+        run = Run(name, config, console, run_dir, device, layout, feed, calls, state, int(state.step), loop, [],
+                  num_val=evaluation.num_samples if evaluation else 0,
+                  resumed_step=int(state.step) if resume else None, t_start=t_start)
+        run.hooks = _run_hooks(config, hooks, evaluation, checkpoints, progress, run_dir if primary else None, saved,
+                               loop)
+
+        status = "interrupted"
+        try:
+            feed.setup(calls.compile)
+            calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
+            if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
+                raise TrainingStopped(signals.signum, run.step, "before training began; run the same command again")
+            run.each("on_start")
+            for epoch in range(loop.epoch, config.epochs + 1):
+                loop.epoch = epoch
+                feed.start_epoch(epoch, loop.position)
+                run.each("on_epoch_start")
+                t_epoch, compile_before = time.perf_counter(), calls.compile_s
+                running = None  # outputs of the call still running on the device
+                while loop.position < feed.steps_per_epoch:
+                    k = calls.next_length(feed.steps_per_epoch - loop.position)
+                    args = feed.next_args(k, previous=running)
+                    run.state, metrics = calls(k, run.state, args)
+                    if running is not None:  # wait for the previous call: one call stays queued
+                        calls.wait(running)
+                    running = metrics
+                    loop.position += k
+                    run.step += k
+                    run.stop_signal = signals.poll()
+                    run.each("after_call", k, metrics)
+                    if run.stop_signal is not None and loop.position < feed.steps_per_epoch:
+                        raise TrainingStopped(run.stop_signal, run.step, run.resume_hint)
+                calls.wait(running)  # the epoch's time includes its last call
+                train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
+                loop.train_time_s += train_s
+                record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.samples_per_step,
+                          "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
+                          "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
+                loop.history.append(record)
+                run.each("on_epoch_end", record)  # metrics and evaluation fill the record, then the rest
+                loop.position = 0
+                if run.stop_reason is not None:
+                    break
+                if signals.signum is not None and epoch < config.epochs:
+                    raise TrainingStopped(signals.signum, run.step, run.resume_hint)
+            status = "stopped early" if run.stop_reason else "completed"
+        except JaxtrainError as e:
+            status = _FAILURES.get(type(e), f"failed: {e}")
+            raise
+        finally:
+            feed.close()
+            nnx.update(model, run.state.params, run.state.model_state)
+            _end(run, build_summary(run, status))
+        return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
+
+
+_FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped: non-finite loss",
+             CheckpointError: "failed: checkpoint not written"}
+
+
+def _end(run: Run, summary: dict[str, Any]) -> None:
+    """Hands the summary to every hook; once a run failed, errors of the hooks' clean-up are not
+    raised over the error that stopped it."""
+    run.summary = summary
+    run.calls.close()  # background compiles end (their seconds are in the profile)
+    for hook in run.hooks:
+        try:
+            hook.on_end(run, summary)
+        except JaxtrainError:
+            if summary["status"] in ("completed", "stopped early"):
+                raise
+
+
+def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
+               progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState) -> list[Hook]:
+    """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
+    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping,
+    checkpoints, run files in `run_dir` (None: this process writes none; `saved` is config.json),
+    TensorBoard, plots, progress; each restored from `loop` when it has saved state."""
+    ordered = [
+        MetricsHook(config.log_every, config.on_nan),
+        *([evaluation] if evaluation else []),
+        *hooks,
+        *([] if any(isinstance(h, ProfileHook) for h in hooks) else [ProfileHook()]),
+        *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
+        *([checkpoints] if checkpoints else []),
+        *([RunFilesHook(run_dir, saved), PlotHook()] if run_dir else []),
+        *([TensorBoard()] if run_dir and config.tensorboard else []),
+        progress,
+    ]
+    for hook in ordered:
+        if hook.name in loop.hooks:
+            hook.load_state_dict(loop.hooks[hook.name])
+    return ordered
+
+
+def _printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, bool]:
+    """Where the run prints (nowhere when silent, or in processes other than the first) and whether
+    it shows progress."""
+    if verbosity == "silent" or not primary:
+        return Console(quiet=True), False
+    return console or Console(highlight=False, soft_wrap=True), verbosity == "progress"
+
+
+def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_dir: Any, resume: bool,
+                     verbosity: str) -> None:
+    """Wrong types a user can pass, as one clear line each."""
+    if verbosity not in VERBOSITY:
+        raise ConfigError(f"verbosity={verbosity!r} must be one of {', '.join(VERBOSITY)}")
+    if not isinstance(model, nnx.Module):
+        raise ConfigError(f"model must be a flax.nnx.Module; got {type(model).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise ConfigError(f"config must be a jaxtrain.TrainConfig; got {type(config).__name__}")
+    if optimizer is not None and not isinstance(optimizer, optax.GradientTransformation):
+        raise ConfigError(f"optimizer must be an optax.GradientTransformation (e.g. optax.adamw(1e-3)); "
+                          f"got {type(optimizer).__name__}")
+    if isinstance(hooks, Hook) or not all(isinstance(h, Hook) for h in hooks):
+        raise ConfigError("hooks must be a list of jaxtrain.hooks.Hook objects (subclass Hook or use LambdaHook)")
+    if resume and run_dir is None:
+        raise ConfigError("resume needs the run directory of the run to continue")

@@ -1,0 +1,103 @@
+"""Optax optimizers and schedules built from an `OptimConfig`."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxtrain._src.config import OptimConfig, TrainConfig
+from jaxtrain._src.precision import policy_of
+
+
+def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
+    """The learning rate as a function of the step.
+
+    `warmup-cosine` rises linearly from 0 to `lr` over `warmup_steps`, then follows
+    `min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2` to `min_lr` at `decay_steps`
+    (the whole run when 0).
+    """
+    if config.schedule == "constant":
+        return optax.constant_schedule(config.lr)
+    decay_steps = config.decay_steps or total_steps
+    decay_steps = max(decay_steps, config.warmup_steps + 1)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=config.lr,
+        warmup_steps=config.warmup_steps,
+        decay_steps=decay_steps,
+        end_value=config.min_lr,
+    )
+
+
+def decay_mask(params: optax.Params) -> optax.Params:
+    """Weight decay applies to matrices and embeddings (ndim >= 2), not to biases or norm scales,
+    as in nanoGPT and most transformer recipes."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    """An optax chain: [clip by global norm] → [L2 decay] → update rule with the schedule.
+
+    Weight decay (L2 for sgd/adam, decoupled for adamw) skips parameters with ndim < 2 (`decay_mask`).
+
+    Args:
+      config: optimizer settings.
+      total_steps: optimizer steps in the whole run (the default cosine decay length).
+    """
+    lr = build_schedule(config, total_steps)
+    parts: list[optax.GradientTransformation] = []
+    if config.clip_norm > 0:
+        parts.append(optax.clip_by_global_norm(config.clip_norm))
+    if config.weight_decay > 0 and config.name != "adamw":
+        parts.append(optax.add_decayed_weights(config.weight_decay, mask=decay_mask))
+    if config.name == "sgd":
+        parts.append(optax.sgd(lr, momentum=config.momentum or None))
+    elif config.name == "adam":
+        parts.append(optax.adam(lr, b1=config.b1, b2=config.b2, eps=config.eps))
+    else:
+        parts.append(
+            optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
+                        mask=decay_mask)
+        )
+    return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+
+def build_train_optimizer(
+    config: TrainConfig, total_steps: int, optimizer: optax.GradientTransformation | None = None
+) -> optax.GradientTransformation:
+    """The optimizer of a training run: `optimizer` when given, else `build_optimizer(config.optim)`;
+    with `on_nan="skip"` wrapped in `optax.apply_if_finite`, so a non-finite gradient leaves the
+    state unchanged (and is counted); with fp16 precision wrapped in dynamic loss scaling."""
+    tx = optimizer if optimizer is not None else build_optimizer(config.optim, total_steps)
+    if config.on_nan == "skip":
+        tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
+    return policy_of(config).wrap(tx)
+
+
+def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
+    """The `learning_rate` hyperparameter of the first `optax.inject_hyperparams` state inside
+    `opt_state`, or None."""
+    is_injected = lambda x: isinstance(x, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState))  # noqa: E731
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_injected):
+        if is_injected(leaf) and "learning_rate" in leaf.hyperparams:
+            return leaf.hyperparams["learning_rate"]
+    return None
+
+
+def learning_rate_fn(
+    tx: optax.GradientTransformation, params: optax.Params, schedule: optax.Schedule | None = None
+) -> Callable[[optax.OptState, jax.Array], jax.Array] | None:
+    """`lr(updated_opt_state, step)`, the learning rate an update used, for logging; None when
+    neither applies.
+
+    It is read from the optimizer state when the optimizer holds it (`optax.inject_hyperparams`),
+    else computed from `schedule` (the config's) at the step's index.
+    """
+    if _injected_learning_rate(jax.eval_shape(tx.init, params)) is not None:
+        return lambda opt_state, step: _injected_learning_rate(opt_state)
+    if schedule is not None:
+        return lambda opt_state, step: jnp.asarray(schedule(step), jnp.float32)
+    return None

@@ -1,0 +1,82 @@
+"""Loss curves of a run, drawn from its metrics.jsonl: training and validation loss against
+step and against wall time, plus accuracy-like metrics where the run has them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.report.run_dir import read_jsonl
+
+
+def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Draws `run_dir/metrics.jsonl` to a PNG (default `run_dir/curves.png`) and returns its path.
+
+    Raises:
+      ConfigError: when the directory has no metrics.jsonl or it holds no training records yet, or
+        the PNG cannot be written there.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ConfigError(f"{run_dir} has no metrics.jsonl; is it a jaxtrain run directory?")
+    records = read_jsonl(metrics)
+    train = [r for r in records if r.get("kind") == "train"]
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    if not train and not epochs:
+        raise ConfigError(f"{metrics} has no training records yet")
+    extra = sorted({k for r in epochs for k in r if k.startswith("val_") and k != "val_loss"
+                    and not k.endswith(("_s", "loss"))})
+    panels = 2 + (1 if extra else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2))
+    for ax, x_key, label in ((axes[0], "step", "optimizer step"), (axes[1], "elapsed_s", "wall time (s)")):
+        if train:
+            ax.plot([r[x_key] for r in train], [r["loss"] for r in train], color="#4c72b0", alpha=0.5, lw=1,
+                    label="train (per log interval)")
+        ax.plot([r[x_key] for r in epochs], [r["train_loss"] for r in epochs], "o-", color="#4c72b0",
+                label="train (epoch mean)")
+        val = [r for r in epochs if r.get("val_loss") is not None]
+        if val:
+            ax.plot([r[x_key] for r in val], [r["val_loss"] for r in val], "s-", color="#dd8452", label="validation")
+            best = min(val, key=lambda r: r["val_loss"])
+            ax.plot([best[x_key]], [best["val_loss"]], "*", ms=14, color="#c44e52", label="best validation")
+        ax.set_xlabel(label)
+        ax.set_ylabel("loss")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if extra:
+        ax = axes[2]
+        for name in extra:
+            points = [r for r in epochs if r.get(name) is not None]
+            ax.plot([r["step"] for r in points], [r[name] for r in points], "o-", label=name)
+        ax.set_xlabel("optimizer step")
+        ax.set_title("validation metrics")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{Path(run_dir).name}: training and validation loss")
+    fig.tight_layout()
+    return save_figure(fig, Path(out) if out else Path(run_dir) / "curves.png")
+
+
+def save_figure(fig: Any, path: Path, make_parent: bool = False) -> Path:
+    """Writes `fig` to `path` (creating its directory when `make_parent`) and closes it; ConfigError
+    (one line) when it cannot."""
+    import matplotlib.pyplot as plt
+
+    try:
+        if make_parent:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with --out FILE.png"
+                          ) from None
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,231 @@
+"""Pure step builders: one training step, K fused steps, and a full evaluation pass.
+
+Everything here is traced once and compiled; nothing logs, reads the clock or syncs with the
+host. Static choices (batch size, K) are bound before `jax.jit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxtrain._src.precision import Policy, current_scale
+from jaxtrain._src.state import TrainState
+
+Batch = Any  # a pytree of arrays with a leading batch axis
+Metrics = dict[str, jax.Array]
+LossFn = Callable[[nnx.Module, Batch, jax.Array], tuple[jax.Array, Metrics]]
+LearningRate = Callable[[optax.OptState, jax.Array], jax.Array]  # (updated optimizer state, step) -> lr
+Preprocess = Callable[[Batch], Batch]
+Augment = Callable[[Batch, jax.Array], Batch]
+
+_EVAL_KEY_SALT = 0x5EED  # evaluation keys come from a stream disjoint from training steps
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    preprocess: Preprocess | None = None,
+    augment: Augment | None = None,
+    learning_rate: LearningRate | None = None,
+    gather_params: Callable[[nnx.State], nnx.State] | None = None,
+    split_grads: Callable[[nnx.State], nnx.State] | None = None,
+    policy: Policy = Policy(),
+    grad_accum: int = 1,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Builds `train_step(state, batch) -> (state, metrics)`: one optimizer step.
+
+    The step key is `fold_in(state.rng, state.step)`, split between `augment` and `loss_fn`.
+    `metrics` holds `loss`, whatever `loss_fn` returned as its second output, and `lr`, the
+    learning rate of this update, when `learning_rate` is given (see `optim.learning_rate_fn`).
+    `gather_params` places the parameters where the model uses them and `split_grads` places the
+    gradients (FSDP: gathered whole, then reduced back to each device's split).
+
+    `policy` casts the floating parameters and inputs to its compute dtype inside the step (the
+    state stays float32); with fp16, `tx` must be `policy.wrap(tx)`: the loss is multiplied by the
+    scale the optimizer state holds, the gradients divided by it, and `loss_scale` and
+    `scale_skips` (updates skipped so far) join the metrics. With `grad_accum` N the batch holds
+    N micro-batches (rows j, j+N, j+2N, ... form micro-batch j, so a batch split over devices
+    stays split); their gradients and metrics are averaged by a scan, so memory is one micro-batch's.
+    Micro-batch j's key is `fold_in(step key, j)`.
+    """
+
+    def micro_step(params: nnx.State, model_state: nnx.State, batch: Batch, key: jax.Array, scale: jax.Array):
+        """Gradients of one (micro-)batch: `((loss, metrics), model_state, grads)`, grads scaled."""
+        augment_key, loss_key = jax.random.split(key)
+        if preprocess is not None:
+            batch = preprocess(batch)
+        if augment is not None:
+            batch = augment(batch, augment_key)
+        batch = policy.cast(batch)
+
+        def objective(params: nnx.State) -> tuple[jax.Array, tuple[jax.Array, Metrics, nnx.State]]:
+            params = policy.cast(params)
+            if gather_params is not None:
+                params = gather_params(params)
+            model = nnx.merge(graphdef, params, model_state, copy=True)  # fresh Variables in this trace
+            loss, metrics = loss_fn(model, batch, loss_key)
+            loss = loss.astype(jnp.float32)
+            new_model_state = nnx.split(model, nnx.Param, ...)[2]  # e.g. updated batch-norm stats
+            new_model_state = jax.tree.map(_same_dtype, new_model_state, model_state)  # statistics stay float32
+            metrics = jax.tree.map(lambda m: m.astype(jnp.float32), metrics)
+            return loss * scale, (loss, metrics, new_model_state)
+
+        (_, (loss, metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        return (loss, metrics), model_state, grads
+
+    def accumulate(params: nnx.State, model_state: nnx.State, batch: Batch, key: jax.Array, scale: jax.Array):
+        """`micro_step` over the batch's `grad_accum` micro-batches, averaged."""
+        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // grad_accum, grad_accum, *x.shape[1:]).swapaxes(0, 1),
+                             batch)  # (N, B, ...): micro-batch j is rows j, j+N, ...
+
+        def body(carry, xs):
+            model_state, grad_sum = carry
+            j, mb = xs
+            out, model_state, grads = micro_step(params, model_state, mb, jax.random.fold_in(key, j), scale)
+            return (model_state, jax.tree.map(jnp.add, grad_sum, grads)), out
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (model_state, grad_sum), outs = jax.lax.scan(body, (model_state, zeros), (jnp.arange(grad_accum), micro))
+        return jax.tree.map(lambda v: v.mean(axis=0), outs), model_state, jax.tree.map(lambda g: g / grad_accum,
+                                                                                        grad_sum)
+
+    gradients = micro_step if grad_accum == 1 else accumulate
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        key = jax.random.fold_in(state.rng, state.step)
+        scale = current_scale(state.opt_state)
+        (loss, metrics), model_state, grads = gradients(
+            state.params, state.model_state, batch, key, jnp.float32(1.0) if scale is None else scale)
+        if scale is not None:
+            grads = jax.tree.map(lambda g: g / scale, grads)
+        if split_grads is not None:
+            grads = split_grads(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new_state = TrainState(state.step + 1, params, model_state, opt_state, state.rng)
+        if learning_rate is not None:
+            metrics = {**metrics, "lr": learning_rate(opt_state, state.step)}
+        if scale is not None:
+            metrics = {**metrics, "loss_scale": opt_state.scale, "scale_skips": opt_state.skipped}
+        return new_state, {"loss": loss, **metrics}
+
+    return train_step
+
+
+def _same_dtype(new: jax.Array, old: jax.Array) -> jax.Array:
+    return new.astype(old.dtype) if jnp.issubdtype(old.dtype, jnp.floating) else new
+
+
+def make_eval_step(
+    graphdef: nnx.GraphDef, loss_fn: LossFn, preprocess: Preprocess | None = None, policy: Policy = Policy()
+) -> Callable[[TrainState, Batch], Metrics]:
+    """Builds `eval_step(state, batch) -> metrics`, the batch means of `loss` and `loss_fn`'s metrics
+    (float32), computed in `policy`'s dtype as training is.
+
+    Pass the graph definition of the model in evaluation mode (`jaxtrain.state.eval_graphdef`).
+    """
+
+    def eval_step(state: TrainState, batch: Batch) -> Metrics:
+        if preprocess is not None:
+            batch = preprocess(batch)
+        model = nnx.merge(graphdef, policy.cast(state.params), state.model_state, copy=True)
+        key = jax.random.fold_in(state.rng, _EVAL_KEY_SALT)
+        loss, metrics = loss_fn(model, policy.cast(batch), key)
+        return jax.tree.map(lambda m: m.astype(jnp.float32), {"loss": loss, **metrics})
+
+    return eval_step
+
+
+def epoch_permutation(key: jax.Array, epoch: jax.Array | int, n: int) -> jax.Array:
+    """The order in which epoch `epoch` visits the `n` training samples, computed on the device."""
+    return jax.random.permutation(jax.random.fold_in(key, epoch), n)
+
+
+def gather_batch(data: Batch, indices: jax.Array) -> Batch:
+    """Rows `indices` (shape (B,)) of every array in `data`."""
+    return jax.tree.map(lambda x: jnp.take(x, indices, axis=0), data)
+
+
+def make_multi_step(
+    train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
+    batch_size: int,
+    num_steps: int,
+    constrain: Callable[[Batch], Batch] | None = None,
+) -> Callable[[TrainState, Batch, jax.Array, jax.Array], tuple[TrainState, Metrics]]:
+    """Fuses `num_steps` (K) training steps into one function over device-resident data.
+
+    `multi_step(state, data, perm, start)` runs steps `start .. start+K-1` of the epoch whose
+    sample order is `perm`: step `i` trains on rows `perm[i*B : (i+1)*B]` of `data`, gathered
+    inside the compiled call. Returns the new state and each metric stacked to shape (K,).
+    `constrain(batch)` places each gathered batch (e.g. split over a mesh's devices).
+    """
+
+    def multi_step(state: TrainState, data: Batch, perm: jax.Array, start: jax.Array):
+        def body(state: TrainState, i: jax.Array):
+            indices = jax.lax.dynamic_slice_in_dim(perm, (start + i) * batch_size, batch_size)  # (B,)
+            batch = gather_batch(data, indices)
+            return train_step(state, constrain(batch) if constrain is not None else batch)
+
+        return jax.lax.scan(body, state, jnp.arange(num_steps))
+
+    return multi_step
+
+
+def make_scan_steps(
+    train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Fuses K training steps over batches that arrive stacked, for streamed data.
+
+    `scan_steps(state, batches)` takes `batches` with a leading axis of K batches, shape
+    (K, B, ...), and runs `train_step` on each in order; K is the leading size. Returns the new
+    state and each metric stacked to shape (K,).
+    """
+
+    def scan_steps(state: TrainState, batches: Batch) -> tuple[TrainState, Metrics]:
+        return jax.lax.scan(train_step, state, batches)
+
+    return scan_steps
+
+
+def make_evaluate_sums(
+    eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int,
+    constrain: Callable[[Batch], Batch] | None = None,
+) -> Callable[[TrainState, Batch], Metrics]:
+    """`evaluate_sums(state, data) -> sums`: each metric summed over all `num_samples` rows of `data`
+    (a batch mean times its batch size, added up).
+
+    Full batches run under `lax.map` (a scan), each placed by `constrain` when given (e.g. split
+    over a mesh's devices); the remainder runs as one smaller batch, so no sample is dropped or
+    counted twice.
+    """
+    place = constrain or (lambda batch: batch)
+    num_full, remainder = divmod(num_samples, batch_size)
+
+    def evaluate_sums(state: TrainState, data: Batch) -> Metrics:
+        totals = None
+        if num_full:
+            full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
+            per_batch = jax.lax.map(lambda batch: eval_step(state, place(batch)), full)  # each metric (num_full,)
+            totals = jax.tree.map(lambda m: jnp.sum(m) * batch_size, per_batch)
+        if remainder:
+            tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)
+            tail_totals = jax.tree.map(lambda m: m * remainder, eval_step(state, tail))
+            totals = tail_totals if totals is None else jax.tree.map(jnp.add, totals, tail_totals)
+        return totals
+
+    return evaluate_sums
+
+
+def make_evaluate(
+    eval_step: Callable[[TrainState, Batch], Metrics], num_samples: int, batch_size: int
+) -> Callable[[TrainState, Batch], Metrics]:
+    """`evaluate(state, data) -> metrics`: exact means over all `num_samples` rows of `data`
+    (`make_evaluate_sums` divided by `num_samples`)."""
+    evaluate_sums = make_evaluate_sums(eval_step, num_samples, batch_size)
+    return lambda state, data: jax.tree.map(lambda t: t / num_samples, evaluate_sums(state, data))

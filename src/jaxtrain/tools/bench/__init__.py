@@ -1,0 +1,40 @@
+"""Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
+
+from jaxtrain.tools.bench import (
+    attention,
+    checkpoint,
+    data,
+    faults,
+    frameworks,
+    ladder,
+    overhead,
+    precision,
+    preprocess,
+    profile,
+    remat,
+    scale,
+    scan,
+    selfplay,
+    xla_flags,
+)
+
+# name -> (config class, main(config) -> exit code)
+BENCHMARKS = {
+    "attention": (attention.AttentionBenchConfig, attention.main),
+    "checkpoint": (checkpoint.CheckpointBenchConfig, checkpoint.main),
+    "data": (data.DataBenchConfig, data.main),
+    "faults": (faults.FaultsBenchConfig, faults.main),
+    "frameworks": (frameworks.FrameworksConfig, frameworks.main),
+    "ladder": (ladder.LadderConfig, ladder.main),
+    "overhead": (overhead.OverheadConfig, overhead.main),
+    "precision": (precision.PrecisionBenchConfig, precision.main),
+    "preprocess": (preprocess.PreprocessBenchConfig, preprocess.main),
+    "profile": (profile.ProfileBenchConfig, profile.main),
+    "remat": (remat.RematBenchConfig, remat.main),
+    "scale": (scale.ScaleBenchConfig, scale.main),
+    "scan": (scan.ScanBenchConfig, scan.main),
+    "selfplay": (selfplay.SelfPlayBenchConfig, selfplay.main),
+    "xla-flags": (xla_flags.XlaFlagsBenchConfig, xla_flags.main),
+}
+
+__all__ = ["BENCHMARKS"]

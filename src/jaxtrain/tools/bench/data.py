@@ -1,0 +1,168 @@
+"""`jaxtrain bench data`: streaming from HDF5 against device-resident data, memory, generation.
+
+1. Generation: `data generate mlp-regression` of a small (`--small-rows`) and a large (`--rows`)
+   file: rows/s. Inspection time and peak memory of `data inspect` on the large file.
+2. Throughput: `mlp-regression` training for `--steps` steps (batch 32), each run a fresh
+   process, interleaved `--repeats` times: (a) device-resident, the small file's rows read into
+   memory and placed on the device; (b) streamed from the large file; (c) streamed from the small
+   file. Samples/s excludes compilation (fit's train_time_s); the streamed runs also report the
+   share of time the step waited for input.
+3. Peak RSS (ru_maxrss) of each training process: flat across file sizes means host memory does
+   not grow with the dataset.
+4. Readers (when `grain` is installed): rows/s of StreamLoader against Grain pipelines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child
+
+
+@dataclasses.dataclass(frozen=True)
+class DataBenchConfig:
+    """Settings of the data benchmark."""
+
+    rows: int = 10_000_000
+    """Rows of the large file (768 bytes each: 10^7 rows = 7.7 GB on disk)."""
+    small_rows: int = 1_000_000
+    """Rows of the small file; its rows are also the device-resident run's data."""
+    steps: int = 8000
+    """Training steps per run (batch 32)."""
+    repeats: int = 3
+    """Interleaved repetitions of each training run."""
+    dir: str = "bench-results/data"
+    """Where the files and results.json go."""
+    keep: bool = False
+    """Keep the generated HDF5 files (deleted at the end by default)."""
+    quick: bool = False
+    """A cut-down run for smoke tests."""
+
+
+def _child(spec: dict) -> dict:
+    """One training run (in a fresh process): samples/s, input wait and peak RSS."""
+    from jaxtrain._src.config import CheckpointConfig
+    from jaxtrain._src.loop import fit
+    from jaxtrain.tools.recipes import get_recipe
+    from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig
+
+    recipe = get_recipe("mlp-regression")
+    data = RegressionDataConfig(path=spec["path"], val_samples=0, placement=spec["placement"])
+    config = dataclasses.replace(recipe.config, epochs=1, steps_per_epoch=spec["steps"], data=data, quiet=True,
+                                 checkpoint=CheckpointConfig(enabled=False))
+    w = recipe.build(config)
+    result = fit(w.model, w.loss_fn, w.train, None, config, preprocess=w.preprocess, console=Console(quiet=True))
+    record = result.history[-1]
+    return {"samples_per_s": result.summary["samples_per_s"], "train_time_s": result.summary["train_time_s"],
+            "input_wait_fraction": record.get("input_wait_fraction"),
+            "peak_rss_mib": peak_rss_mib()}
+
+
+def _run_child(spec: dict) -> dict:
+    result = run_child("jaxtrain.tools.bench.data", spec)
+    if "error" in result:
+        raise RuntimeError(f"benchmark child failed: {result['error']}")
+    return result
+
+
+def _generate(path: Path, rows: int) -> float:
+    from jaxtrain._src.data.generate import generate_dataset
+
+    t0 = time.perf_counter()
+    generate_dataset("mlp-regression", path, rows, force=True)
+    return rows / (time.perf_counter() - t0)
+
+
+def main(config: DataBenchConfig) -> int:
+    from jaxtrain._src.data.inspect import inspect_file
+    from jaxtrain._src.report import device_description
+
+    if config.quick:
+        config = dataclasses.replace(config, rows=40_000, small_rows=4_000, steps=100, repeats=1)
+    out = Path(config.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    small, large = out / f"mlp-{config.small_rows}.h5", out / f"mlp-{config.rows}.h5"
+    console = Console(highlight=False)
+    results: dict = {"config": dataclasses.asdict(config), "device": device_description(_device())}
+    try:
+        console.print(f"generating {config.small_rows:,} and {config.rows:,} rows ...")
+        results["generate_rows_per_s"] = {"small": _generate(small, config.small_rows),
+                                          "large": _generate(large, config.rows)}
+        report = inspect_file(large)
+        results["inspect"] = {"seconds": report["seconds"], "rows_sampled": report["datasets"][0]["sampled_rows"],
+                              "sample_peak_mib": report["sample_peak_bytes"] / 2**20}
+        runs = {"device (small file in memory)": {"path": str(small), "placement": "device"},
+                "stream (large file)": {"path": str(large), "placement": "stream"},
+                "stream (small file)": {"path": str(small), "placement": "stream"}}
+        measured: dict[str, list[dict]] = {name: [] for name in runs}
+        for repeat in range(config.repeats):
+            for name, spec in runs.items():
+                measured[name].append(_run_child({**spec, "steps": config.steps}))
+                console.print(f"  run {repeat + 1}/{config.repeats} {name}: "
+                              f"{measured[name][-1]['samples_per_s']:,.0f} samples/s")
+        results["runs"] = measured
+        results["readers"] = _readers(large, config)
+    finally:
+        if not config.keep:
+            for path in (small, large):
+                path.unlink(missing_ok=True)
+    _report(results, config, console)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    console.print(f"results: {out / 'results.json'}")
+    return 0
+
+
+def _device():
+    import jax
+
+    return jax.devices()[0]
+
+
+def _readers(path: Path, config: DataBenchConfig) -> dict | None:
+    try:
+        import grain  # noqa: F401
+    except ImportError:
+        return None
+    from jaxtrain.tools.bench.data_readers import reader_throughput
+
+    return reader_throughput(path, {"x": "features", "y": "targets"}, 32, max(100, config.steps // 4))
+
+
+def _report(results: dict, config: DataBenchConfig, console: Console) -> None:
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("samples_per_s", "peak_rss_mib")}
+           for name, rs in results["runs"].items()}
+    device = med["device (small file in memory)"]["samples_per_s"]
+    table = Table(title=f"mlp-regression, batch 32, {config.steps:,} steps, medians of {config.repeats} "
+                        f"({results['device']})")
+    for col in ("run", "samples/s", "vs device", "input wait", "peak RSS MiB"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for name, rs in results["runs"].items():
+        wait = [r["input_wait_fraction"] for r in rs if r["input_wait_fraction"] is not None]
+        table.add_row(name, f"{med[name]['samples_per_s']:,.0f}", f"{med[name]['samples_per_s'] / device:.2f}x",
+                      f"{statistics.median(wait):.1%}" if wait else "-", f"{med[name]['peak_rss_mib']:,.0f}")
+    console.print(table)
+    gen = results["generate_rows_per_s"]
+    console.print(f"generation: {gen['small']:,.0f} rows/s ({config.small_rows:,} rows), "
+                  f"{gen['large']:,.0f} rows/s ({config.rows:,} rows)")
+    ins = results["inspect"]
+    console.print(f"inspect of the {config.rows:,}-row file: {ins['seconds']:.2f} s, "
+                  f"{ins['rows_sampled']:,} rows sampled, {ins['sample_peak_mib']:.1f} MiB of arrays at peak")
+    small, large = med["stream (small file)"]["peak_rss_mib"], med["stream (large file)"]["peak_rss_mib"]
+    results["summary"] = {"stream_vs_device": med["stream (large file)"]["samples_per_s"] / device,
+                          "rss_large_vs_small": large / small, "rss_large_mib": large}
+    console.print(f"streaming (large file) / device-resident throughput: {results['summary']['stream_vs_device']:.2f}x"
+                  f" (target >= 0.9x); peak RSS large/small file: {large / small:.3f} (target within 10%, < 1 GiB)")
+    if results.get("readers"):
+        readers = ", ".join(f"{k} {v:,.0f}" for k, v in results["readers"].items())
+        console.print(f"readers (rows/s, batch 32): {readers}")
+
+
+if __name__ == "__main__":
+    child_main(_child)

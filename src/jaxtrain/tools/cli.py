@@ -1,0 +1,572 @@
+"""The `jaxtrain` command. It parses arguments, builds a config and calls the library."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from jaxtrain._src.errors import ConfigError, JaxtrainError
+
+USAGE = """usage: jaxtrain COMMAND ...
+
+commands:
+  train RECIPE [--preset NAME] [OPTIONS]
+                           train a recipe; `jaxtrain train RECIPE --help` lists every option
+  train RECIPE --resume [RUN_DIR] [OPTIONS]
+                           continue a run from its newest checkpoint (default: the newest run);
+                           a run with no checkpoint yet starts from the beginning
+  train RECIPE --run-dir DIR --overwrite [OPTIONS]
+                           start again in a directory that holds a run (its files are replaced)
+  eval RUN_DIR [--checkpoint best|latest|STEP]
+                           evaluate a run's checkpoint on its validation data
+  plot RUN_DIR [--out FILE.png]
+                           draw a run's loss curves (default RUN_DIR/curves.png)
+  compare RUN_DIR... [--out FILE.png]
+                           runs side by side: the config keys that differ, their results, and their
+                           loss curves overlaid in one PNG (default runs/compare.png)
+  doctor [--json] [--expect-device cpu|gpu|tpu] [--expect-devices N] [--quick]
+                           check the setup in seconds: versions, devices, jit, transfer, dispatch,
+                           matmul rate, XLA options (cuDNN attention, bf16 on a GPU); exit 1 if one fails
+  scan PATH... [--format text|json] [--fail-on high|medium|low|never]
+                           static analysis of your JAX training code for what makes it slow
+                           (un-jitted steps, per-step copies and syncs, ...); `jaxtrain scan --help` lists the rules
+  profile RECIPE [--preset NAME] [OPTIONS] [--seconds S] [--trace DIR]
+                           train one epoch or S seconds (default 20) and show where the time goes: input,
+                           copies, compute, dispatch, host sync, compilation, FLOP/s; a verdict and what to change
+  sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
+                           generate text from a trained char-gpt run
+  recipes                  list the recipes
+  tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] [--seconds S] [--no-throughput]
+                    [--out FILE.png] [OPTIONS]
+                           the largest batch whose training step fits a memory cap (default: the device's memory),
+                           samples/s at each power of two up to it, and the learning rate for the fastest
+  bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
+  bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
+  bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
+  bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
+  bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
+  bench profile --workload char-gpt|mnist-cnn|mlp-regression [--steps N] [--top N] [--out DIR]
+                           per-op profile of one training step (jax.profiler trace vs torch.profiler), by op family
+  bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
+  bench scan [OPTIONS]     a training step jitted alone vs inside lax.scan (XLA:CPU convolutions)
+  bench scale [OPTIONS]    data parallel vs FSDP on 1, 2, 4 virtual devices: memory, collectives, agreement
+  bench remat [OPTIONS]    --remat none / blocks / full: compiled memory and ms per training step
+  bench attention [OPTIONS]  causal attention paths, forward + backward at T = 64, 256, 1024
+  bench precision [OPTIONS]   fp32 / bf16 / fp16 and gradient accumulation: time and compiled memory per step
+  bench preprocess [OPTIONS]  dataset loading with the preprocessing cache off, cold and warm
+  bench selfplay [OPTIONS]  AlphaZero self-play: plain Python MCTS vs jitted network vs batched mctx; training updates/s
+  bench xla-flags [OPTIONS]  XLA:CPU options (XNNPACK/YNNPACK, oneDNN, threads, scheduler, ISA, fast math) vs none
+  data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
+  data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
+
+examples:
+  jaxtrain train mlp-regression
+  jaxtrain train mlp-regression --epochs 3 --batch-size 256 --optim.lr 3e-4 --quiet
+"""
+
+
+def parse_config(cls: type, default: Any, args: Sequence[str], prog: str) -> Any:
+    """Parses `args` into `cls` (starting from `default`) with tyro.
+
+    Parse errors become a one-line ConfigError instead of tyro's multi-line panel; `--help`
+    prints tyro's help and exits 0.
+    """
+    import tyro
+
+    if "-h" in args or "--help" in args:
+        return tyro.cli(cls, default=default, args=list(args), prog=prog)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            return tyro.cli(cls, default=default, args=list(args), prog=prog)
+    except SystemExit as e:
+        if e.code == 0:
+            raise
+        raise ConfigError(f"{_panel_message(captured.getvalue())}; see `{prog} --help`") from None
+
+
+def _panel_message(text: str) -> str:
+    """The message section of a tyro error panel (between its first two rules), as one line."""
+    sections: list[list[str]] = [[]]
+    for line in text.splitlines():
+        body = line.strip().strip("│╭╮╰╯").strip()
+        if body and set(body) <= set("-─"):
+            sections.append([])
+        elif body:
+            sections[-1].append(body)
+    parts = sections[1] if len(sections) > 1 and sections[1] else sections[0]
+    message = " ".join(parts).rstrip(".") or "invalid arguments"
+    return re.sub(r"^Error parsing [\w.]+: ", "", message)  # our own ConfigError, wrapped by tyro
+
+
+def _pop_option(args: list[str], flag: str) -> tuple[bool, str | None]:
+    """Removes `flag [VALUE]` from `args`: (present, VALUE or None)."""
+    if flag not in args:
+        return False, None
+    i = args.index(flag)
+    value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("-") else None
+    del args[i : i + (2 if value is not None else 1)]
+    return True, value
+
+
+def _aliased(recipe: Any, args: Sequence[str]) -> list[str]:
+    """`args` with the recipe's other spellings of flags (`--training-batch-size 256`) replaced."""
+    out = []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        out.append(recipe.aliases.get(flag, flag) + eq + value if flag in recipe.aliases else arg)
+    return out
+
+
+def _preset_config(recipe: Any, rest: list[str], prog: str) -> tuple[Any, str | None]:
+    """`(config, preset)`: the recipe's config from `--preset NAME` (taken out of `rest`; None when
+    absent) and the other flags in `rest`."""
+    has_preset, preset = _pop_option(rest, "--preset")
+    if has_preset and preset not in recipe.presets:
+        known = ", ".join(recipe.presets) if recipe.presets else "none"
+        raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
+    default = recipe.presets[preset] if has_preset else recipe.config
+    return parse_config(type(recipe.config), default, rest, prog), preset
+
+
+def _train(args: Sequence[str]) -> int:
+    from jaxtrain.tools import runs
+    from jaxtrain.tools.recipes import get_recipe
+
+    if not args or args[0].startswith("-"):
+        raise ConfigError("missing recipe; usage: jaxtrain train RECIPE [OPTIONS] (see `jaxtrain recipes`)")
+    recipe = get_recipe(args[0])
+    rest = _aliased(recipe, args[1:])
+    resume, run_dir = _pop_option(rest, "--resume")
+    overwrite = "--overwrite" in rest
+    rest = [a for a in rest if a != "--overwrite"]
+    has_preset = "--preset" in rest
+    prog = f"jaxtrain train {recipe.name}"
+    if resume:
+        if has_preset:
+            raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
+        run_dir = run_dir or str(runs.latest_run(recipe.name))
+        if (Path(run_dir) / "config.json").is_file():
+            _, saved = runs.load_config(run_dir, recipe.name)
+            saved = dataclasses.replace(saved, mesh="auto", dist=type(saved.dist)())  # where it runs is not the run
+            config = parse_config(type(recipe.config), saved, rest, prog)
+        else:  # killed before it wrote its config: the command's settings start it from the beginning
+            config = parse_config(type(recipe.config), recipe.config, rest, prog)
+    else:
+        config, _ = _preset_config(recipe, rest, prog)
+    runs.train(recipe, config, run_dir or config.run_dir, resume=resume, overwrite=overwrite)
+    return 0
+
+
+def _eval(args: Sequence[str]) -> int:
+    import json
+
+    from jaxtrain.tools import runs
+
+    rest = list(args)
+    _, checkpoint = _pop_option(rest, "--checkpoint")
+    if len(rest) != 1 or rest[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain eval RUN_DIR [--checkpoint best|latest|STEP]")
+    print(json.dumps(runs.evaluate(rest[0], checkpoint or "best"), indent=2))
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+    """jaxtrain sample RUN_DIR: generate text from a trained char-gpt run."""
+
+    prompt: str = "\n"
+    """Text the sample continues (every character must be in the training vocabulary)."""
+    length: int = 500
+    """Characters to generate."""
+    temperature: float = 0.8
+    """Softmax temperature (> 0): lower is more conservative."""
+    top_k: int = 200
+    """Sample only among the k most likely characters (0: all)."""
+    seed: int = 0
+    """Sampling seed: the same seed gives the same text."""
+    checkpoint: str = "best"
+    """best (lowest validation loss), latest, or a step number."""
+
+
+def _sample(args: Sequence[str]) -> int:
+    from jaxtrain.tools import runs
+
+    if not args or args[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K]")
+    c = parse_config(SampleConfig, SampleConfig(), args[1:], "jaxtrain sample RUN_DIR")
+    print(runs.sample_text(args[0], c.prompt, c.length, c.temperature, c.top_k, c.seed, c.checkpoint))
+    return 0
+
+
+def _plot(args: Sequence[str]) -> int:
+    from jaxtrain._src.report import plot_run
+
+    rest = list(args)
+    _, out = _pop_option(rest, "--out")
+    if len(rest) != 1 or rest[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain plot RUN_DIR [--out FILE.png]")
+    print(plot_run(rest[0], out))
+    return 0
+
+
+def _compare(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.tools.report.compare import compare_runs, plot_comparison, print_comparison
+
+    usage = "usage: jaxtrain compare RUN_DIR... [--out FILE.png]"
+    if list(args) in (["-h"], ["--help"]):
+        print(f"{usage}\n\n  the config keys that differ between the runs, their results, and their loss curves "
+              "overlaid in one PNG\n  --out FILE.png   the plot (default runs/compare.png)")
+        return 0
+    rest = list(args)
+    has_out, out = _pop_option(rest, "--out")
+    if (has_out and out is None) or not rest or any(a.startswith("-") for a in rest):
+        raise ConfigError(usage)
+    comparison = compare_runs(rest)
+    console = Console(highlight=False, soft_wrap=True)
+    print_comparison(comparison, console)
+    console.print(f"plot: {plot_comparison(comparison, out or 'runs/compare.png')}")
+    return 0
+
+
+def _doctor(args: Sequence[str]) -> int:
+    import time
+
+    from rich.console import Console
+
+    from jaxtrain.tools.diagnose.doctor import DoctorOptions, failed, run_checks
+    from jaxtrain.tools.report.doctor_report import checks_json, print_checks
+
+    start = time.perf_counter()
+    o = parse_config(DoctorOptions, DoctorOptions(), args, "jaxtrain doctor")
+    checks = run_checks(o.expect_device, o.expect_devices, quick=o.quick)
+    seconds = time.perf_counter() - start
+    if o.json:
+        print(checks_json(checks, seconds))
+    else:
+        print_checks(checks, Console(highlight=False), seconds)
+    return 1 if failed(checks) else 0
+
+
+def _recipes() -> int:
+    from jaxtrain.tools.recipes import RECIPES
+
+    for name, recipe in sorted(RECIPES.items()):
+        print(f"{name:<20} {recipe.description}")
+    return 0
+
+
+def _number(args: list[str], flag: str, kind: type, default: Any) -> Any:
+    """Removes `flag VALUE` from `args` and returns VALUE as `kind` (`default` when absent)."""
+    present, value = _pop_option(args, flag)
+    if not present:
+        return default
+    if value is None:
+        raise ConfigError(f"{flag} needs a positive number after it")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} needs a {'whole ' if kind is int else ''}number; got {value!r}") from None
+
+
+def _tune(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.tools import tune
+    from jaxtrain.tools.recipes import get_recipe
+    from jaxtrain.tools.report.tune import plot_batch_size, print_batch_size
+
+    usage = ("usage: jaxtrain tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] "
+             "[--seconds S] [--no-throughput] [--out FILE.png] [OPTIONS]")
+    if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
+        print(f"""{usage}
+
+  --max-memory-gb G   cap of one training step (parameters + optimizer state + batch + temporaries), GiB;
+                      default: the device's memory (a CPU's: the host's available RAM) less the data fit keeps on it
+  --max-batch N       the largest batch tried (default {tune.MAX_BATCH}; at most half the training set)
+  --seconds S         timed training per batch size (default 1)
+  --no-throughput     train only the largest batch that fits (the trial), not every power of two up to it
+  --out FILE.png      the plot (default runs/tune-RECIPE-batch-size.png)
+  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
+        return 0
+    if not args or args[0] != "batch-size":
+        given = f" {args[0]!r}" if args else ""
+        raise ConfigError(f"unknown tune command{given}; choose one of: batch-size ({usage})")
+    if len(args) < 2 or args[1].startswith("-"):
+        raise ConfigError(f"missing recipe; {usage} (see `jaxtrain recipes`)")
+    recipe, rest = get_recipe(args[1]), list(args[2:])
+    max_memory_gb = _number(rest, "--max-memory-gb", float, None)
+    max_batch = _number(rest, "--max-batch", int, tune.MAX_BATCH)
+    seconds = _number(rest, "--seconds", float, 1.0)
+    throughput = "--no-throughput" not in rest
+    rest = [a for a in rest if a != "--no-throughput"]
+    _, out = _pop_option(rest, "--out")
+    config, preset = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}")
+    out = out or f"runs/tune-{recipe.name}-batch-size.png"
+    console = Console(highlight=False, soft_wrap=True)
+    result = tune.batch_size(recipe, config, max_memory_gb, max_batch=max_batch, seconds=seconds,
+                             throughput=throughput, note=lambda line: console.print(f"[dim]{line}[/dim]"))
+    command = f"jaxtrain train {recipe.name}" + (f" --preset {preset}" if preset else "")
+    print_batch_size(result, console, command)
+    console.print(f"plot: {plot_batch_size(result, out)}")
+    return 0
+
+
+SCAN_USAGE = "usage: jaxtrain scan PATH... [--format text|json] [--fail-on high|medium|low|never]"
+
+
+def _scan(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.tools.diagnose.scan import FAIL_ON, scan_paths
+    from jaxtrain.tools.report.scan_report import print_findings, print_json, print_rules
+
+    if "-h" in args or "--help" in args:
+        print(f"""{SCAN_USAGE}
+
+  Reads Python files (a directory: every *.py under it) without running them and reports the
+  anti-patterns that make JAX training slow, each with why, the fix and the expected gain.
+  --format text|json   linter-style lines and a summary table (default), or JSON
+  --fail-on SEVERITY   exit 1 when a finding of this severity or worse exists (default never: exit 0)
+  A line ending in `# jaxtrain: ignore` or `# jaxtrain: ignore[RULE,...]` is not reported.
+""")
+        print_rules(Console(highlight=False))
+        return 0
+    rest = list(args)
+    has_format, fmt = _pop_option(rest, "--format")
+    has_fail_on, fail_on = _pop_option(rest, "--fail-on")
+    if has_format and fmt not in ("text", "json"):
+        raise ConfigError(f"--format {fmt or ''}: choose text or json; {SCAN_USAGE}")
+    if has_fail_on and fail_on not in FAIL_ON:
+        raise ConfigError(f"--fail-on {fail_on or ''}: choose one of {', '.join(FAIL_ON)}; {SCAN_USAGE}")
+    unknown = [a for a in rest if a.startswith("-")]
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]}; {SCAN_USAGE}")
+    result = scan_paths(rest)
+    if fmt == "json":
+        print_json(result)
+    else:
+        print_findings(result, Console(highlight=False))
+    return 1 if result.fails(fail_on or "never") else 0
+
+
+PROFILE_USAGE = "usage: jaxtrain profile RECIPE [--preset NAME] [OPTIONS] [--seconds S] [--trace DIR]"
+
+
+def _profile(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain.tools.diagnose.profile import DEFAULT_SECONDS, profile_recipe
+    from jaxtrain.tools.recipes import get_recipe
+    from jaxtrain._src.report.profile_report import profile_lines
+
+    if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
+        print(f"""{PROFILE_USAGE}
+
+  Trains RECIPE for one epoch or S seconds of training, whichever ends first (no validation, no
+  checkpoints, no run directory), and prints where the wall time went: compilation (and why each
+  program was compiled), input wait, copies to the device, compute, per-call dispatch overhead, host
+  syncs; the FLOP/s achieved against the device's float32 matmul rate; a verdict (input-, dispatch-,
+  host-sync- or compute-bound) and the two changes that would help most. Every `jaxtrain train` run
+  ends with the same profile in its final block and in summary.json.
+  --seconds S     training profiled at most (default {DEFAULT_SECONDS:g})
+  --trace DIR     also write a jax.profiler trace of the training to DIR (TensorBoard profile plugin, Perfetto)
+  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
+        return 0
+    if not args or args[0].startswith("-"):
+        raise ConfigError(f"missing recipe; {PROFILE_USAGE} (see `jaxtrain recipes`)")
+    recipe = get_recipe(args[0])
+    rest = _aliased(recipe, args[1:])
+    seconds = _number(rest, "--seconds", float, DEFAULT_SECONDS)
+    has_trace, trace = _pop_option(rest, "--trace")
+    if has_trace and trace is None:
+        raise ConfigError(f"--trace needs a directory; {PROFILE_USAGE}")
+    config, _ = _preset_config(recipe, rest, f"jaxtrain profile {recipe.name}")
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"profiling {recipe.name}: one epoch or {seconds:g} s of training, no validation ...")
+    profile = profile_recipe(recipe, config, seconds, trace)
+    for line in profile_lines(profile):
+        console.print(line, markup=False)
+    if trace:
+        files = [p for p in Path(trace).rglob("*") if p.is_file()]
+        console.print(f"trace: {len(files)} files under {trace} (tensorboard --logdir {trace}, or open the "
+                      ".trace.json.gz in https://ui.perfetto.dev)", markup=False)
+    return 0
+
+
+def _bench(args: Sequence[str]) -> int:
+    from jaxtrain.tools.bench import BENCHMARKS
+
+    if not args or args[0] not in BENCHMARKS:
+        given = f" {args[0]!r}" if args else ""
+        raise ConfigError(f"unknown benchmark{given}; choose one of: {', '.join(sorted(BENCHMARKS))}")
+    config_cls, main = BENCHMARKS[args[0]]
+    config = parse_config(config_cls, config_cls(), args[1:], f"jaxtrain bench {args[0]}")
+    return main(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOptions:
+    """Options of `jaxtrain data generate WORKLOAD OUT.h5`."""
+
+    samples: int
+    """Rows to write (up to 10^8; memory stays bounded)."""
+    seq_len: int = 128
+    """Sequence length L (sequence workload)."""
+    chunk_rows: int | None = None
+    """Rows per HDF5 chunk; default chunks of about 512 KiB."""
+    compression: Literal["none", "gzip", "lzf"] = "none"
+    """Chunk compression."""
+    seed: int = 0
+    """Dataset seed."""
+    force: bool = False
+    """Replace OUT.h5 if it exists."""
+    quiet: bool = False
+    """No progress bar."""
+
+
+def _data_generate(args: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from jaxtrain._src.data.generate import WORKLOADS, check_arguments, generate_dataset
+    from jaxtrain.tools.report.data_report import print_generated, row_progress
+
+    prog = "jaxtrain data generate WORKLOAD OUT.h5"
+    positional = [a for a in args[:2] if not a.startswith("-")]
+    if len(positional) < 2 and not ("-h" in args or "--help" in args):
+        raise ConfigError(f"usage: {prog} --samples N [OPTIONS]; WORKLOAD is one of: {', '.join(WORKLOADS)}")
+    o = parse_config(GenerateOptions, None, list(args[len(positional):]), prog)
+    workload, out = positional
+    check_arguments(workload, out, o.samples, o.seq_len, o.chunk_rows, o.compression, o.seed, o.force)
+    console = Console()
+    with row_progress(workload, o.samples, console, quiet=o.quiet) as on_rows:
+        result = generate_dataset(workload, out, o.samples, seq_len=o.seq_len, chunk_rows=o.chunk_rows,
+                                  compression=o.compression, seed=o.seed, force=o.force, on_rows=on_rows)
+    print_generated(result, console)
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InspectOptions:
+    """Options of `jaxtrain data inspect FILE`."""
+
+    rows: int = 100_000
+    """Rows to sample per dataset for the statistics."""
+    json: bool = False
+    """Print the report as JSON."""
+
+
+def _data_inspect(args: Sequence[str]) -> int:
+    import json
+
+    from rich.console import Console
+
+    from jaxtrain.tools.bench.child import peak_rss_bytes
+    from jaxtrain._src.data.inspect import inspect_file
+    from jaxtrain.tools.report.data_report import print_inspection
+
+    prog = "jaxtrain data inspect FILE"
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
+        raise ConfigError(f"usage: {prog} [--rows N] [--json]")
+    rest = list(args[1:]) if not args[0].startswith("-") else list(args)
+    options = parse_config(InspectOptions, InspectOptions(), rest, prog)
+    report = {**inspect_file(args[0], options.rows), "peak_rss_bytes": peak_rss_bytes()}
+    if options.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_inspection(report, Console())
+    return 0
+
+
+def _data(args: Sequence[str]) -> int:
+    commands = {"generate": _data_generate, "inspect": _data_inspect}
+    if not args or args[0] not in commands:
+        given = f" {args[0]!r}" if args else ""
+        raise ConfigError(f"unknown data command{given}; choose one of: {', '.join(commands)}")
+    return commands[args[0]](args[1:])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit code (0 ok, 2 bad input, 3 non-finite loss)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    # Orbax's writer threads log each failed write with a traceback; the one-line error below says it.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited")  # orbax, after a failed save
+    warnings.filterwarnings("ignore", message="Enable tracemalloc")
+
+    commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "plot": lambda: _plot(rest),
+                "sample": lambda: _sample(rest),
+                "compare": lambda: _compare(rest), "doctor": lambda: _doctor(rest),
+                "recipes": _recipes, "tune": lambda: _tune(rest),
+                "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),
+                "profile": lambda: _profile(rest)}
+    previous = _stop_on_sigterm(command)
+    try:
+        if command not in commands:
+            raise ConfigError(f"unknown command {command!r}; choose one of: {', '.join(commands)}")
+        return commands[command]()
+    except JaxtrainError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_on_sigterm(command: str) -> Any:
+    """SIGTERM ends the command with one line and exit code 143 from its first moment; `fit` takes
+    the signal over while it trains (and saves first). Returns the previous handler, or None where
+    handlers cannot be set (not the main thread).
+
+    Before `fit` nothing of a run is written yet, so the process ends at once: an exception raised
+    from the handler could land inside JAX or HDF5 calls and crash the interpreter on its way out."""
+
+    def handle(signum: int, frame: Any) -> None:
+        detail = " before training started; nothing was written" if command == "train" else ""
+        print(f"stopped by SIGTERM{detail}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handle)
+
+
+def entry_point() -> None:
+    code = main()
+    if sys.argv[1:2] == ["train"] and _nothing_left_running():
+        # The run's files are closed and its threads done: skip the interpreter's teardown of JAX,
+        # Orbax and every imported module (about 1 s of a 2-core machine; docs/benchmarks.md).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _nothing_left_running() -> bool:
+    """Whether only daemon threads remain and this is a one-process job (several processes shut
+    JAX's distributed service down at exit)."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return False
+    jax = sys.modules.get("jax")
+    return jax is None or not jax.distributed.is_initialized()

@@ -1,0 +1,146 @@
+"""`char-gpt`: a character-level GPT on Tiny Shakespeare, nanoGPT's `shakespeare_char` workload.
+
+Presets (`--preset`):
+  baby: nanoGPT's documented CPU configuration — block 64, batch 12, 4 layers, 4 heads,
+        embedding 128, dropout 0, 2000 iterations, AdamW lr 1e-3 → 1e-4 (cosine over 2000,
+        warmup 100), betas (0.9, 0.99), weight decay 0.1, gradient clip 1.0. nanoGPT's PyTorch
+        code reaches validation loss 1.886 at iteration 2000 with it.
+  seed: a learning project's first model — block 32, batch 16, 1 layer, 4 heads, embedding 64,
+        5000 steps at lr 1e-4 (it overfits; the loss plot shows where).
+  long: the baby model at long context — block 1024 (see `LONG`); what `--remat` is for.
+
+Samples are all windows of block_size + 1 characters of the training text, stored as uint8 on
+the device (about 65 MB). An "epoch" is `steps_per_epoch` (250) iterations on windows drawn
+without replacement; validation loss is then estimated on a fixed set of `eval_batches` batches
+of validation windows, like nanoGPT's `estimate_loss` (which draws new random batches each time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxtrain._src.config import DataConfig, OptimConfig
+from jaxtrain._src.data.datasets import load_tinyshakespeare
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.models.gpt import GPT, GPTConfig
+from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDataConfig(DataConfig):
+    """Tiny Shakespeare at character level (90/10 train/validation split)."""
+
+    eval_batches: int = 200
+    """Validation batches of batch_size windows in the loss estimate (nanoGPT's eval_iters)."""
+    limit: int = 0
+    """Use only the first N characters of the text (0: all); for smoke tests."""
+    seed: int = 1337
+    """Seed of the choice of validation windows."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.eval_batches < 1:
+            raise ConfigError(f"data.eval_batches={self.eval_batches} must be an integer >= 1")
+        if self.limit < 0:
+            raise ConfigError(f"data.limit={self.limit} must be an integer >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class CharGPTConfig(RecipeConfig):
+    """char-gpt: a GPT decoder on Tiny Shakespeare characters (defaults: the baby preset)."""
+
+    preset: str = "baby"
+    """The named preset these defaults came from (baby, seed or long; choose with --preset)."""
+    epochs: int = 8
+    steps_per_epoch: int = 250
+    batch_size: int = 12
+    eval_batch_size: int = 48
+    """Windows per evaluation batch. An estimate (200 batches of 12: 2400 windows) is one compiled
+    call over batches of this size. `jaxtrain train char-gpt --epochs 3 --steps-per-epoch 20
+    --eval-batch-size B --quiet`, twice each on the 2-core CI machine kind: an estimate took
+    2.81-3.15 s at 48, 3.21-3.54 at 240 (the old default), 3.21-3.38 at 24, 3.26-3.61 at 12; the
+    same validation losses."""
+    log_every: int = 50
+    optim: OptimConfig = OptimConfig(
+        name="adamw", lr=1e-3, schedule="warmup-cosine", warmup_steps=100, decay_steps=2000, min_lr=1e-4,
+        b1=0.9, b2=0.99, weight_decay=0.1, clip_norm=1.0,
+    )
+    model: GPTConfig = GPTConfig()
+    """Model shape."""
+    data: TextDataConfig = TextDataConfig()
+    """Dataset settings."""
+
+
+BABY = CharGPTConfig()
+SEED = CharGPTConfig(
+    preset="seed", epochs=20, batch_size=16, eval_batch_size=320,
+    optim=dataclasses.replace(BABY.optim, lr=1e-4, decay_steps=5000, min_lr=1e-5),
+    model=GPTConfig(block_size=32, n_layer=1, n_head=4, n_embd=64),
+)
+LONG = CharGPTConfig(
+    preset="long", epochs=4, batch_size=4, eval_batch_size=16,
+    optim=dataclasses.replace(BABY.optim, decay_steps=1000),
+    model=dataclasses.replace(BABY.model, block_size=1024),
+    data=TextDataConfig(eval_batches=50),
+)
+"""The baby model (4 layers, 4 heads, 128 wide) with a context of 1024 characters.
+
+Batch 4 makes 4,096 tokens a step (the baby's 768 × 5.3): at T = 1024 attention dominates, and its
+(B, nh, T, T) scores and probabilities, 64 MiB each per layer at batch 4, are most of the step's
+memory (1028 MiB of temporaries per step; 276 MiB with `--remat blocks`, `jaxtrain bench remat`).
+A step takes about 3 s on a busy 2-core CPU, so 1000 steps (4 epochs of 250; 4.1M tokens, 2.7× the
+baby's 2000 × 768) with the baby's learning rate schedule, its cosine over those 1000 steps.
+Evaluation: 50 batches of 4 windows (200 windows, 205k tokens, like the baby's 154k), 16 windows
+per evaluation call (the baby's 48 would hold 0.8 GiB of scores per layer). The training windows,
+stored whole on the device, take 1 GB at this length (1025 bytes for each of ~1M start positions).
+"""
+
+
+def windows(ids: np.ndarray, length: int) -> np.ndarray:
+    """Every run of `length` consecutive tokens of `ids`: (len(ids) - length + 1, length) uint8."""
+    if len(ids) < length:
+        raise ConfigError(f"the text has {len(ids)} tokens, fewer than one window of {length}; raise data.limit")
+    return np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(ids.astype(np.uint8), length))
+
+
+def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
+    """Mean next-character cross-entropy over the batch's B·T positions."""
+    tokens = batch["tokens"].astype(jnp.int32)  # (B, T + 1)
+    logits = model(tokens[:, :-1], key).astype(jnp.float32)  # (B, T, V); float32 whatever the compute dtype
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), {}
+
+
+def build(config: CharGPTConfig) -> Workload:
+    train_ids, val_ids, tokenizer = load_tinyshakespeare()
+    if config.data.limit:
+        cut = int(len(train_ids) * config.data.limit / (len(train_ids) + len(val_ids)))
+        train_ids, val_ids = train_ids[:cut], val_ids[: config.data.limit - cut]
+    T = config.model.block_size
+    train = windows(train_ids, T + 1)
+    val = windows(val_ids, T + 1)
+    rng = np.random.default_rng(config.data.seed)
+    n_val = min(config.data.eval_batches * config.batch_size, len(val))
+    val = val[np.sort(rng.choice(len(val), n_val, replace=False))]
+    info = {"vocabulary": tokenizer.chars}
+    return Workload(build_model(config, info), lm_loss, {"tokens": train}, {"tokens": val}, tokenizer=tokenizer,
+                    info=info)
+
+
+def build_model(config: CharGPTConfig, info: dict) -> GPT:
+    return GPT(len(info["vocabulary"]), config.model, remat=config.remat, rngs=nnx.Rngs(config.seed))
+
+
+RECIPE = Recipe(
+    name="char-gpt",
+    description="character-level GPT on Tiny Shakespeare (presets: baby = nanoGPT's CPU config, seed, long)",
+    config=BABY,
+    build=build,
+    model=build_model,
+    presets={"baby": BABY, "seed": SEED, "long": LONG},
+)

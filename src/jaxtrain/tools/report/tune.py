@@ -1,0 +1,107 @@
+"""What `jaxtrain tune batch-size` prints and draws: the table of batches, the recommendation and
+a PNG of throughput and step memory against batch size."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from jaxtrain._src.memory import format_bytes
+from jaxtrain._src.report.plots import save_figure
+
+if TYPE_CHECKING:
+    from jaxtrain.tools.tune import BatchSizeResult
+
+
+def print_batch_size(result: "BatchSizeResult", console: Console, command: str = "") -> None:
+    """The table of `result.rows` and the recommendation; `command` (e.g. `jaxtrain train
+    mlp-regression`) prefixes the suggested flags."""
+    console.print(f"[bold]{result.name}[/bold] on {result.device}: memory cap {format_bytes(result.cap_bytes)} per "
+                  f"training step, from {result.cap_source}")
+    data = (f"; the datasets fit keeps on the device, {format_bytes(result.data_bytes)}, come on top"
+            if result.data_bytes else "; fit keeps no dataset on the device")
+    console.print(f"a step's memory = parameters + optimizer state ({format_bytes(result.state_bytes)}) + one batch "
+                  f"+ temporaries (XLA's compiled memory analysis){data}")
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("batch", "step memory", "temporaries", "fits cap", "samples/s", "steps/s", "note"):
+        table.add_column(column, justify="left" if column in ("fits cap", "note") else "right")
+    for row in result.rows:
+        marks = [m for m, b in (("best", result.best), ("largest", result.largest)) if b == row.batch_size]
+        note = ", ".join(marks + ([row.failure] if row.failure else []))
+        table.add_row(f"{row.batch_size:,}", format_bytes(row.memory["peak_bytes"]),
+                      format_bytes(row.memory["temp_bytes"]), "yes" if row.fits else "no",
+                      f"{row.samples_per_s:,.0f}" if row.trained else "-",
+                      f"{row.steps_per_s:,.1f}" if row.trained else "-", note)
+    console.print(table)
+    largest, best = result.row(result.largest), result.row(result.best)
+    call = (f"; fit's compiled call of K steps, data included, needs {format_bytes(largest.call_memory['peak_bytes'])}"
+            if largest.call_memory else "")
+    timed = ("samples/s: median of 3 timed compiled calls per batch (compilation and epoch starts excluded), one run"
+             if result.throughput else "only the largest batch trained (--no-throughput)")
+    console.print(f"search ended at {result.stopped_by}; {timed}")
+    console.print(f"largest batch that fits and trained: [bold]{result.largest:,}[/bold] (a step needs "
+                  f"{format_bytes(largest.memory['peak_bytes'])}{call})")
+    if result.throughput:
+        near = [f"{r.batch_size:,}" for r in result.rows if r.trained and r.batch_size != result.best
+                and r.samples_per_s >= 0.9 * best.samples_per_s]
+        close = f"; within 10% of it: {', '.join(near)} (one run each: differences this small may be noise)" \
+            if near else ""
+        console.print(f"best throughput: [bold]batch {result.best:,}[/bold], {best.samples_per_s:,.0f} "
+                      f"samples/s{close}")
+    lr, rule = result.learning_rate(result.best)
+    samples = result.best * result.grad_accum
+    ratio = f"{samples:,}/{result.base_batch:,}"
+    ratio = ratio if result.optimizer == "sgd" else f"sqrt({ratio})"
+    console.print(f"learning rate for {samples:,} samples per step (the config's is {result.base_lr:g} for "
+                  f"{result.base_batch:,}): {result.base_lr:g} x {ratio} = {lr:.3g}, the {rule}")
+    console.print(f"recommended: {(command + ' ') if command else ''}{result.flags(result.best)}")
+    same = result.same_samples_flags(result.best)
+    if same and samples != result.base_batch:
+        console.print(f"settings counted in steps see {samples / result.base_batch:.3g}x the samples per step; "
+                      f"for the same samples: {same}")
+
+
+def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
+    """Draws samples/s (left axis) and a step's compiled memory with the cap (right axis) against
+    batch size (log2) to a PNG at `out`; returns its path.
+
+    Raises:
+      ConfigError: the PNG cannot be written there.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    mib = 2**20
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    trained = [r for r in result.rows if r.trained]
+    ax.plot([r.batch_size for r in trained], [r.samples_per_s for r in trained], "o-", color="#4c72b0",
+            label="samples/s")
+    best = result.row(result.best)
+    ax.plot([best.batch_size], [best.samples_per_s], "*", ms=15, color="#c44e52", label=f"best: {best.batch_size:,}")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("training samples/s", color="#4c72b0")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    memory = ax.twinx()
+    memory.plot([r.batch_size for r in result.rows], [r.memory["peak_bytes"] / mib for r in result.rows], "s--",
+                color="#dd8452", label="step memory (compiled)")
+    memory.axhline(result.cap_bytes / mib, color="#dd8452", lw=1, ls=":",
+                   label=f"cap {format_bytes(result.cap_bytes)}")
+    memory.axvline(result.largest, color="#55a868", lw=1, ls="-.", label=f"largest that fits: {result.largest:,}")
+    memory.set_ylabel("step memory (MiB)", color="#dd8452")
+    memory.set_ylim(bottom=0)
+    handles = ax.get_legend_handles_labels()[0] + memory.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    ax.set_title(f"{result.name} on {result.device}: throughput and memory against batch size", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, Path(out), make_parent=True)  # the default is under runs/, which may not exist yet

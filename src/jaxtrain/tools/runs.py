@@ -1,0 +1,233 @@
+"""Run directories: train a recipe into one, find the newest, reload its config and model."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+from rich.console import Console
+
+from jaxtrain._src import data as data_lib
+from jaxtrain._src import distributed
+from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
+from jaxtrain._src.config import from_dict, to_dict
+from jaxtrain._src.data.datasets import CharTokenizer
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.hooks import LambdaHook
+from jaxtrain._src.loop import FitResult, fit
+from jaxtrain._src.precision import policy_of
+from jaxtrain.tools.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
+from jaxtrain._src.report import device_description
+from jaxtrain._src.run_guard import RunGuard
+from jaxtrain._src.state import eval_graphdef, init_state
+from jaxtrain._src.step import make_eval_step, make_evaluate
+
+MODEL_INFO = "model.json"  # the workload's `info`: what rebuilds the model without reading data
+
+
+def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | None = None, resume: bool = False,
+          console: Console | None = None, overwrite: bool = False) -> FitResult:
+    """Builds `recipe`'s workload for `config` and fits it into `run_dir` (a new timestamped
+    directory under runs/ by default); the data sources it opened are closed afterwards. `resume`
+    and `overwrite` are `fit`'s."""
+    if distributed.initialize(config.dist) > 1 and not (run_dir or config.run_dir):
+        raise ConfigError("a job of several processes needs one run directory on a filesystem they share; "
+                          "pass --run-dir DIR")
+    run_dir = Path(run_dir or config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    with RunGuard(run_dir, {"recipe": recipe.name, **to_dict(config)}, resume=resume, overwrite=overwrite,
+                  primary=jax.process_index() == 0, create=False, note=lambda text: None):
+        pass  # refuse a directory in use or holding a run before the workload is built (fit claims it)
+    if config.checkpoint.enabled:
+        _import_in_background("orbax.checkpoint")
+    w = recipe.build(config)
+
+    def save_info(run: Any) -> None:
+        if jax.process_index() != 0:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
+
+    try:
+        return fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info), *w.hooks],
+                   preprocess=w.preprocess, augment=w.augment, name=recipe.name, run_dir=run_dir, resume=resume,
+                   overwrite=overwrite, quiet=config.quiet, verbosity=config.verbosity, run_config=config,
+                   console=console)
+    finally:
+        w.close()
+
+
+def _import_in_background(module: str) -> None:
+    """Imports `module` in a daemon thread while the main thread builds the workload (NumPy and
+    XLA's compiler leave the other core and the GIL free much of that time): Orbax takes ~0.2 s
+    to import, and fit needs it only once the workload is built."""
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the import where it is needed reports the problem
+            pass
+
+    threading.Thread(target=load, name=f"jaxtrain-import-{module}", daemon=True).start()
+
+
+def latest_run(recipe: str, root: str | os.PathLike = "runs") -> Path:
+    """The most recently modified `root/<recipe>-*` directory that has a config.json."""
+    runs = [p for p in Path(root).glob(f"{recipe}-*") if (p / "config.json").is_file()]
+    if not runs:
+        raise ConfigError(f"no run of {recipe} under {root}/ to resume; pass the run directory: --resume RUN_DIR")
+    return max(runs, key=lambda p: p.stat().st_mtime)
+
+
+def load_config(run_dir: str | os.PathLike, recipe: str | None = None) -> tuple[Recipe, RecipeConfig]:
+    """The recipe and config a run directory was trained with.
+
+    Raises:
+      ConfigError: missing directory or config.json, another recipe than `recipe`, unknown keys.
+    """
+    values = _read_config(Path(run_dir))
+    saved = values.pop("recipe", None)
+    if recipe is not None and saved != recipe:
+        raise ConfigError(f"{run_dir} is a run of recipe {saved!r}, not {recipe!r}")
+    if saved not in RECIPES:
+        raise ConfigError(f"{run_dir} was written by jaxtrain.fit from Python (run {saved!r}), not by a recipe; "
+                          "load it with jaxtrain.load(run_dir, model=template), the template a model of the same "
+                          "structure")
+    found = get_recipe(saved)
+    return found, from_dict(type(found.config), values)
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    """A run directory's config.json as a dict."""
+    path = run_dir / "config.json"
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a jaxtrain run directory (no config.json)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _model_info(run_dir: Path, recipe: Recipe, config: RecipeConfig) -> dict[str, Any]:
+    """The run's model.json; a run written before it existed rebuilds the workload once to learn it."""
+    path = run_dir / MODEL_INFO
+    if path.is_file():
+        info = json.loads(path.read_text())
+        info.pop("recipe", None)
+        return info
+    workload = recipe.build(config)
+    workload.close()
+    return workload.info
+
+
+def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None
+                  ) -> tuple[nnx.Module, int]:
+    """A run's model with the weights of checkpoint `checkpoint` (best, latest or a step).
+
+    The model comes from `model` (a template of the same structure) or, for runs of a recipe,
+    from the recipe and the run's config.json and model.json; no training data are read and no
+    optimizer is rebuilt: only the model's variables are restored.
+
+    Returns:
+      `(model, step)`.
+    """
+    run_dir = Path(run_dir)
+    config = _read_config(run_dir)
+    if model is None:
+        recipe, recipe_config = load_config(run_dir)
+        model = recipe.model(recipe_config, _model_info(run_dir, recipe, recipe_config))
+    ckpt_dir = run_dir / "checkpoints"
+    if not ckpt_dir.is_dir():
+        raise CheckpointError(f"{run_dir} has no checkpoints/ directory")
+    saved = config.get("checkpoint", {})
+    ckpt = Checkpointer(ckpt_dir, read_only=True, best_metric=saved.get("best_metric", "val_loss"),
+                        best_mode=saved.get("best_mode", "min"))
+    try:
+        if checkpoint not in ("best", "latest") and not checkpoint.isdigit():
+            raise ConfigError(f"checkpoint={checkpoint!r} must be best, latest or a step number")
+        _, params, model_state = nnx.split(model, nnx.Param, ...)
+        # best and latest fall back to the next checkpoint that reads when one is unreadable
+        params, model_state = ckpt.restore_model(params, model_state, int(checkpoint) if checkpoint.isdigit()
+                                                 else checkpoint)
+        step = ckpt.restored_step
+    finally:
+        ckpt.close()
+    nnx.update(model, *jax.tree.map(jax.numpy.asarray, (params, model_state)))
+    return model, step
+
+
+def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None) -> nnx.Module:
+    """The trained model of a run directory, for prediction in Python.
+
+    Args:
+      run_dir: a directory written by `jaxtrain train` or by `jaxtrain.fit(..., run_dir=...)`.
+      checkpoint: `best` (by the run's best metric), `latest`, or a step number.
+      model: for runs written from Python, a model of the same structure to fill, e.g.
+        `nnx.eval_shape(lambda: MyModel(..., rngs=nnx.Rngs(0)))` (no memory is spent on its
+        initial weights); recipe runs need none.
+
+    Example:
+      >>> model = jaxtrain.load("runs/mine", model=nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(0))))
+    """
+    return restore_model(run_dir, checkpoint, model)[0]
+
+
+def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, Any]:
+    """Validation metrics of checkpoint `checkpoint` of a recipe run, computed like `fit` does.
+
+    The workload is built for its validation data and preprocessing (whose statistics can come
+    from the training data); the sources it opens are closed.
+    """
+    recipe, config = load_config(run_dir)
+    model, step = restore_model(run_dir, checkpoint)
+    workload = recipe.build(config)
+    try:
+        if workload.val is None:
+            raise ConfigError(f"recipe {recipe.name} with this config has no validation data to evaluate on")
+        val = workload.val.read(0, len(workload.val)) if data_lib.is_source(workload.val) else workload.val
+    finally:
+        workload.close()
+    n = data_lib.num_samples(val)
+    _, state = init_state(model, optax.identity(), jax.random.key(config.seed))
+    eval_step = make_eval_step(eval_graphdef(model), workload.loss_fn, workload.preprocess, policy_of(config))
+    metrics = jax.jit(make_evaluate(eval_step, n, min(config.eval_batch_size or config.batch_size, n)))(
+        state, jax.tree.map(jax.numpy.asarray, val)
+    )
+    return {"recipe": recipe.name, "step": step, "samples": n, "device": device_description(jax.devices()[0]),
+            **{f"val_{k}": float(v) for k, v in jax.device_get(metrics).items()}}
+
+
+def sample_text(
+    run_dir: str | os.PathLike,
+    prompt: str = "\n",
+    length: int = 500,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    checkpoint: str = "best",
+) -> str:
+    """Text generated by a trained text model (`char-gpt`): `prompt` followed by `length` sampled
+    characters; the same seed gives the same text."""
+    from jaxtrain._src.models.gpt import sample
+
+    if not prompt:
+        raise ConfigError("the prompt is empty; pass at least one character, e.g. --prompt $'\\n'")
+    if length < 1:
+        raise ConfigError(f"length={length} must be >= 1")
+    recipe, config = load_config(run_dir)
+    vocabulary = _model_info(Path(run_dir), recipe, config).get("vocabulary")
+    if vocabulary is None:
+        raise ConfigError(f"{run_dir} is a run of {recipe.name}, which does not generate text; use a char-gpt run")
+    model, _ = restore_model(run_dir, checkpoint)
+    tokenizer = CharTokenizer(vocabulary)
+    out = sample(model, jax.numpy.asarray(tokenizer.encode(prompt)), length, jax.random.key(seed), temperature, top_k)
+    return tokenizer.decode(jax.device_get(out))

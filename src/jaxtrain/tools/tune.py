@@ -1,0 +1,539 @@
+"""Tuning tools: the batch-size finder (`jaxtrain tune batch-size`).
+
+`batch_size` finds the largest batch whose training step fits a memory cap and measures training
+throughput up to it:
+
+1. Memory, without running anything: one training step (the same `make_train_step` as `fit`,
+   state donated) is compiled for abstract batches of 1, 2, 4, ... samples (n, 2n, 4n, ... on a
+   mesh of n devices, per-device memory) and XLA's compiled memory analysis gives its peak
+   (`memory.compiled_memory`: parameters + optimizer state + one batch + temporaries). The search
+   stops at the first power of two over the cap, at `max_batch`, or at half the training set;
+   bisection between the last power of two that fits and the first that does not narrows the
+   largest batch to 1/2**refine_steps of a power of two.
+2. Trials, by training: `fit` trains (silent, no run directory, no validation) at each power of
+   two up to the largest batch and at the largest itself, which must train with a finite loss; an
+   out-of-memory error (RESOURCE_EXHAUSTED) drops that batch and every larger one. Samples/s is
+   the median of 3 compiled calls of K steps, timed by a hook; compilation and the first call of
+   each epoch (which waits for the epoch's permutation) are left out, so an epoch holds at least
+   two calls and a batch at most half the training set. With `throughput=False` only the largest
+   is trained, stepping down a power of two while it runs out of memory.
+
+The cap bounds the step; the datasets `fit` keeps on the device are a separate, batch-independent
+cost, reported as `data_bytes` (the default cap is what is left of the device's memory after them).
+The header of a real run shows the whole compiled call's memory, data included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxtrain._src import data as data_lib
+from jaxtrain._src.config import TrainConfig
+from jaxtrain._src.errors import ConfigError, NonFiniteLossError
+from jaxtrain._src.feeds import budget_bytes
+from jaxtrain._src.hooks import Hook
+from jaxtrain._src.loop import fit
+from jaxtrain._src.memory import compiled_memory, format_bytes
+from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
+from jaxtrain._src.precision import policy_of
+from jaxtrain.tools.recipes.base import Recipe, Workload
+from jaxtrain._src.report import device_description
+from jaxtrain._src.sharding import Layout, make_layout
+from jaxtrain._src.state import TrainState
+from jaxtrain._src.step import make_train_step
+
+__all__ = ["BatchSizeResult", "BatchTrial", "batch_size", "format_lr", "scale_learning_rate", "step_memory"]
+
+GiB = 1024**3
+MAX_BATCH = 2**16  # the default upper end of the search
+REPEATS = 3  # timed calls per batch size; samples/s is their median
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchTrial:
+    """One batch size: its compiled step's memory and, when it was trained, its throughput.
+
+    Attributes:
+      batch_size: samples per micro-batch (`--batch-size`); a step sees batch_size x grad_accum.
+      memory: `memory.compiled_memory` of one training step at this batch.
+      fits: whether `memory["peak_bytes"]` is within the cap.
+      samples_per_s: median over the timed calls of samples trained per second, or None when not trained.
+      steps_per_s: the same in optimizer steps.
+      steps: optimizer steps timed (all timed calls together).
+      final_loss: the training loss of the last epoch.
+      call_memory: `compiled_memory` of the trial's compiled K-step call (the datasets `fit` keeps
+        on the device included): what the header of a real run shows.
+      failure: why the trial did not finish ("out of memory", "loss not finite"), or "".
+    """
+
+    batch_size: int
+    memory: dict[str, int]
+    fits: bool
+    samples_per_s: float | None = None
+    steps_per_s: float | None = None
+    steps: int = 0
+    final_loss: float | None = None
+    call_memory: dict[str, int] | None = None
+    failure: str = ""
+
+    @property
+    def trained(self) -> bool:
+        return self.samples_per_s is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizeResult:
+    """What `batch_size` found.
+
+    Attributes:
+      name: the recipe (or workload) name.
+      device: the device, in words.
+      cap_bytes: the memory cap of one training step.
+      cap_source: where the cap came from.
+      state_bytes: parameters + optimizer state (part of every row's memory).
+      data_bytes: the datasets `fit` keeps on the device (outside the cap).
+      stopped_by: what ended the search: the cap, max_batch, or half the training set.
+      rows: the batches compiled, ascending: powers of two up to the first over the cap, the search's
+        limit when it was tried, and the largest that fits (bisection's other probes are left out).
+      largest: the largest batch that fits the cap and trained.
+      best: the trained batch with the highest samples/s (`largest` when only it was trained).
+      base_batch: samples per step of the given config (the batch its learning rate is for).
+      base_lr: the config's peak learning rate.
+      optimizer: the config's optimizer (sgd, adam, adamw).
+      grad_accum: micro-batches per step of the config.
+      min_lr: the config's final learning rate (cosine schedules), scaled like the peak.
+      step_settings: the config's settings counted in optimizer steps (`steps_per_epoch`,
+        `optim.warmup_steps`, `optim.decay_steps`) that are not 0, by flag: at a larger batch each
+        step sees more samples.
+      throughput: whether every power of two up to `largest` was timed (else only `largest`).
+    """
+
+    name: str
+    device: str
+    cap_bytes: int
+    cap_source: str
+    state_bytes: int
+    data_bytes: int
+    stopped_by: str
+    rows: tuple[BatchTrial, ...]
+    largest: int
+    best: int
+    base_batch: int
+    base_lr: float
+    optimizer: str
+    grad_accum: int = 1
+    min_lr: float = 0.0
+    step_settings: dict[str, int] = dataclasses.field(default_factory=dict)
+    throughput: bool = True
+
+    def row(self, batch: int) -> BatchTrial:
+        """The row of `batch`."""
+        return next(r for r in self.rows if r.batch_size == batch)
+
+    def learning_rate(self, batch: int) -> tuple[float, str]:
+        """`(lr, rule)`: the config's learning rate scaled to `batch` (see `scale_learning_rate`)."""
+        return scale_learning_rate(self.base_lr, self.base_batch, batch * self.grad_accum, self.optimizer)
+
+    def flags(self, batch: int) -> str:
+        """The command-line flags that train at `batch` with the scaled learning rate."""
+        lr, _ = self.learning_rate(batch)
+        flags = f"--batch-size {batch} --optim.lr {format_lr(lr)}"
+        if self.min_lr:
+            flags += f" --optim.min-lr {format_lr(self.min_lr * lr / self.base_lr)}"
+        return flags
+
+    def same_samples_flags(self, batch: int) -> str:
+        """`step_settings` divided by the growth of the batch: the flags that keep the samples a run
+        (or its warmup and decay) sees, at `batch`; "" when there are none."""
+        ratio = batch * self.grad_accum / self.base_batch
+        return " ".join(f"{flag} {max(1, round(steps / ratio))}" for flag, steps in self.step_settings.items())
+
+
+_OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW"}
+
+
+def scale_learning_rate(lr: float, base_batch: int, batch: int, optimizer: str) -> tuple[float, str]:
+    """The learning rate for `batch` samples per step, given `lr` tuned for `base_batch`.
+
+    SGD: the linear scaling rule, `lr * batch / base_batch` (Goyal et al. 2017, "Accurate, Large
+    Minibatch SGD"). Adam and AdamW: the square-root rule, `lr * sqrt(batch / base_batch)`
+    (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms").
+    Both are starting points, valid up to a critical batch size; re-check the loss.
+
+    Returns:
+      `(lr, rule)`, the rule in words.
+    """
+    ratio = batch / base_batch
+    if optimizer == "sgd":
+        return lr * ratio, "linear scaling rule for SGD (Goyal et al. 2017)"
+    return lr * math.sqrt(ratio), f"square-root scaling rule for {_OPTIMIZER_NAMES.get(optimizer, optimizer)} " \
+                                  "(Malladi et al. 2022)"
+
+
+def format_lr(lr: float) -> str:
+    """`0.002828` -> `2.8e-3`."""
+    mantissa, exponent = f"{lr:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def batch_size(
+    recipe_or_workload: Recipe | Workload,
+    config: TrainConfig | None = None,
+    max_memory_gb: float | None = None,
+    *,
+    max_batch: int = MAX_BATCH,
+    seconds: float = 1.0,
+    refine_steps: int = 4,
+    throughput: bool = True,
+    name: str | None = None,
+    note: Callable[[str], None] | None = None,
+) -> BatchSizeResult:
+    """Finds the largest batch whose training step fits `max_memory_gb` and the batch with the
+    best throughput up to it (see the module docstring).
+
+    Args:
+      recipe_or_workload: a `Recipe` (its workload is built for `config` and closed afterwards) or
+        a `Workload` you built.
+      config: the training settings (precision, grad_accum, optimizer, mesh, ...); default the
+        recipe's. Its batch size and learning rate are the base of the learning-rate scaling.
+      max_memory_gb: the cap of one training step in GiB; None: the device's memory limit (on a
+        CPU, which has none, the host's available RAM) less the datasets `fit` keeps on the device.
+      max_batch: the largest batch considered (also never more than half the training set).
+      seconds: timed training per batch size (3 calls of about seconds / 3 each).
+      refine_steps: bisection steps between the last power of two that fits and the first that
+        does not (each one compile); 0 keeps powers of two.
+      throughput: time every power of two up to the largest batch; False trains only the largest
+        (stepping down a power of two at a time while a trial runs out of memory).
+      name: the name to report (default the recipe's, or "workload").
+      note: called with a line of progress after each compile and each measurement.
+
+    Returns:
+      A `BatchSizeResult`.
+
+    Raises:
+      ConfigError: a cap that is not a positive number or is too small for the smallest batch;
+        a backend that does not report compiled memory; no batch trained.
+    """
+    if max_memory_gb is not None and not (isinstance(max_memory_gb, (int, float)) and math.isfinite(max_memory_gb)
+                                          and max_memory_gb > 0):
+        raise ConfigError(f"max_memory_gb={max_memory_gb!r} must be a positive number of GiB, e.g. "
+                          "--max-memory-gb 4")
+    if not (isinstance(max_batch, int) and max_batch >= 1):
+        raise ConfigError(f"max_batch={max_batch!r} must be an integer >= 1")
+    if not seconds > 0:
+        raise ConfigError(f"seconds={seconds!r} must be positive")
+    if isinstance(recipe_or_workload, Recipe):
+        recipe = recipe_or_workload
+        config = recipe.config if config is None else config
+        workload = recipe.build(config)
+        try:
+            return _find(workload, config, max_memory_gb, max_batch, seconds, refine_steps, throughput,
+                         name or recipe.name, note or (lambda line: None))
+        finally:
+            workload.close()
+    if not isinstance(recipe_or_workload, Workload):
+        raise ConfigError(f"batch_size takes a jaxtrain Recipe or Workload; got {type(recipe_or_workload).__name__}")
+    return _find(recipe_or_workload, config or TrainConfig(), max_memory_gb, max_batch, seconds, refine_steps,
+                 throughput, name or "workload", note or (lambda line: None))
+
+
+def step_memory(workload: Workload, config: TrainConfig, batch_sizes: Sequence[int]) -> list[dict[str, int]]:
+    """`memory.compiled_memory` of one training step of `workload` (built as `fit` builds it, for
+    `config`) at each of `batch_sizes`, from compilation alone: nothing runs, no data is placed."""
+    memory = _StepMemory(workload, config, make_layout(config.mesh))
+    return [memory(b) for b in batch_sizes]
+
+
+def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_batch: int, seconds: float,
+          refine_steps: int, throughput: bool, name: str, note: Callable[[str], None]) -> BatchSizeResult:
+    layout = make_layout(config.mesh)
+    device = jax.local_devices()[0]
+    n = layout.num_devices  # every batch splits over the devices: batches are n x powers of two
+    n_train = data_lib.num_rows(w.train, "train_data")
+    limit = min(max_batch, n_train // 2 // config.grad_accum)  # two steps per epoch: see _Trainer
+    if limit < n:
+        raise ConfigError(f"no batch of at least {n} (one per device) fits max_batch={max_batch} and half the "
+                          f"{n_train} training samples")
+    data_bytes = _device_data_bytes(w, config, device)
+    if max_memory_gb is not None:
+        cap, cap_source = int(max_memory_gb * GiB), f"--max-memory-gb {max_memory_gb:g}"
+    else:
+        total, where = _device_memory(device)
+        cap = total - data_bytes
+        cap_source = where + (f" less {format_bytes(data_bytes)} of data on the device" if data_bytes else "")
+    step_memory = _StepMemory(w, config, layout)
+
+    def measure(batch: int) -> BatchTrial:
+        memory = step_memory(batch)
+        row = BatchTrial(batch, memory, memory["peak_bytes"] <= cap)
+        if row.fits or batch > n:  # a smallest batch over the cap is the error below, said once
+            note(f"batch {batch:>6}: a step needs {format_bytes(memory['peak_bytes'])}"
+                 f"{'' if row.fits else ' (over the cap)'}")
+        return row
+
+    rows: dict[int, BatchTrial] = {}
+    batch = n
+    while True:
+        rows[batch] = measure(batch)
+        if not rows[batch].fits or batch * 2 > limit:
+            break
+        batch *= 2
+    first = rows[n]
+    if not first.fits:
+        need = first.memory["peak_bytes"]
+        raise ConfigError(f"the memory cap {format_bytes(cap)} ({cap_source}) is too small for batch {n}: a "
+                          f"training step of {name} needs {format_bytes(need)} there "
+                          f"({format_bytes(step_memory.state_bytes)} of it parameters and optimizer state); "
+                          f"give at least --max-memory-gb {math.ceil(need / GiB * 1000) / 1000:g}")
+    powers = sorted(rows)
+    lo = max(b for b in powers if rows[b].fits)  # the largest batch known to fit
+    hi = None if rows[powers[-1]].fits else powers[-1]  # the smallest known not to
+    stopped_by = "the cap"
+    if hi is None:
+        in_set = n_train // 2 // config.grad_accum
+        stopped_by = f"max_batch={max_batch}" if max_batch <= in_set else \
+            f"half the training set ({n_train:,} samples)"
+        top = limit // n * n
+        if top > lo and refine_steps > 0:  # the limit itself, then bisection below it
+            rows[top] = measure(top)
+            lo, hi = (top, None) if rows[top].fits else (lo, top)
+            stopped_by = stopped_by if hi is None else "the cap"
+    probes: dict[int, BatchTrial] = {}
+    for _ in range(refine_steps if hi is not None else 0):
+        mid = (lo + hi) // 2 // n * n
+        if mid <= lo:
+            break
+        probes[mid] = measure(mid)
+        lo, hi = (mid, hi) if probes[mid].fits else (lo, mid)
+    rows.setdefault(lo, probes.get(lo))
+
+    # The trials. With throughput: every power of two up to the largest, then the largest, ascending
+    # (one that runs out of memory ends it). Without: the largest, then each power of two below it.
+    fitting = [b for b in sorted(rows) if rows[b].fits and (b in powers or b == lo)]
+    order = fitting if throughput else fitting[::-1]
+    trainer = _Trainer(w, config, name, n_train, seconds)
+    trained: list[int] = []
+    for i, b in enumerate(order):
+        rows[b] = trainer(rows[b])
+        if rows[b].trained:
+            trained.append(b)
+            note(f"batch {b:>6}: trained, {rows[b].samples_per_s:,.0f} samples/s ({rows[b].steps} steps)")
+            if not throughput:
+                break
+        else:
+            note(f"batch {b:>6}: {rows[b].failure}")
+            if throughput and rows[b].failure == "out of memory":
+                for larger in order[i + 1:]:
+                    rows[larger] = dataclasses.replace(rows[larger], failure="not tried: a smaller batch ran out "
+                                                                            "of memory")
+                break
+    if not trained:
+        raise ConfigError(f"no batch trained: {rows[order[0]].failure} at batch {order[0]}")
+    largest = max(trained)
+    best = max(trained, key=lambda b: rows[b].samples_per_s)
+    table = tuple(rows[b] for b in sorted(rows))
+    return BatchSizeResult(
+        name=name, device=device_description(device), cap_bytes=cap, cap_source=cap_source,
+        state_bytes=step_memory.state_bytes, data_bytes=data_bytes, stopped_by=stopped_by, rows=table,
+        largest=largest, best=best, base_batch=config.samples_per_step, base_lr=config.optim.lr,
+        optimizer=config.optim.name, grad_accum=config.grad_accum,
+        min_lr=config.optim.min_lr if config.optim.schedule == "warmup-cosine" else 0.0,
+        step_settings=_step_settings(config), throughput=throughput,
+    )
+
+
+def _step_settings(config: TrainConfig) -> dict[str, int]:
+    """The config's nonzero settings counted in optimizer steps, by flag."""
+    settings = {"--steps-per-epoch": config.steps_per_epoch}
+    if config.optim.schedule == "warmup-cosine":
+        settings |= {"--optim.warmup-steps": config.optim.warmup_steps, "--optim.decay-steps": config.optim.decay_steps}
+    return {flag: steps for flag, steps in settings.items() if steps}
+
+
+class _StepMemory:
+    """Compiles one training step, as `fit` builds it, for an abstract batch of a given size and
+    returns its compiled memory; nothing is placed on the device."""
+
+    def __init__(self, w: Workload, config: TrainConfig, layout: Layout):
+        self._w, self._config, self._layout = w, config, layout
+        tx = build_train_optimizer(config, total_steps=1000)
+        graphdef, params, model_state = nnx.split(w.model, nnx.Param, ...)
+        shapes = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
+        state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), shapes(params), shapes(model_state),
+                           jax.eval_shape(tx.init, params), jax.eval_shape(lambda: jax.random.key(0)))
+        self._shardings = layout.state_shardings(state)
+        self._state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state,
+                                   self._shardings)
+        self.state_bytes = sum(_nbytes(x) for x in jax.tree.leaves(state))
+        lr = learning_rate_fn(tx, params, build_schedule(config.optim, 1000))
+        # XLA:CPU spends most of a compile in LLVM, after buffer assignment: without its optimisation
+        # the compiled memory is the same (tests/test_tune.py checks it) in about half the time.
+        cpu = layout.mesh.devices.flat[0].platform == "cpu"
+        self._options = {"xla_backend_optimization_level": 0} if cpu else None
+        self._step = make_train_step(graphdef, w.loss_fn, tx, w.preprocess, w.augment, lr, layout.gather_params,
+                                     layout.split_grads, policy_of(config), config.grad_accum)
+
+    def __call__(self, batch: int) -> dict[str, int]:
+        from jaxtrain._src.checks import abstract_batch
+
+        layout = self._layout
+        spec = abstract_batch(self._w.train, batch * self._config.grad_accum, "train_data")
+        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=layout.batch), spec)
+        jitted = jax.jit(self._step, donate_argnums=0,
+                         in_shardings=(self._shardings, jax.tree.map(lambda _: layout.batch, spec)),
+                         out_shardings=(self._shardings, layout.replicated))
+        try:
+            memory = compiled_memory(jitted.lower(self._state, spec).compile(self._options))
+        except Exception as e:  # a compiler that refuses a program over the device's memory
+            if not _out_of_memory(e):
+                raise
+            return {"argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": 0,
+                    "peak_bytes": 2**62}
+        if memory is None:
+            raise ConfigError(f"the {jax.default_backend()} backend does not report the memory of compiled "
+                              "programs, which the batch-size finder needs")
+        return memory
+
+
+class _CallTimer(Hook):
+    """Times a run's compiled calls but the first of each epoch, which also waits for the epoch's
+    permutation of the training set (seconds for a million rows on a CPU). The loop waits for call
+    j - 1 just before it announces call j, so from one announcement to the next is call j - 1's
+    time; the last call of an epoch ends at the epoch's end."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, float]] = []  # (steps, seconds) of each timed call
+        self._seen, self._last, self._k = 0, 0.0, 0
+
+    def on_epoch_start(self, run: Any) -> None:
+        self._seen = 0
+
+    def after_call(self, run: Any, k: int, metrics: Any) -> None:
+        self._lap()
+        self._k = k
+
+    def on_epoch_end(self, run: Any, record: dict[str, Any]) -> None:
+        self._lap()
+
+    def _lap(self) -> None:
+        now = time.perf_counter()
+        if self._seen >= 2:  # the call that just ended is not the epoch's first
+            self.calls.append((self._k, now - self._last))
+        self._seen, self._last = self._seen + 1, now
+
+
+class _Trainer:
+    """Trains at a batch with `fit` (silent, no run directory, no validation) and times
+    `REPEATS` compiled calls of K steps with `_CallTimer`, K sized from the previous batch's speed
+    to take `seconds / REPEATS`; the model's initial weights are restored around each run."""
+
+    def __init__(self, w: Workload, config: TrainConfig, name: str, n_train: int, seconds: float):
+        self._w, self._config, self._name, self._n_train = w, config, name, n_train
+        self._initial = jax.tree.map(jnp.copy, nnx.state(w.model))
+        self._call_s = seconds / REPEATS
+        self._steps_per_s: float | None = None  # of the last batch trained: sizes the next one's calls
+
+    def __call__(self, row: BatchTrial) -> BatchTrial:
+        most = self._n_train // (row.batch_size * self._config.grad_accum) // 2  # K: two calls fit an epoch
+        k = 8 if self._steps_per_s is None else round(self._call_s * self._steps_per_s)
+        k = max(1, min(most, k))
+        result = self._run(row, k)
+        if result.trained and k < most and k / result.steps_per_s < self._call_s / 4:  # too short to time well
+            result = self._run(row, max(1, min(most, round(self._call_s * result.steps_per_s))))
+        if result.trained:
+            self._steps_per_s = result.steps_per_s
+        return result
+
+    def _run(self, row: BatchTrial, k: int) -> BatchTrial:
+        c = self._config
+        samples_per_step = row.batch_size * c.grad_accum
+        calls = min(1 + REPEATS, self._n_train // samples_per_step // k)  # per epoch, >= 2; the first is not timed
+        config = dataclasses.replace(
+            c, batch_size=row.batch_size, epochs=math.ceil(REPEATS / (calls - 1)), steps_per_epoch=calls * k,
+            steps_per_call=k, on_nan="stop", tensorboard=False,
+            checkpoint=dataclasses.replace(c.checkpoint, enabled=False),
+            early_stopping=dataclasses.replace(c.early_stopping, patience=0))
+        timer = _CallTimer()
+        nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
+        try:
+            out = fit(self._w.model, self._w.loss_fn, self._w.train, None, config, hooks=[timer],
+                      preprocess=self._w.preprocess, augment=self._w.augment, name=self._name, verbosity="silent")
+        except NonFiniteLossError:
+            return dataclasses.replace(row, failure="loss not finite")
+        except Exception as e:
+            if not _out_of_memory(e):
+                raise
+            return dataclasses.replace(row, failure="out of memory")
+        finally:
+            nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
+        loss = out.summary["final_train_loss"]
+        if loss is None or not math.isfinite(loss):
+            return dataclasses.replace(row, failure="loss not finite", final_loss=loss)
+        if not timer.calls:
+            return dataclasses.replace(row, failure="not timed", final_loss=loss)
+        samples_per_s = statistics.median(steps * samples_per_step / seconds for steps, seconds in timer.calls)
+        return dataclasses.replace(row, samples_per_s=samples_per_s, steps_per_s=samples_per_s / samples_per_step,
+                                   steps=sum(steps for steps, _ in timer.calls), final_loss=loss,
+                                   call_memory=out.summary["compiled_memory"])
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """Whether `e` is XLA's out-of-memory error (RESOURCE_EXHAUSTED)."""
+    text = str(e)
+    return isinstance(e, jax.errors.JaxRuntimeError) and ("RESOURCE_EXHAUSTED" in text
+                                                          or "out of memory" in text.lower())
+
+
+def _device_memory(device: jax.Device) -> tuple[int, str]:
+    """`(bytes, where from)`: the device's memory limit; on a CPU, which has none, the host's available RAM."""
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), f"the device's memory limit ({format_bytes(stats['bytes_limit'])})"
+    available = _available_ram()
+    return available, f"the host's available RAM ({format_bytes(available)}; a CPU device has no memory limit)"
+
+
+def _available_ram() -> int:
+    """MemAvailable of /proc/meminfo, else the free physical pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _device_data_bytes(w: Workload, config: TrainConfig, device: jax.Device) -> int:
+    """Bytes of the training and validation data that `fit` would keep on the device (within its
+    data budget; replicated on every device), as `feeds.make_feed` and `place_validation` decide."""
+    budget, held = budget_bytes(config, device), 0
+    train = _data_bytes(w.train)
+    if data_lib.choose_placement(config.data.placement, train, budget).where == "device":
+        held = train
+    if w.val is not None and (_data_bytes(w.val) <= budget - held or config.data.placement == "device"):
+        held += _data_bytes(w.val)
+    return held
+
+
+def _data_bytes(data: Any) -> int:
+    return data.row_nbytes * len(data) if data_lib.is_source(data) else data_lib.nbytes(data)
+
+
+def _nbytes(x: Any) -> int:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return math.prod(x.shape) * 8  # a threefry key is two uint32 words
+    return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+
+
