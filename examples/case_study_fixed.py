@@ -37,8 +37,8 @@ def main() -> None:
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, seed=args.seed,
                          optim=OptimConfig(name="sgd", lr=LR))
     result = fit(MLP(SIZES, rngs=nnx.Rngs(args.seed)), mse, {"x": x, "y": y}, None, config,
-                 preprocess=data.normalize("x", x.mean(0), x.std(0), EPS),
-                 augment=data.gaussian_noise("x", args.noise), quiet=True)
+                 preprocess=data.normalize("x", x.mean(0), x.std(0), EPS), augment=data.gaussian_noise("x", args.noise),
+                 verbosity="summary")
     print(f"final train loss {result.final_train_loss:.4f}")
 
 

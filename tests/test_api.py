@@ -1,16 +1,34 @@
-"""The public API is explicit and pinned."""
+"""The public API is explicit and pinned; `import jaxtrain` loads the library alone."""
+
+import subprocess
+import sys
 
 import jaxtrain
+
+PUBLIC = {
+    "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError", "DistConfig",
+    "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "NonFiniteLossError", "OptimConfig",
+    "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer", "build_schedule",
+    "data", "fit", "hooks", "load", "models",
+}
 
 
 def test_public_names_are_pinned_and_sorted():
     assert jaxtrain.__all__ == sorted(jaxtrain.__all__)
-    assert set(jaxtrain.__all__) == {
-        "AutoSteps", "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError",
-        "DistConfig", "EarlyStopping", "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook",
-        "NonFiniteLossError", "OptimConfig", "TensorBoard", "TrainConfig", "TrainState", "TrainingStopped",
-        "build_optimizer", "build_schedule", "data", "distributed", "fit", "hooks", "init_state", "load",
-        "make_eval_step", "make_evaluate", "make_multi_step", "make_train_step", "models", "sharding", "tune",
-    }
+    assert set(jaxtrain.__all__) == PUBLIC
     for name in jaxtrain.__all__:
         assert hasattr(jaxtrain, name), name
+
+
+def test_fit_takes_at_most_twelve_parameters():
+    import inspect
+
+    assert len(inspect.signature(jaxtrain.fit).parameters) <= 12
+
+
+def test_import_jaxtrain_loads_no_tool_and_no_heavy_optional_library():
+    code = ("import sys, jaxtrain\n"
+            "print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('jaxtrain.tools', 'torch', 'mctx', "
+            "'matplotlib', 'optuna', 'jaxtrain._src.rl')))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == []

@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+from jaxtrain._src.loop import Session, run_fit
+
 
 def test_frameworks_batch_rows_follow_fits_order():
     import io
@@ -19,9 +21,9 @@ def test_frameworks_batch_rows_follow_fits_order():
     from flax import nnx
     from rich.console import Console
 
-    from jaxtrain import OptimConfig, TrainConfig, fit
-    from jaxtrain.tools.bench.frameworks import batch_rows
+    from jaxtrain import OptimConfig, TrainConfig
     from jaxtrain._src.models import MLP
+    from jaxtrain.tools.bench.frameworks import batch_rows
 
     seen = []
 
@@ -32,7 +34,8 @@ def test_frameworks_batch_rows_follow_fits_order():
     n, B, spe, epochs = 50, 4, 5, 2
     data = {"x": np.arange(n, dtype=np.float32)[:, None], "y": np.zeros((n, 1), np.float32)}
     config = TrainConfig(epochs=epochs, batch_size=B, steps_per_epoch=spe, seed=3, optim=OptimConfig(name="sgd"))
-    fit(MLP((1, 2, 1), rngs=nnx.Rngs(0)), loss_fn, data, None, config, quiet=True, console=Console(file=io.StringIO()))
+    run_fit(MLP((1, 2, 1), rngs=nnx.Rngs(0)), loss_fn, data, None, config, verbosity="summary",
+            session=Session(console=Console(file=io.StringIO())))
     np.testing.assert_array_equal(np.stack(seen), batch_rows(3, n, B, spe, epochs))
 
 
@@ -44,9 +47,9 @@ def test_frameworks_torch_models_mirror_the_jax_models():
     import torch
     from flax import nnx
 
-    from jaxtrain.tools.bench import torch_models
     from jaxtrain._src.models import CNN
     from jaxtrain._src.models.gpt import GPT, GPTConfig
+    from jaxtrain.tools.bench import torch_models
 
     def params_of(model):
         flat = jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))
@@ -69,8 +72,8 @@ def test_frameworks_torch_models_mirror_the_jax_models():
 
 
 def test_frameworks_config_rejects_unknown_names():
-    from jaxtrain.tools.bench.frameworks import FrameworksConfig
     from jaxtrain._src.errors import ConfigError
+    from jaxtrain.tools.bench.frameworks import FrameworksConfig
 
     with pytest.raises(ConfigError, match="workloads='mnist-cnn,resnet'"):
         FrameworksConfig(workloads="mnist-cnn,resnet")

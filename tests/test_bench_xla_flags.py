@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from jaxtrain._src.errors import ConfigError
 from jaxtrain.tools.bench import BENCHMARKS, xla_flags
 from jaxtrain.tools.cli import USAGE
 from jaxtrain.tools.cli import main as cli_main
-from jaxtrain._src.errors import ConfigError
 
 
 def test_quick_run_passes_each_setting_its_own_flags(tmp_path, capsys, monkeypatch):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from jaxtrain.tools.cli import main
 from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.cli import main
 from jaxtrain.tools.report.compare import compare_runs, flatten
 
 TINY = ["--epochs", "2", "--data.samples", "600", "--data.val-samples", "100", "--model.hidden", "16",

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxtrain.tools.cli import main
 from jaxtrain._src.data import cache
 from jaxtrain._src.data.cache import cached
 from jaxtrain._src.data.datasets import load_mnist, load_tinyshakespeare
+from jaxtrain.tools.cli import main
 
 OFFLINE = os.environ.get("JAXTRAIN_DATA_DIR")
 needs_data = pytest.mark.skipif(not OFFLINE, reason="JAXTRAIN_DATA_DIR (the offline datasets) is not set")

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from conftest import mse, regression_data, silent, small_mlp
 
-from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
+from jaxtrain import CheckpointConfig, DataConfig, TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer
-from jaxtrain.tools.cli import main
 from jaxtrain._src.data.generate import generate_dataset
 from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.errors import DataError
 from jaxtrain._src.hooks import LambdaHook
+from jaxtrain._src.loop import Session, run_fit
+from jaxtrain.tools.cli import main
 
 KEYS = {"x": "x", "y": "y"}
 AN_HOUR_AGO_NS = 3600 * 10**9
@@ -119,9 +120,9 @@ def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_
     config = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, data=DataConfig(placement="stream"),
                          checkpoint=CheckpointConfig(every_steps=4, keep_last=100, keep_best=0))
     with pytest.raises(DataError, match=r"changed while it was being read \(size [\d,]+ -> [\d,]+ bytes; modified"):
-        fit(small_mlp(), mse, HDF5Source(path, KEYS), regression_data(40, seed=1), config,
-            hooks=[LambdaHook(after_call=rewrite_at_epoch_end)], run_dir=tmp_path / "run", quiet=True,
-            console=silent())
+        run_fit(small_mlp(), mse, HDF5Source(path, KEYS), regression_data(40, seed=1), config,
+                hooks=[LambdaHook(after_call=rewrite_at_epoch_end)], run_dir=tmp_path / "run", verbosity="summary",
+                session=Session(console=silent()))
     assert changed_at == [20]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"].startswith(f"failed: {path} changed while it was being read")
@@ -136,8 +137,8 @@ def test_a_changed_validation_file_stops_streamed_evaluation(tmp_path):
     config = TrainConfig(epochs=1, batch_size=16, steps_per_call=2,
                          data=DataConfig(placement="stream", memory_budget_gb=1e-6))  # validation is streamed too
     with pytest.raises(DataError, match=r"val\.h5 changed while it was being read \(size [\d,]+ -> [\d,]+ bytes"):
-        fit(small_mlp(), mse, regression_data(160), HDF5Source(path, KEYS), config, hooks=[truncate], quiet=True,
-            console=silent())
+        run_fit(small_mlp(), mse, regression_data(160), HDF5Source(path, KEYS), config, hooks=[truncate],
+                verbosity="summary", session=Session(console=silent()))
 
 
 def test_cli_run_whose_file_is_replaced_exits_2_with_one_line(tmp_path, monkeypatch, capsys):

@@ -6,11 +6,11 @@ import h5py
 import numpy as np
 import pytest
 
-from jaxtrain.tools.cli import main
 from jaxtrain._src.data import generate as generate_module
 from jaxtrain._src.data import generate_dataset, inspect_file, make_rows
 from jaxtrain._src.data.inspect import sample_ranges
 from jaxtrain._src.data.synthetic import ALPHABET, KYTE_DOOLITTLE
+from jaxtrain.tools.cli import main
 
 
 def read_all(path) -> dict[str, np.ndarray]:

@@ -11,10 +11,11 @@ import optax
 import pytest
 from conftest import leaves_close, mse, regression_data, silent, small_mlp
 
-from jaxtrain import DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig, fit
+from jaxtrain import DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig
 from jaxtrain._src.calls import AutoSteps
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
+from jaxtrain._src.loop import Session, run_fit
 
 
 def _config(**overrides):
@@ -44,7 +45,8 @@ class Recorder(Hook):
 def test_user_hook_sees_every_call_and_its_metrics_equal_the_logged_rows():
     recorder = Recorder()
     data = regression_data(160)  # 10 steps per epoch; K=3 gives calls of 3, 3, 3, 1
-    result = fit(small_mlp(), mse, data, None, _config(log_every=4), hooks=[recorder], quiet=True, console=silent())
+    result = run_fit(small_mlp(), mse, data, None, _config(log_every=4), hooks=[recorder], verbosity="summary",
+                     session=Session(console=silent()))
     assert [k for _, k, _ in recorder.calls] == [3, 3, 3, 1] * 2
     assert [s for s, _, _ in recorder.calls] == [3, 6, 9, 10, 13, 16, 19, 20]
     losses = np.concatenate([np.asarray(m["loss"]) for _, _, m in recorder.calls])  # (20,) every step's loss
@@ -61,8 +63,9 @@ def test_user_hook_sees_every_call_and_its_metrics_equal_the_logged_rows():
 def test_lambda_hook_and_learning_rate_from_the_schedule():
     rows = []
     optim = OptimConfig(lr=0.01, schedule="warmup-cosine", warmup_steps=5, min_lr=0.001)
-    fit(small_mlp(), mse, regression_data(160), None, _config(log_every=5, optim=optim),
-        hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], quiet=True, console=silent())
+    run_fit(small_mlp(), mse, regression_data(160), None, _config(log_every=5, optim=optim),
+            hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], verbosity="summary",
+            session=Session(console=silent()))
     schedule = optax.warmup_cosine_decay_schedule(0.0, 0.01, 5, 20, 0.001)
     assert [r["step"] for r in rows] == [5, 10, 15, 20]
     for row in rows:  # the rate of the window's last update, step index row["step"] - 1
@@ -75,14 +78,15 @@ def test_custom_optax_chain_trains_and_logs_its_injected_learning_rate():
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.inject_hyperparams(optax.sgd)(learning_rate=0.05,
                                                                                           momentum=0.9))
     rows = []
-    result = fit(small_mlp(), mse, train, val, _config(epochs=4, log_every=10), optimizer=tx,
-                 hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], quiet=True, console=silent())
+    result = run_fit(small_mlp(), mse, train, val, _config(epochs=4, log_every=10), optimizer=tx,
+                     hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], verbosity="summary",
+                     session=Session(console=silent()))
     losses = [r["train_loss"] for r in result.history]
     assert losses[-1] < 0.6 * losses[0]
     assert all(r["lr"] == pytest.approx(0.05) for r in rows)
     # K does not change the result with your own optimizer either.
-    again = fit(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx, quiet=True,
-                console=silent())
+    again = run_fit(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx, verbosity="summary",
+                    session=Session(console=silent()))
     assert leaves_close(again.state.params, result.state.params) <= 1e-6
 
 
@@ -92,7 +96,8 @@ def test_early_stopping_stops_and_says_so(tmp_path):
     # A learning rate this large makes validation loss stop improving within a few epochs.
     config = _config(epochs=40, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
     console = silent()
-    result = fit(small_mlp(), mse, train, val, config, run_dir=tmp_path, quiet=True, console=console)
+    result = run_fit(small_mlp(), mse, train, val, config, run_dir=tmp_path, verbosity="summary",
+                     session=Session(console=console))
     val_losses = [r["val_loss"] for r in result.history]
     stopped = len(val_losses)
     assert stopped < 40
@@ -125,8 +130,8 @@ def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
 
     data, val = regression_data(160), regression_data(40, seed=1)
     recorder = Recorder()
-    fit(small_mlp(), mse, data, val, _config(log_every=5), hooks=[recorder], run_dir=tmp_path, quiet=True,
-        console=silent())
+    run_fit(small_mlp(), mse, data, val, _config(log_every=5), hooks=[recorder], run_dir=tmp_path, verbosity="summary",
+            session=Session(console=silent()))
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -141,16 +146,17 @@ def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
 
 def test_tensorboard_without_a_directory_is_a_clear_error():
     with pytest.raises(ConfigError, match="TensorBoard hook needs a run directory"):
-        fit(small_mlp(), mse, regression_data(64), None, _config(epochs=1), hooks=[TensorBoard()], quiet=True,
-            console=silent())
+        run_fit(small_mlp(), mse, regression_data(64), None, _config(epochs=1), hooks=[TensorBoard()],
+                verbosity="summary", session=Session(console=silent()))
 
 
 def test_automatic_k_inside_fit_with_injected_thresholds():
     data = regression_data(800)  # 50 steps per epoch; probes of 2 and 4 steps, 3 of each
-    one = fit(small_mlp(), mse, data, None, _config(steps_per_call=1), quiet=True, console=silent())
+    one = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=1), verbosity="summary",
+                  session=Session(console=silent()))
     console = silent()
-    everything = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=console,
-                     auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e-12))
+    everything = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=0), verbosity="summary",
+                         session=Session(console=console, auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e-12)))
     # Any measured per-call overhead needs more than an epoch of steps to be 1e-12 of compute: K = the
     # epoch, unless that program saves less over the run than a compile costs (then K_b, as the
     # message says; the rule itself: test_fit). On a busy machine the fit of t(K) can put the overhead
@@ -160,8 +166,8 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     assert match and int(match.group(1)) == everything.summary["steps_per_call"]
     expected = (4 if "less than its compile" in log else 50) if float(match.group(2)) > 0 else 2
     assert everything.summary["steps_per_call"] == expected
-    lenient = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=silent(),
-                  auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9))
+    lenient = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=0), verbosity="summary",
+                      session=Session(console=silent(), auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9)))
     assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a
     for result in (everything, lenient):
         assert leaves_close(result.state.params, one.state.params) <= 1e-6
@@ -178,9 +184,9 @@ def test_any_pytree_streams_and_large_validation_is_evaluated_streamed():
 
     budget = DataConfig(placement="stream", memory_budget_gb=1e-9, shuffle_window_mb=1)
     config = _config(epochs=2, eval_batch_size=16, data=budget)  # validation over the tiny budget: streamed
-    from_tuple = fit(small_mlp(), tuple_mse, (as_dict["x"], as_dict["y"]), (val["x"], val["y"]), config,
-                     quiet=True, console=silent())
-    from_dict = fit(small_mlp(), mse, as_dict, val, config, quiet=True, console=silent())
+    from_tuple = run_fit(small_mlp(), tuple_mse, (as_dict["x"], as_dict["y"]), (val["x"], val["y"]), config,
+                         verbosity="summary", session=Session(console=silent()))
+    from_dict = run_fit(small_mlp(), mse, as_dict, val, config, verbosity="summary", session=Session(console=silent()))
     assert leaves_close(from_tuple.state.params, from_dict.state.params) == 0.0
     # The streamed validation loss equals NumPy's on the final parameters (100 = 6 batches of 16 + 4).
     p = jax.tree.map(np.asarray, from_dict.state.params)
@@ -199,11 +205,12 @@ def test_bad_arguments_are_one_clear_error():
     ]
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):
-            fit(small_mlp(), mse, data, None, _config(), quiet=True, console=silent(), **kwargs)
+            run_fit(small_mlp(), mse, data, None, _config(), verbosity="summary", **kwargs,
+                    session=Session(console=silent()))
     with pytest.raises(ConfigError, match="model must be a flax.nnx.Module; got function"):
-        fit(lambda x: x, mse, data, None, _config(), quiet=True, console=silent())
+        run_fit(lambda x: x, mse, data, None, _config(), verbosity="summary", session=Session(console=silent()))
     with pytest.raises(ConfigError, match="config must be a jaxtrain.TrainConfig; got NoneType"):
-        fit(small_mlp(), mse, data, None, None, quiet=True, console=silent())
+        run_fit(small_mlp(), mse, data, None, None, verbosity="summary", session=Session(console=silent()))
     with pytest.raises(ConfigError, match="early_stopping.patience=-1"):
         EarlyStoppingConfig(patience=-1)
 
@@ -214,12 +221,14 @@ def test_hook_state_survives_a_resume(tmp_path):
     everything = regression_data(300)
     train, val = {k: v[:200] for k, v in everything.items()}, {k: v[200:] for k, v in everything.items()}
     config = _config(epochs=40, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
-    full = fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "full", quiet=True, console=silent())
+    full = run_fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "full", verbosity="summary",
+                   session=Session(console=silent()))
     stopped_at = len(full.history)
     short = _config(epochs=stopped_at - 1, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
-    fit(small_mlp(), mse, train, val, short, run_dir=tmp_path / "part", quiet=True, console=silent())
-    resumed = fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "part", resume=True, quiet=True,
-                  console=silent())
+    run_fit(small_mlp(), mse, train, val, short, run_dir=tmp_path / "part", verbosity="summary",
+            session=Session(console=silent()))
+    resumed = run_fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "part", resume=True, verbosity="summary",
+                      session=Session(console=silent()))
     assert len(resumed.history) == stopped_at and resumed.summary["status"] == "stopped early"
     assert leaves_close(resumed.state.params, full.state.params) == 0.0
 
@@ -227,6 +236,7 @@ def test_hook_state_survives_a_resume(tmp_path):
 def test_jnp_and_numpy_leaves_train_alike():
     data = regression_data(96)
     as_jnp = {k: jnp.asarray(v) for k, v in data.items()}
-    a = fit(small_mlp(), mse, data, None, _config(epochs=1), quiet=True, console=silent())
-    b = fit(small_mlp(), mse, as_jnp, None, _config(epochs=1), quiet=True, console=silent())
+    a = run_fit(small_mlp(), mse, data, None, _config(epochs=1), verbosity="summary", session=Session(console=silent()))
+    b = run_fit(small_mlp(), mse, as_jnp, None, _config(epochs=1), verbosity="summary",
+                session=Session(console=silent()))
     assert leaves_close(a.state.params, b.state.params) == 0.0

@@ -7,10 +7,11 @@ import pytest
 from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
-from jaxtrain import TrainConfig, fit
+from jaxtrain import TrainConfig
 from jaxtrain._src.checks import abstract_batch, check_fit_inputs
 from jaxtrain._src.data import ArraySource
 from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.loop import Session, run_fit
 
 B = 16
 
@@ -46,8 +47,8 @@ def tuple_loss(model, batch, key):
 
 def _fit(loss_fn=mse, train=None, val=None, **kwargs):
     train = regression_data(64) if train is None else train
-    return fit(small_mlp(), loss_fn, train, val, TrainConfig(epochs=1, batch_size=B), quiet=True, console=silent(),
-               **kwargs)
+    return run_fit(small_mlp(), loss_fn, train, val, TrainConfig(epochs=1, batch_size=B), verbosity="summary", **kwargs,
+                   session=Session(console=silent()))
 
 
 def _one_line(excinfo, *parts):

@@ -10,10 +10,11 @@ from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
-from jaxtrain.tools.cli import main
 from jaxtrain._src.data.sources import ArraySource
+from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.models import MLP
 from jaxtrain._src.report.profile_report import BOUND_SHARE, LOOP_PARTS, PARTS, build_profile, profile_lines
+from jaxtrain.tools.cli import main
 
 NO_FILES = dict(verbosity="silent")
 
@@ -50,8 +51,8 @@ def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
     # which on a busy machine would make the run host-sync-bound instead.
     config = TrainConfig(epochs=1, batch_size=8, steps_per_call=1, log_every=100_000, tensorboard=False,
                          checkpoint=CheckpointConfig(enabled=False))
-    result = fit(small_mlp(), mse, regression_data(2400), None, config, run_dir=tmp_path / "run",
-                 console=(console := silent()), quiet=True)
+    result = run_fit(small_mlp(), mse, regression_data(2400), None, config, run_dir=tmp_path / "run",
+                     verbosity="summary", session=Session(console=(console := silent())))
     p = result.summary["profile"]
     _check(p)
     assert p["verdict"] == "dispatch-bound", p["loop_shares"]

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain.tools import runs
 from jaxtrain._src.data.datasets import load_mnist
+from jaxtrain.tools import runs
 from jaxtrain.tools.recipes import RECIPES
 from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 

@@ -20,20 +20,21 @@ from rich.console import Console
 from test_checkpoint import _log_rows
 
 import jaxtrain
-from jaxtrain import TrainConfig, fit
+from jaxtrain import TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer
-from jaxtrain.tools.cli import main
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.loop import TrainingStopped
+from jaxtrain._src.loop import Session, TrainingStopped, run_fit
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import init_state
+from jaxtrain.tools.cli import main
 
 DATA = regression_data(160)
 CONFIG = TrainConfig(epochs=2, batch_size=16, steps_per_call=5, tensorboard=False)
 
 
 def _fit(run_dir, config=CONFIG, **kwargs):
-    return fit(small_mlp(), mse, DATA, None, config, run_dir=run_dir, console=silent(), quiet=True, **kwargs)
+    return run_fit(small_mlp(), mse, DATA, None, config, run_dir=run_dir, verbosity="summary", **kwargs,
+                   session=Session(console=silent()))
 
 
 def _files(run_dir: Path) -> dict[Path, bytes]:
@@ -183,7 +184,7 @@ def _printed(verbosity: str, terminal: bool = False) -> str:
     out = io.StringIO()
     console = Console(file=out, width=100, force_terminal=terminal)
     config = TrainConfig(epochs=1, batch_size=16, steps_per_call=2, log_every=4, tensorboard=False)
-    fit(small_mlp(), mse, DATA, None, config, console=console, verbosity=verbosity)
+    run_fit(small_mlp(), mse, DATA, None, config, verbosity=verbosity, session=Session(console=console))
     return out.getvalue()
 
 

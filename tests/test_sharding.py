@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from jaxtrain import fit
-from jaxtrain.tools.cli import main
 from jaxtrain._src.errors import ConfigError
-from jaxtrain.tools.recipes import get_recipe
 from jaxtrain._src.sharding import FSDP_MIN_ELEMENTS, make_layout, parse_mesh, shard_bytes
+from jaxtrain.tools.cli import main
+from jaxtrain.tools.recipes import get_recipe
 
 MESHES = ("data=4", "data=2,fsdp=2", "fsdp=4")
 RTOL = 1e-5
@@ -34,8 +34,8 @@ def mlp_config(mesh: str, **changes):
 
 def train(recipe: str, config, run_dir=None, resume=False):
     w = get_recipe(recipe).build(config)
-    return fit(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment, quiet=True,
-               run_dir=run_dir, resume=resume)
+    return fit(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment,
+               verbosity="summary", run_dir=run_dir, resume=resume)
 
 
 def assert_close(result, reference, rtol=RTOL):

@@ -12,11 +12,11 @@ import pytest
 from rich.console import Console
 
 from jaxtrain import fit
-from jaxtrain.tools import cli, tune
 from jaxtrain._src.models.gpt import GPTConfig
+from jaxtrain._src.sharding import make_layout
+from jaxtrain.tools import cli, tune
 from jaxtrain.tools.recipes import get_recipe
 from jaxtrain.tools.report.tune import plot_batch_size, print_batch_size
-from jaxtrain._src.sharding import make_layout
 
 GiB = 2**30
 FAST = dict(seconds=0.05, refine_steps=1)  # about 17 ms per timed call; one bisection step

@@ -1,7 +1,13 @@
-"""jaxtrain: fast, memory-efficient neural-network training on JAX by default."""
+"""jaxtrain: fast, memory-efficient neural-network training on JAX by default.
+
+The public API is what this module lists in `__all__` (docs/api.md says what each name is for),
+plus the modules `jaxtrain.data`, `jaxtrain.models`, `jaxtrain.hooks`, `jaxtrain.remat`,
+`jaxtrain.distributed` and `jaxtrain.rl` (the last loads mctx, so it is imported only when used).
+Everything under `jaxtrain._src` is private; the command line, recipes, benchmarks and diagnosis
+tools are under `jaxtrain.tools`, above the library.
+"""
 
 from jaxtrain import data, hooks, models
-from jaxtrain._src.calls import AutoSteps
 from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.config import (
     CheckpointConfig,
@@ -12,11 +18,39 @@ from jaxtrain._src.config import (
     TrainConfig,
 )
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
-from jaxtrain._src.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
+from jaxtrain._src.hooks.base import Hook, LambdaHook, RunView
+from jaxtrain._src.load import load
 from jaxtrain._src.loop import FitResult, TrainingStopped, fit
 from jaxtrain._src.optim import build_optimizer, build_schedule
-from jaxtrain._src.state import TrainState, init_state
-from jaxtrain._src.step import make_eval_step, make_evaluate, make_multi_step, make_train_step
-from jaxtrain.tools.runs import load
+from jaxtrain._src.run_guard import RESUMABLE
+from jaxtrain._src.state import TrainState
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointError",
+    "ConfigError",
+    "DataConfig",
+    "DataError",
+    "DistConfig",
+    "EarlyStoppingConfig",
+    "FitResult",
+    "Hook",
+    "JaxtrainError",
+    "LambdaHook",
+    "NonFiniteLossError",
+    "OptimConfig",
+    "RESUMABLE",
+    "RunView",
+    "TrainConfig",
+    "TrainState",
+    "TrainingStopped",
+    "build_optimizer",
+    "build_schedule",
+    "data",
+    "fit",
+    "hooks",
+    "load",
+    "models",
+]

@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.memory import compiled_memory
+from jaxtrain._src.moments import announce
 from jaxtrain._src.sharding import Layout
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Metrics
@@ -252,7 +253,9 @@ class CompiledCalls:
             t0 = time.perf_counter()
             jitted = jax.jit(fn, donate_argnums=(0,) if donate else (), in_shardings=in_shardings,
                              out_shardings=out_shardings)
-            compiled = jitted.lower(*args).compile()
+            lowered = jitted.lower(*args)
+            announce("lowered", what=entry["what"])
+            compiled = lowered.compile()
             entry["seconds"] = time.perf_counter() - t0
             with self._lock:
                 self.compiles.append(entry)

@@ -251,6 +251,21 @@ class StreamFeed:
             self._prefetcher = None
 
 
+class StackedBatches:
+    """A call source of K stacked batches described by shapes only (`batch`: name -> (shape, dtype)
+    of one batch), as the stream feed's calls take them; for compiling a program without data."""
+
+    def __init__(self, batch: dict[str, jax.ShapeDtypeStruct], layout: Layout):
+        self._batch, self._layout = batch, layout
+
+    def make_call(self, train_step: Callable, k: int) -> Callable:
+        return make_scan_steps(train_step)
+
+    def abstract_args(self, k: int) -> tuple[Any, ...]:
+        sharding = self._layout.stacked_batches
+        return ({n: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=sharding) for n, x in self._batch.items()},)
+
+
 def as_source(data: Any, name: str) -> tuple[Any, Any]:
     """`(row source, treedef)` for `data`: a source as is (treedef None), a dict of arrays as an
     `ArraySource` (treedef None), any other pytree of arrays as an `ArraySource` over its leaves

@@ -22,12 +22,12 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from rich.console import Console
 
-from jaxtrain._src.calls import AutoSteps, CompiledCalls, StepsPerCall
+from jaxtrain._src.calls import AutoSteps
 from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.checks import check_fit_inputs
 from jaxtrain._src.config import TrainConfig, to_dict
 from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
-from jaxtrain._src.feeds import make_feed, place_validation
+from jaxtrain._src.feeds import place_validation
 from jaxtrain._src.hooks import (
     CheckpointHook,
     EarlyStopping,
@@ -42,15 +42,14 @@ from jaxtrain._src.hooks import (
     TensorBoard,
 )
 from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
-from jaxtrain._src.precision import policy_of
+from jaxtrain._src.moments import announce
+from jaxtrain._src.program import build_program
 from jaxtrain._src.report import build_summary
 from jaxtrain._src.run_guard import RunGuard
-from jaxtrain._src.sharding import make_layout
-from jaxtrain._src.state import TrainState, init_state
-from jaxtrain._src.step import Augment, LossFn, Preprocess, make_train_step
+from jaxtrain._src.state import TrainState
+from jaxtrain._src.step import Augment, LossFn, Preprocess
 
-__all__ = ["FitResult", "TrainingStopped", "fit"]
+__all__ = ["FitResult", "Session", "TrainingStopped", "fit", "run_fit"]
 
 VERBOSITY = ("progress", "summary", "silent")
 
@@ -126,6 +125,23 @@ class _StopSignals:
             signal.signal(signum, handler)
 
 
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """What a tool adds to a run beside `fit`'s arguments (the command line's own path).
+
+    Attributes:
+      name: the run's name in config.json and summary.json (the recipe's, from the command line).
+      saved_config: what config.json records (the recipe's whole config); default the TrainConfig.
+      console: where to print; a new rich Console by default.
+      auto_steps: how the automatic K is measured (when `config.steps_per_call` is 0).
+    """
+
+    name: str = "fit"
+    saved_config: Any = None
+    console: Console | None = None
+    auto_steps: AutoSteps = AutoSteps()
+
+
 def fit(
     model: nnx.Module,
     loss_fn: LossFn,
@@ -137,15 +153,9 @@ def fit(
     hooks: Sequence[Hook] = (),
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
-    name: str = "fit",
     run_dir: str | os.PathLike | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    quiet: bool = False,
+    resume: bool | str = False,
     verbosity: str = "progress",
-    run_config: Any = None,
-    console: Console | None = None,
-    auto_steps: AutoSteps = AutoSteps(),
 ) -> FitResult:
     """Trains `model` on `train_data` and evaluates on `val_data` after every epoch.
 
@@ -161,22 +171,19 @@ def fit(
       config: training settings.
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
-      hooks: your `jaxtrain.hooks.Hook`s, run after evaluation and before checkpoints and reports.
+      hooks: your `jaxtrain.Hook`s; they see a read-only `RunView` and run after evaluation, before
+        early stopping, checkpoints and reports (the loop orders its own hooks around them).
       preprocess: `batch -> batch`, traced into training and evaluation (e.g. normalisation).
       augment: `(batch, key) -> batch`, traced into training only (e.g. input noise).
-      name: the run's name (the recipe), recorded in summary.json.
       run_dir: directory for config.json, metrics.jsonl, summary.json, checkpoints/ and
         tensorboard/; None writes nothing.
-      resume: continue from the newest complete checkpoint in `run_dir`: model, optimizer, step,
-        RNG, data position, history and hooks' state, so the result equals an uninterrupted run's.
-        Only `run_guard.RESUMABLE` settings may change; with no checkpoint yet, it starts afresh.
-      overwrite: start again in a `run_dir` that holds a run; else it is refused (and it is locked).
-      quiet: the same as `verbosity="summary"`.
+      resume: False starts a new run (a `run_dir` holding a run is refused; it is locked while
+        training); True continues from the newest complete checkpoint in `run_dir` (model,
+        optimizer, step, RNG, data position, history and hooks' state, so the result equals an
+        uninterrupted run's; with no checkpoint yet it starts afresh; only settings that
+        `jaxtrain.RESUMABLE` lists may change); "overwrite" replaces the run in `run_dir`.
       verbosity: "progress" (a bar on a terminal, else a line per log interval), "summary" (header
         and summaries only) or "silent" (nothing; notes go to stderr).
-      run_config: the configuration to save as config.json (defaults to `config`).
-      console: where to print; a new rich Console by default.
-      auto_steps: how the automatic K is measured (when `config.steps_per_call` is 0).
 
     Returns:
       A `FitResult`.
@@ -186,49 +193,59 @@ def fit(
       NonFiniteLossError: a training loss became NaN or Inf (with `on_nan="stop"`).
       TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
+    return run_fit(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks, preprocess=preprocess,
+                   augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
+
+
+def run_fit(
+    model: nnx.Module,
+    loss_fn: LossFn,
+    train_data: Any,
+    val_data: Any = None,
+    config: TrainConfig = TrainConfig(),
+    *,
+    optimizer: optax.GradientTransformation | None = None,
+    hooks: Sequence[Hook] = (),
+    preprocess: Preprocess | None = None,
+    augment: Augment | None = None,
+    run_dir: str | os.PathLike | None = None,
+    resume: bool | str = False,
+    verbosity: str = "progress",
+    session: Session = Session(),
+) -> FitResult:
+    """`fit`, with what a tool adds (`Session`): the run's name, the config to save, the console."""
     t_start = time.perf_counter()
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
     check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)  # eval_shape
     primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
-    saved = {"recipe": name, **to_dict(run_config or config)}
+    name = session.name
+    saved = {"recipe": name, **to_dict(session.saved_config or config)}
     # Stop signals count from here; the directory is claimed (locked, checked) before anything else.
-    with _StopSignals() as signals, RunGuard(run_dir, saved, resume=resume, overwrite=overwrite,
+    with _StopSignals() as signals, RunGuard(run_dir, saved, resume=resume is True, overwrite=resume == "overwrite",
                                              primary=primary) as guard:
-        run_dir, resume = guard.path, guard.resume
-        console, bar = _printing(console, "summary" if quiet and verbosity == "progress" else verbosity, primary)
-        layout, device = make_layout(config.mesh), jax.local_devices()[0]
-        step_key, data_key = jax.random.split(jax.random.key(config.seed))
-        feed = make_feed(train_data, config, data_key, layout)
+        run_dir, resuming = guard.path, guard.resume
+        console, bar = _printing(session.console, verbosity, primary)
+        program = build_program(model, loss_fn, config, train_data=train_data, optimizer=optimizer,
+                                preprocess=preprocess, augment=augment)
+        feed = program.feed
         val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
-        total_steps = config.epochs * feed.steps_per_epoch
-        tx = build_train_optimizer(config, total_steps, optimizer)
-        graphdef, state = init_state(model, tx, step_key)
-        shardings = layout.state_shardings(state)
-        state = layout.put(state, shardings)
 
         # Restore before anything is written: a failed resume must leave the run directory untouched.
         checkpoints = None
-        guard.clear()  # the files of a run this one replaces (--overwrite)
-        if run_dir is not None and (config.checkpoint.enabled or resume):
+        guard.clear()  # the files of a run this one replaces (resume="overwrite")
+        if run_dir is not None and (config.checkpoint.enabled or resuming):
             checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name)
-        loop = LoopState(feed=feed.get_state())
-        if resume:
-            state, loop = checkpoints.restore(state, shardings, config.epochs, feed)
+        loop = program.restore(checkpoints, config.epochs) if resuming else LoopState(feed=feed.get_state())
 
-        schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
-        lr = learning_rate_fn(tx, state.params, schedule)
-        train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
-                                     layout.split_grads, policy_of(config), config.grad_accum)
-        chooser = StepsPerCall(config.steps_per_call or loop.steps_per_call, feed.steps_per_epoch, auto_steps,
-                               total_steps - int(state.step))
         progress = ProgressHook(console, bar=bar)
-        calls = CompiledCalls(feed, train_step, state, chooser, layout, log=progress.message)
+        calls = program.calls(config.steps_per_call or loop.steps_per_call, session.auto_steps, log=progress.message)
         eval_batch = config.eval_batch_size or config.batch_size
-        evaluation = None if val is None else EvalHook(model, loss_fn, preprocess, val, val_streamed, eval_batch,
+        evaluation = None if val is None else EvalHook(program.eval_step, val, val_streamed, eval_batch,
                                                        config.eval_every)
-        run = Run(name, config, console, run_dir, device, layout, feed, calls, state, int(state.step), loop, [],
-                  num_val=evaluation.num_samples if evaluation else 0,
-                  resumed_step=int(state.step) if resume else None, t_start=t_start)
+        state = program.state
+        run = Run(name, config, console, run_dir, jax.local_devices()[0], program.layout, feed, calls, state,
+                  int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
+                  resumed_step=int(state.step) if resuming else None, t_start=t_start)
         run.hooks = _run_hooks(config, hooks, evaluation, checkpoints, progress, run_dir if primary else None, saved,
                                loop)
 
@@ -255,7 +272,9 @@ def fit(
                     loop.position += k
                     run.step += k
                     run.stop_signal = signals.poll()
+                    announce("call", run=run)
                     run.each("after_call", k, metrics)
+                    announce("call done", run=run)
                     if run.stop_signal is not None and loop.position < feed.steps_per_epoch:
                         raise TrainingStopped(run.stop_signal, run.step, run.resume_hint)
                 calls.wait(running)  # the epoch's time includes its last call
@@ -281,6 +300,12 @@ def fit(
             _end(run, build_summary(run, status))
         return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
 
+
+_CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(...))",
+               TensorBoard: "TrainConfig(tensorboard=True) and a run_dir",
+               CheckpointHook: "TrainConfig(checkpoint=CheckpointConfig(...)) and a run_dir",
+               MetricsHook: "TrainConfig(log_every=..., on_nan=...)", EvalHook: "val_data",
+               RunFilesHook: "run_dir", PlotHook: "run_dir", ProgressHook: "verbosity"}
 
 _FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped: non-finite loss",
              CheckpointError: "failed: checkpoint not written"}
@@ -343,6 +368,12 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
         raise ConfigError(f"optimizer must be an optax.GradientTransformation (e.g. optax.adamw(1e-3)); "
                           f"got {type(optimizer).__name__}")
     if isinstance(hooks, Hook) or not all(isinstance(h, Hook) for h in hooks):
-        raise ConfigError("hooks must be a list of jaxtrain.hooks.Hook objects (subclass Hook or use LambdaHook)")
+        raise ConfigError("hooks must be a list of jaxtrain.Hook objects (subclass Hook or use LambdaHook)")
+    for hook in hooks:
+        if type(hook) in _CONFIGURED:
+            raise ConfigError(f"{type(hook).__name__} is added by the loop itself; set it with "
+                              f"{_CONFIGURED[type(hook)]} instead of passing it in hooks")
+    if resume not in (False, True, "overwrite"):
+        raise ConfigError(f"resume={resume!r} must be False (a new run), True (continue) or 'overwrite'")
     if resume and run_dir is None:
-        raise ConfigError("resume needs the run directory of the run to continue")
+        raise ConfigError("resume needs the run directory of the run to continue (run_dir=...)")

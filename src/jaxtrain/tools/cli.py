@@ -368,9 +368,9 @@ PROFILE_USAGE = "usage: jaxtrain profile RECIPE [--preset NAME] [OPTIONS] [--sec
 def _profile(args: Sequence[str]) -> int:
     from rich.console import Console
 
+    from jaxtrain._src.report.profile_report import profile_lines
     from jaxtrain.tools.diagnose.profile import DEFAULT_SECONDS, profile_recipe
     from jaxtrain.tools.recipes import get_recipe
-    from jaxtrain._src.report.profile_report import profile_lines
 
     if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
         print(f"""{PROFILE_USAGE}
@@ -473,8 +473,8 @@ def _data_inspect(args: Sequence[str]) -> int:
 
     from rich.console import Console
 
-    from jaxtrain.tools.bench.child import peak_rss_bytes
     from jaxtrain._src.data.inspect import inspect_file
+    from jaxtrain.tools.bench.child import peak_rss_bytes
     from jaxtrain.tools.report.data_report import print_inspection
 
     prog = "jaxtrain data inspect FILE"

@@ -17,18 +17,18 @@ from rich.console import Console
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src import distributed
-from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
 from jaxtrain._src.config import from_dict, to_dict
 from jaxtrain._src.data.datasets import CharTokenizer
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks import LambdaHook
-from jaxtrain._src.loop import FitResult, fit
-from jaxtrain._src.precision import policy_of
-from jaxtrain.tools.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
+from jaxtrain._src.load import load_with_step, read_config
+from jaxtrain._src.loop import FitResult, Session, run_fit
+from jaxtrain._src.program import build_program
 from jaxtrain._src.report import device_description
 from jaxtrain._src.run_guard import RunGuard
-from jaxtrain._src.state import eval_graphdef, init_state
-from jaxtrain._src.step import make_eval_step, make_evaluate
+from jaxtrain._src.sharding import make_layout
+from jaxtrain._src.step import make_evaluate
+from jaxtrain.tools.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
 
 MODEL_INFO = "model.json"  # the workload's `info`: what rebuilds the model without reading data
 
@@ -56,10 +56,11 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
         (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
 
     try:
-        return fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info), *w.hooks],
-                   preprocess=w.preprocess, augment=w.augment, name=recipe.name, run_dir=run_dir, resume=resume,
-                   overwrite=overwrite, quiet=config.quiet, verbosity=config.verbosity, run_config=config,
-                   console=console)
+        verbosity = "summary" if config.quiet and config.verbosity == "progress" else config.verbosity
+        return run_fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info), *w.hooks],
+                       preprocess=w.preprocess, augment=w.augment, run_dir=run_dir,
+                       resume="overwrite" if overwrite else resume, verbosity=verbosity,
+                       session=Session(name=recipe.name, saved_config=config, console=console))
     finally:
         w.close()
 
@@ -92,7 +93,7 @@ def load_config(run_dir: str | os.PathLike, recipe: str | None = None) -> tuple[
     Raises:
       ConfigError: missing directory or config.json, another recipe than `recipe`, unknown keys.
     """
-    values = _read_config(Path(run_dir))
+    values = read_config(Path(run_dir))
     saved = values.pop("recipe", None)
     if recipe is not None and saved != recipe:
         raise ConfigError(f"{run_dir} is a run of recipe {saved!r}, not {recipe!r}")
@@ -102,19 +103,6 @@ def load_config(run_dir: str | os.PathLike, recipe: str | None = None) -> tuple[
                           "structure")
     found = get_recipe(saved)
     return found, from_dict(type(found.config), values)
-
-
-def _read_config(run_dir: Path) -> dict[str, Any]:
-    """A run directory's config.json as a dict."""
-    path = run_dir / "config.json"
-    if not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
-        raise ConfigError(f"{run_dir} is not a jaxtrain run directory (no config.json)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
 def _model_info(run_dir: Path, recipe: Recipe, config: RecipeConfig) -> dict[str, Any]:
@@ -141,32 +129,15 @@ def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best", model: n
       `(model, step)`.
     """
     run_dir = Path(run_dir)
-    config = _read_config(run_dir)
     if model is None:
         recipe, recipe_config = load_config(run_dir)
         model = recipe.model(recipe_config, _model_info(run_dir, recipe, recipe_config))
-    ckpt_dir = run_dir / "checkpoints"
-    if not ckpt_dir.is_dir():
-        raise CheckpointError(f"{run_dir} has no checkpoints/ directory")
-    saved = config.get("checkpoint", {})
-    ckpt = Checkpointer(ckpt_dir, read_only=True, best_metric=saved.get("best_metric", "val_loss"),
-                        best_mode=saved.get("best_mode", "min"))
-    try:
-        if checkpoint not in ("best", "latest") and not checkpoint.isdigit():
-            raise ConfigError(f"checkpoint={checkpoint!r} must be best, latest or a step number")
-        _, params, model_state = nnx.split(model, nnx.Param, ...)
-        # best and latest fall back to the next checkpoint that reads when one is unreadable
-        params, model_state = ckpt.restore_model(params, model_state, int(checkpoint) if checkpoint.isdigit()
-                                                 else checkpoint)
-        step = ckpt.restored_step
-    finally:
-        ckpt.close()
-    nnx.update(model, *jax.tree.map(jax.numpy.asarray, (params, model_state)))
-    return model, step
+    return load_with_step(run_dir, model, checkpoint)
 
 
 def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None) -> nnx.Module:
-    """The trained model of a run directory, for prediction in Python.
+    """The trained model of a run directory, for prediction in Python (`jaxtrain.load`, which
+    also builds the model of a recipe run from its config).
 
     Args:
       run_dir: a directory written by `jaxtrain train` or by `jaxtrain.fit(..., run_dir=...)`.
@@ -197,10 +168,10 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, 
     finally:
         workload.close()
     n = data_lib.num_samples(val)
-    _, state = init_state(model, optax.identity(), jax.random.key(config.seed))
-    eval_step = make_eval_step(eval_graphdef(model), workload.loss_fn, workload.preprocess, policy_of(config))
-    metrics = jax.jit(make_evaluate(eval_step, n, min(config.eval_batch_size or config.batch_size, n)))(
-        state, jax.tree.map(jax.numpy.asarray, val)
+    program = build_program(model, workload.loss_fn, config, optimizer=optax.identity(),
+                            preprocess=workload.preprocess, total_steps=1, layout=make_layout("data=1"))
+    metrics = jax.jit(make_evaluate(program.eval_step, n, min(config.eval_batch_size or config.batch_size, n)))(
+        program.state, jax.tree.map(jax.numpy.asarray, val)
     )
     return {"recipe": recipe.name, "step": step, "samples": n, "device": device_description(jax.devices()[0]),
             **{f"val_{k}": float(v) for k, v in jax.device_get(metrics).items()}}

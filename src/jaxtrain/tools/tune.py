@@ -35,20 +35,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxtrain import Hook
 from jaxtrain._src import data as data_lib
+from jaxtrain._src.checks import abstract_batch
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError, NonFiniteLossError
 from jaxtrain._src.feeds import budget_bytes
-from jaxtrain._src.hooks import Hook
-from jaxtrain._src.loop import fit
+from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.memory import compiled_memory, format_bytes
-from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
-from jaxtrain._src.precision import policy_of
-from jaxtrain.tools.recipes.base import Recipe, Workload
+from jaxtrain._src.program import build_program
 from jaxtrain._src.report import device_description
 from jaxtrain._src.sharding import Layout, make_layout
-from jaxtrain._src.state import TrainState
-from jaxtrain._src.step import make_train_step
+from jaxtrain.tools.recipes.base import Recipe, Workload
 
 __all__ = ["BatchSizeResult", "BatchTrial", "batch_size", "format_lr", "scale_learning_rate", "step_memory"]
 
@@ -363,35 +361,19 @@ class _StepMemory:
     returns its compiled memory; nothing is placed on the device."""
 
     def __init__(self, w: Workload, config: TrainConfig, layout: Layout):
-        self._w, self._config, self._layout = w, config, layout
-        tx = build_train_optimizer(config, total_steps=1000)
-        graphdef, params, model_state = nnx.split(w.model, nnx.Param, ...)
-        shapes = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)  # noqa: E731
-        state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), shapes(params), shapes(model_state),
-                           jax.eval_shape(tx.init, params), jax.eval_shape(lambda: jax.random.key(0)))
-        self._shardings = layout.state_shardings(state)
-        self._state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state,
-                                   self._shardings)
-        self.state_bytes = sum(_nbytes(x) for x in jax.tree.leaves(state))
-        lr = learning_rate_fn(tx, params, build_schedule(config.optim, 1000))
+        self._w, self._config = w, config
+        self._program = build_program(w.model, w.loss_fn, config, preprocess=w.preprocess, augment=w.augment,
+                                      total_steps=1000, layout=layout, abstract=True)
+        self.state_bytes = sum(_nbytes(x) for x in jax.tree.leaves(self._program.state))
         # XLA:CPU spends most of a compile in LLVM, after buffer assignment: without its optimisation
         # the compiled memory is the same (tests/test_tune.py checks it) in about half the time.
         cpu = layout.mesh.devices.flat[0].platform == "cpu"
         self._options = {"xla_backend_optimization_level": 0} if cpu else None
-        self._step = make_train_step(graphdef, w.loss_fn, tx, w.preprocess, w.augment, lr, layout.gather_params,
-                                     layout.split_grads, policy_of(config), config.grad_accum)
 
     def __call__(self, batch: int) -> dict[str, int]:
-        from jaxtrain._src.checks import abstract_batch
-
-        layout = self._layout
         spec = abstract_batch(self._w.train, batch * self._config.grad_accum, "train_data")
-        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=layout.batch), spec)
-        jitted = jax.jit(self._step, donate_argnums=0,
-                         in_shardings=(self._shardings, jax.tree.map(lambda _: layout.batch, spec)),
-                         out_shardings=(self._shardings, layout.replicated))
         try:
-            memory = compiled_memory(jitted.lower(self._state, spec).compile(self._options))
+            memory = compiled_memory(self._program.compile_step(spec, self._options))
         except Exception as e:  # a compiler that refuses a program over the device's memory
             if not _out_of_memory(e):
                 raise
@@ -464,8 +446,9 @@ class _Trainer:
         timer = _CallTimer()
         nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
         try:
-            out = fit(self._w.model, self._w.loss_fn, self._w.train, None, config, hooks=[timer],
-                      preprocess=self._w.preprocess, augment=self._w.augment, name=self._name, verbosity="silent")
+            out = run_fit(self._w.model, self._w.loss_fn, self._w.train, None, config, hooks=[timer],
+                      preprocess=self._w.preprocess, augment=self._w.augment, verbosity="silent",
+                          session=Session(name=self._name))
         except NonFiniteLossError:
             return dataclasses.replace(row, failure="loss not finite")
         except Exception as e:

@@ -1,6 +1,6 @@
 """Hooks: small objects that react to the training loop's events (see `hooks.base`)."""
 
-from jaxtrain._src.hooks.base import Hook, LambdaHook, Run
+from jaxtrain._src.hooks.base import Hook, LambdaHook, Run, RunHook, RunView
 from jaxtrain._src.hooks.checkpointing import CheckpointHook
 from jaxtrain._src.hooks.early_stopping import EarlyStopping
 from jaxtrain._src.hooks.evaluation import EvalHook
@@ -23,5 +23,7 @@ __all__ = [
     "ProgressHook",
     "Run",
     "RunFilesHook",
+    "RunHook",
+    "RunView",
     "TensorBoard",
 ]

@@ -1,4 +1,4 @@
-"""The hook protocol and the `Run` that hooks see.
+"""The hook protocol, the `Run` the loop keeps and the read-only `RunView` that users' hooks see.
 
 The loop announces events; hooks react (Keras callbacks, Lightning callbacks, CLU periodic actions):
 
@@ -15,6 +15,11 @@ Hooks run in list order for every event. `fit` orders its own around the user's:
 evaluation first (they fill the epoch record), then the user's hooks, then early stopping,
 checkpoints, run files, TensorBoard, plots and the progress display.
 
+A user's hook (a `Hook`) is handed a `RunView`: the step, epoch, train state, history, config and
+run directory, read-only, and `stop(reason)` to end training after the current epoch. The
+library's own hooks (`RunHook`: the built-ins, self-play, the tools' measuring hooks) are handed
+the loop's `Run`, with the feed, the compiled calls and the layout.
+
 Metrics arrive as device arrays: a hook that converts them to host values on every call adds a
 host sync per call. Fetch them every so often, as `MetricsHook` does, or use `on_log` rows.
 
@@ -25,6 +30,7 @@ and `load_state_dict()`; the state is saved in every checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -38,7 +44,7 @@ from jaxtrain._src.state import TrainState
 
 
 class Hook:
-    """Base class of hooks: every event is a no-op until overridden."""
+    """Base class of hooks: every event is a no-op until overridden; events receive a `RunView`."""
 
     name: str | None = None
     """Key of this hook's state in checkpoints; None: the hook has no state to save."""
@@ -61,6 +67,53 @@ class Hook:
         return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RunHook(Hook):
+    """A hook of the library or its tools: its events receive the loop's whole `Run` (feed,
+    compiled calls, layout) instead of the read-only `RunView`."""
+
+
+class RunView:
+    """What a user's hook sees of a run: read-only, except `stop`.
+
+    Attributes:
+      name: the run's name.
+      config: the training settings (a frozen `TrainConfig`).
+      run_dir: the run directory, or None.
+      step: optimizer steps queued so far (the last call may still be computing).
+      epoch: the current epoch (from 1).
+      state: the train state after the last queued call (`TrainState`: step, params,
+        model_state, opt_state, rng).
+      history: one record per finished epoch (`train_loss`, `val_loss`, `val_<metric>`, times).
+      elapsed_s: seconds since `fit` started.
+      stop_reason: why training will stop after this epoch, once a hook asked for it.
+    """
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: "Run"):
+        object.__setattr__(self, "_run", run)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the run is read-only for hooks; {name!r} cannot be set (use stop(reason) to end it)")
+
+    name = property(lambda self: self._run.name)
+    config = property(lambda self: self._run.config)
+    run_dir = property(lambda self: self._run.run_dir)
+    step = property(lambda self: self._run.step)
+    epoch = property(lambda self: self._run.epoch)
+    state = property(lambda self: self._run.state)
+    history = property(lambda self: tuple(self._run.loop.history))
+    elapsed_s = property(lambda self: self._run.elapsed_s)
+    stop_reason = property(lambda self: self._run.stop_reason)
+
+    def stop(self, reason: str) -> None:
+        """Ends training after the current epoch (`summary["status"]` becomes "stopped early")."""
+        self._run.stop_reason = reason
+
+    def __repr__(self) -> str:
+        return f"RunView(name={self.name!r}, epoch={self.epoch}, step={self.step})"
 
 
 class LambdaHook(Hook):
@@ -133,11 +186,16 @@ class Run:
     def epoch(self) -> int:
         return self.loop.epoch
 
+    @functools.cached_property
+    def view(self) -> RunView:
+        return RunView(self)
+
     def each(self, event: str, *args: Any) -> None:
-        """Announces `event` to every hook, in order, timing each."""
+        """Announces `event` to every hook, in order, timing each: the library's hooks get this
+        `Run`, users' hooks its `RunView`."""
         for hook in self.hooks:
             t0 = time.perf_counter()
-            getattr(hook, event)(self, *args)
+            getattr(hook, event)(self if isinstance(hook, RunHook) else self.view, *args)
             key = (type(hook).__name__, event)
             self.hook_s[key] = self.hook_s.get(key, 0.0) + time.perf_counter() - t0
 

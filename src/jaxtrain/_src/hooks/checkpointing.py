@@ -13,13 +13,14 @@ import jax
 from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
 from jaxtrain._src.config import CheckpointConfig
 from jaxtrain._src.errors import ConfigError, JaxtrainError
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.moments import announce
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.state import TrainState
 
 
-class CheckpointHook(Hook):
+class CheckpointHook(RunHook):
     """Saves checkpoints into `directory` (`<run dir>/checkpoints`); `restore` resumes from one."""
 
     def __init__(self, directory: str | os.PathLike, config: CheckpointConfig, name: str = "fit"):
@@ -69,15 +70,16 @@ class CheckpointHook(Hook):
         due = run.stop_signal is not None or (every and run.step - self._last_save >= every)
         if due and run.loop.position < run.feed.steps_per_epoch:  # epoch ends save in on_epoch_end
             run.flush()  # every metric up to this step is fetched and checked finite
-            self._save(run, None)
+            self._save(run, None, "step")
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        self._save(run, {self.config.best_metric: record.get(self.config.best_metric)})
+        self._save(run, {self.config.best_metric: record.get(self.config.best_metric)}, "epoch")
         if run.epoch == run.config.epochs or run.stop_reason is not None:
             self.ckpt.wait()  # a failed final save is an error of the run
 
-    def _save(self, run: Run, metrics: dict[str, Any] | None) -> None:
+    def _save(self, run: Run, metrics: dict[str, Any] | None, kind: str) -> None:
         self.ckpt.save(run.step, run.state, run.snapshot().to_meta(), metrics, feed=run.feed.arrays())
+        announce("checkpoint saved", step=run.step, kind=kind)
         self._last_save = run.step
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:

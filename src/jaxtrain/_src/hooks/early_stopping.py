@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 
 
-class EarlyStopping(Hook):
+class EarlyStopping(RunHook):
     """Stops training after `patience` epochs in which `metric` did not improve by more than
     `min_delta` (lower is better with mode "min", higher with "max").
 

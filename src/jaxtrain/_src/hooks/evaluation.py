@@ -13,42 +13,37 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from flax import nnx
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.calls import shapes_of
 from jaxtrain._src.feeds import stream_blocks
-from jaxtrain._src.hooks.base import Hook, Run
-from jaxtrain._src.precision import policy_of
-from jaxtrain._src.state import eval_graphdef
-from jaxtrain._src.step import LossFn, Preprocess, make_eval_step, make_evaluate_sums
+from jaxtrain._src.hooks.base import Run, RunHook
+from jaxtrain._src.moments import announce
+from jaxtrain._src.step import make_evaluate_sums
 
 STREAM_BLOCK_BYTES = 32 << 20  # rows per streamed evaluation call: about this many bytes, whole batches
 
 
-class EvalHook(Hook):
+class EvalHook(RunHook):
     """Adds `val_loss` and `val_<metric>` (exact means over every validation sample), `eval_time_s`
     and the evaluation's share of `epoch_time_s` to the epoch record.
 
     Args:
-      model: the model, for its evaluation-mode graph (dropout off, running averages).
-      loss_fn, preprocess: as given to `fit`.
+      eval_step: the program's pure evaluation step (evaluation mode, the training dtype).
       data: a pytree of arrays, or a `(row source, treedef)` pair when `streamed`.
       streamed: evaluate from the row source in blocks instead of holding the data on the device.
       batch_size: evaluation batch size (capped at the number of samples).
       every: evaluate every this many epochs; the last epoch always.
     """
 
-    def __init__(self, model: nnx.Module, loss_fn: LossFn, preprocess: Preprocess | None, data: Any,
-                 streamed: bool, batch_size: int, every: int):
-        self._parts = (eval_graphdef(model), loss_fn, preprocess)
+    def __init__(self, eval_step: Callable, data: Any, streamed: bool, batch_size: int, every: int):
+        self._step = eval_step
         self._data, self._streamed, self._every = data, streamed, every
         self.num_samples = len(data[0]) if streamed else data_lib.num_samples(data, "val_data")
         self._B = min(batch_size, self.num_samples)
         self._evaluate: Callable[[Any], dict[str, float]] | None = None
 
     def on_start(self, run: Run) -> None:
-        self._step = make_eval_step(*self._parts, policy_of(run.config))  # computed in the training dtype
         self._evaluate = self._build_streamed(run) if self._streamed else self._build_on_device(run)
 
     def _place(self, run: Run, host: Any) -> Any:
@@ -102,7 +97,9 @@ class EvalHook(Hook):
         if run.epoch % self._every and run.epoch != run.config.epochs:
             return
         t0 = time.perf_counter()
+        announce("evaluation", when="before", epoch=run.epoch)
         record.update({f"val_{k}": v for k, v in self._evaluate(run.state).items()})
+        announce("evaluation", when="after", epoch=run.epoch)
         eval_s = time.perf_counter() - t0
         record["eval_time_s"] = record.get("eval_time_s", 0.0) + eval_s
         record["epoch_time_s"] = record.get("epoch_time_s", 0.0) + eval_s

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from jaxtrain._src.errors import NonFiniteLossError
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 
 LAST_VALUE = ("lr", "loss_scale", "scale_skips")  # per-step values a row reports at its last step, not averaged
 
@@ -36,7 +36,7 @@ class Sums:
         return {"sums": self.sums, "counts": self.counts, "skipped": self.skipped}
 
 
-class MetricsHook(Hook):
+class MetricsHook(RunHook):
     """Fetches per-step metrics in groups of at least `log_every` steps (the only host syncs of
     the loop), stops on a non-finite loss (`on_nan="stop"`), emits one row per `log_every` steps
     and fills the epoch record's `train_*` means.

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxtrain._src.errors import JaxtrainError
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.hooks.progress import FINISHED
 from jaxtrain._src.report.blocks import device_description
 from jaxtrain._src.report.profile_report import build_profile
@@ -51,7 +51,7 @@ class ProfileBudgetReached(JaxtrainError):
     exit_code = 0
 
 
-class ProfileHook(Hook):
+class ProfileHook(RunHook):
     """Measures where the run's time goes and adds `summary["profile"]` at the end.
 
     `fit` adds one to every run; pass your own in `hooks` to set its options (it replaces the default).

@@ -10,14 +10,14 @@ from typing import Any
 import jax
 from rich.console import Console
 
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.report import EpochProgress, epoch_block, final_block, header_block
 from jaxtrain._src.report.plots import plot_run
 
 FINISHED = ("completed", "stopped early")
 
 
-class ProgressHook(Hook):
+class ProgressHook(RunHook):
     """Prints the header and blocks; with `bar`, a rich progress bar (steps/s, samples/s, ETA,
     the last logged loss)."""
 
@@ -54,7 +54,7 @@ class ProgressHook(Hook):
             self.console.print(final_block(summary))
 
 
-class PlotHook(Hook):
+class PlotHook(RunHook):
     """Draws the run's loss curves to `<run dir>/curves.png` when training finished.
 
     Matplotlib is imported in a background thread while the run trains (0.3-0.5 s at the end of

@@ -12,11 +12,11 @@ import os
 from typing import Any
 
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.report.run_dir import RunDir
 
 
-class RunFilesHook(Hook):
+class RunFilesHook(RunHook):
     def __init__(self, path: str | os.PathLike, config: dict[str, Any]):
         self._path, self._config = path, config
         self.writer: RunDir | None = None

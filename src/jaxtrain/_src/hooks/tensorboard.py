@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 
 _NOT_SCALARS = ("kind", "epoch", "step", "elapsed_s")
 
 
-class TensorBoard(Hook):
+class TensorBoard(RunHook):
     """Writes event files to `log_dir` (default `<run dir>/tensorboard`).
 
     A resumed run purges the events its interrupted predecessor wrote after the checkpoint, so

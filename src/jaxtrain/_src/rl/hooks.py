@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain._src.calls import shapes_of
-from jaxtrain._src.hooks.base import Hook, Run
+from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.rl import arena, clique
 from jaxtrain._src.rl.network import Forward
 from jaxtrain._src.rl.search import SearchConfig
@@ -51,7 +51,7 @@ def can_draw(game: clique.Game) -> bool:
     return game.k not in ramsey or game.n < ramsey[game.k]
 
 
-class SelfPlay(Hook):
+class SelfPlay(RunHook):
     """Plays `num_games` games at the start of every iteration into `run.feed` (a `ReplayFeed`)."""
 
     name = "self_play"
@@ -91,7 +91,7 @@ class SelfPlay(Hook):
         self.stats = dict(state.get("stats", {}))
 
 
-class Arena(Hook):
+class Arena(RunHook):
     """Evaluates the network with search (no exploration) against opponents, in both seats.
 
     Args:

@@ -70,13 +70,14 @@ def save_cost(directory: Path, repeats: int = 5) -> dict[str, float]:
     from flax import nnx
 
     from jaxtrain._src.checkpoint import Checkpointer
-    from jaxtrain._src.config import OptimConfig
+    from jaxtrain._src.config import TrainConfig
     from jaxtrain._src.models import MLP
-    from jaxtrain._src.optim import build_optimizer
-    from jaxtrain._src.state import init_state
+    from jaxtrain._src.program import build_program
+    from jaxtrain._src.sharding import make_layout
 
-    _, state = init_state(MLP((128, 512, 512, 64), rngs=nnx.Rngs(0)), build_optimizer(OptimConfig(), 1000),
-                          jax.random.key(0))
+    model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(0))
+    state = build_program(model, lambda m, b, k: (0.0, {}), TrainConfig(), total_steps=1000,
+                          layout=make_layout("data=1")).state
     ckpt = Checkpointer(directory, keep_last=2, keep_best=0)
     call, full = [], []
     for step in range(1, repeats + 1):

@@ -10,10 +10,10 @@ error is not tried again), and the resumed run is compared with the reference:
 - metrics.jsonl: each training row and epoch row once, the reference's rows and no others, and the
   epoch rows' `val_loss` equal to the reference's.
 
-The moments (the child patches a jaxtrain function to kill itself there; nothing of this is in
-the library):
+The moments (the child listens to the library's documented seam, `jaxtrain._src.moments`, and
+kills itself there; no function is patched):
 
-  start-up           building the data, the feed or the train state, before any compilation
+  start-up           the feed or the train state built, before any compilation
   compilation        a call lowered, before XLA compiles it (before training starts)
   before-checkpoint  at a call boundary of the first epoch, before any checkpoint was saved
   mid-epoch          at a call boundary after a step checkpoint was written completely
@@ -119,8 +119,7 @@ class _Probes:
         self.moment, self.nth = moment, nth
         self.counts = {m: 0 for m in MOMENTS}
         self.training = False  # the first training call started
-        self.compiling = 0  # depth of CompiledCalls.compile
-        self.saves, self.last_save, self.last_save_kind, self.in_step_save = 0, 0, "", False
+        self.saves, self.last_save, self.last_save_kind, self._saves_at_call = 0, 0, "", 0
 
     def event(self, moment: str, where: str, before_kill: Callable[[], Any] | None = None) -> None:
         self.counts[moment] += 1
@@ -131,105 +130,37 @@ class _Probes:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def install(self) -> None:
-        import jax
+        """Listens to the library's moments (`jaxtrain._src.moments`, the documented seam)."""
+        from jaxtrain._src import moments
 
-        import jaxtrain._src.loop
-        from jaxtrain._src.calls import CompiledCalls
-        from jaxtrain._src.checkpoint import Checkpointer
-        from jaxtrain._src.hooks import CheckpointHook, EvalHook, MetricsHook
-        from jaxtrain.tools.recipes import mlp_regression
+        moments.listen(self._on_moment)
 
-        probes = self
-
-        def before(owner: Any, name: str, where: str) -> None:  # start-up: kill as `owner.name` is called
-            original = getattr(owner, name)
-
-            def patched(*args: Any, **kwargs: Any) -> Any:
-                probes.event("start-up", where)
-                return original(*args, **kwargs)
-
-            setattr(owner, name, patched)
-
-        before(mlp_regression, "make_data", "building the data (recipe build)")
-        before(jaxtrain.loop, "make_feed", "making the feed")
-        before(jaxtrain.loop, "init_state", "initialising the train state")
-
-        compile_fn, call_fn, lowered_compile = CompiledCalls.compile, CompiledCalls.__call__, jax.stages.Lowered.compile
-
-        def compile_(calls: Any, *args: Any, **kwargs: Any) -> Any:
-            probes.compiling += 1
-            try:
-                return compile_fn(calls, *args, **kwargs)
-            finally:
-                probes.compiling -= 1
-
-        def lowered_compile_(lowered: Any, *args: Any, **kwargs: Any) -> Any:
-            if probes.compiling and not probes.training:
-                probes.event("compilation", f"compile #{probes.counts['compilation'] + 1} of the start: "
-                                            "lowered, before XLA compiles it")
-            return lowered_compile(lowered, *args, **kwargs)
-
-        def call_(calls: Any, *args: Any, **kwargs: Any) -> Any:
-            probes.training = True
-            return call_fn(calls, *args, **kwargs)
-
-        CompiledCalls.compile, CompiledCalls.__call__, jax.stages.Lowered.compile = compile_, call_, lowered_compile_
-
-        metrics_after_call = MetricsHook.after_call
-
-        def metrics_after_call_(hook: Any, run: Any, k: int, metrics: Any) -> None:
-            metrics_after_call(hook, run, k, metrics)
-            if probes.saves == 0:  # the checkpoint hook runs after this one: no save yet at this step
-                probes.event("before-checkpoint", f"step {run.step} (epoch {run.epoch}), no checkpoint yet")
-
-        MetricsHook.after_call = metrics_after_call_
-
-        save = Checkpointer.save
-
-        def save_(ckpt: Any, step: int, *args: Any, **kwargs: Any) -> None:
-            save(ckpt, step, *args, **kwargs)
-            probes.saves += 1
-            probes.last_save, probes.last_save_kind = step, "step" if probes.in_step_save else "epoch"
-            probes.event("async-save", f"the {probes.last_save_kind} checkpoint of step {step}: save returned, "
-                                       "Orbax still writing")
-
-        Checkpointer.save = save_
-
-        checkpoint_after_call = CheckpointHook.after_call
-
-        def checkpoint_after_call_(hook: Any, run: Any, k: int, metrics: Any) -> None:
-            saves, probes.in_step_save = probes.saves, True
-            try:
-                checkpoint_after_call(hook, run, k, metrics)
-            finally:
-                probes.in_step_save = False
+    def _on_moment(self, name: str, facts: dict[str, Any]) -> None:
+        if name in ("feed made", "state initialised"):
+            self.event("start-up", name)
+        elif name == "lowered" and not self.training:
+            self.event("compilation", f"compile #{self.counts['compilation'] + 1} of the start ({facts['what']}): "
+                                      "lowered, before XLA compiles it")
+        elif name == "call":
+            self.training, self._saves_at_call = True, self.saves
+            run = facts["run"]
+            if self.saves == 0:  # no checkpoint hook has seen this step yet, and none saved before it
+                self.event("before-checkpoint", f"step {run.step} (epoch {run.epoch}), no checkpoint yet")
+        elif name == "checkpoint saved":
+            self.saves += 1
+            self.last_save, self.last_save_kind = facts["step"], facts["kind"]
+            self.event("async-save", f"the {facts['kind']} checkpoint of step {facts['step']}: save returned, "
+                                     "Orbax still writing")
+        elif name == "call done":
+            run = facts["run"]
             mid_epoch = run.loop.position < run.feed.steps_per_epoch
-            if probes.saves == saves and probes.last_save_kind == "step" and mid_epoch:
-                probes.event("mid-epoch", f"step {run.step} (epoch {run.epoch}, step {run.loop.position} of "
-                                          f"{run.feed.steps_per_epoch}), {run.step - probes.last_save} steps after "
-                                          f"the step checkpoint of step {probes.last_save} (written)",
-                             before_kill=hook.ckpt.wait)
-
-        CheckpointHook.after_call = checkpoint_after_call_
-
-        eval_epoch_end = EvalHook.on_epoch_end
-
-        def eval_epoch_end_(hook: Any, run: Any, record: dict[str, Any]) -> None:
-            probes.event("evaluation", f"epoch {run.epoch} end, before the validation pass")
-            evaluate = hook._evaluate  # the compiled validation pass, built in on_start
-
-            def evaluate_(state: Any) -> dict[str, float]:
-                values = evaluate(state)
-                probes.event("evaluation", f"epoch {run.epoch} end, after the validation pass")
-                return values
-
-            hook._evaluate = evaluate_
-            try:
-                eval_epoch_end(hook, run, record)
-            finally:
-                hook._evaluate = evaluate
-
-        EvalHook.on_epoch_end = eval_epoch_end_
+            if self.saves == self._saves_at_call and self.last_save_kind == "step" and mid_epoch:
+                wait = next(h.ckpt.wait for h in run.hooks if hasattr(h, "ckpt"))
+                self.event("mid-epoch", f"step {run.step} (epoch {run.epoch}, step {run.loop.position} of "
+                                        f"{run.feed.steps_per_epoch}), {run.step - self.last_save} steps after the "
+                                        f"step checkpoint of step {self.last_save} (written)", before_kill=wait)
+        elif name == "evaluation":
+            self.event("evaluation", f"epoch {facts['epoch']} end, {facts['when']} the validation pass")
 
 
 def _probed_train(payload: dict[str, Any]) -> dict[str, Any]:

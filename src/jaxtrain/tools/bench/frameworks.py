@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child, torch_available
 from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child, torch_available
 
 WORKLOADS = ("mnist-cnn", "char-gpt")
 VARIANTS = ("jaxtrain", "torch-eager", "torch-compile")
@@ -222,14 +222,15 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     from rich.console import Console
 
     from jaxtrain._src.config import from_dict
-    from jaxtrain._src.loop import fit
+    from jaxtrain._src.loop import Session, run_fit
     from jaxtrain.tools.recipes import get_recipe
 
     recipe = get_recipe(workload)
     config = from_dict(type(recipe.config), values)
     w = recipe.build(config)
-    result = fit(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment,
-                 name=recipe.name, quiet=True, run_config=config, console=Console(file=io.StringIO()))
+    result = run_fit(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment,
+                 verbosity="summary",
+                 session=Session(name=recipe.name, saved_config=config, console=Console(file=io.StringIO())))
     s = result.summary
     intervals = []
     for r in result.history:

@@ -54,8 +54,8 @@ class LadderConfig:
 def _setup(config: LadderConfig):
     from flax import nnx
 
-    from jaxtrain.tools.bench.ladder_variants import Setup
     from jaxtrain._src.models import MLP
+    from jaxtrain.tools.bench.ladder_variants import Setup
     from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 
     train, test = make_data(RegressionDataConfig(samples=config.samples, val_samples=config.test_samples))

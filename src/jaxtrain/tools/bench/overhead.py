@@ -36,12 +36,13 @@ from rich.table import Table
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import OptimConfig, TrainConfig
 from jaxtrain._src.errors import ConfigError, JaxtrainError
-from jaxtrain._src.loop import fit
+from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.models import MLP
-from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data, mse_loss
+from jaxtrain._src.program import build_program
 from jaxtrain._src.report import device_description
-from jaxtrain._src.state import init_state
-from jaxtrain._src.step import epoch_permutation, gather_batch, make_train_step
+from jaxtrain._src.sharding import make_layout
+from jaxtrain._src.step import epoch_permutation, gather_batch
+from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data, mse_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,8 @@ def _time_fit(train, preprocess, config: OverheadConfig, seed: int) -> tuple[flo
     optim = OptimConfig(name="adam", lr=1e-3)
     train_config = TrainConfig(epochs=1, batch_size=config.batch_size, seed=seed, optim=optim)
     silent = Console(file=io.StringIO())
-    result = fit(model, mse_loss, train, None, train_config, preprocess=preprocess, quiet=True, console=silent)
+    result = run_fit(model, mse_loss, train, None, train_config, preprocess=preprocess, verbosity="summary",
+                     session=Session(console=silent))
     return result.history[0]["train_time_s"], result.summary["steps_per_call"]
 
 
@@ -128,9 +130,9 @@ def _per_call_times(config: OverheadConfig, train) -> dict[str, float]:
         optimizer.update(model, grads)
         return value
 
-    tx = optax.adam(1e-3)
-    graphdef, state = init_state(MLP((128, 512, 512, 64), rngs=nnx.Rngs(0)), tx, jax.random.key(0))
-    jax_step = jax.jit(make_train_step(graphdef, mse_loss, tx), donate_argnums=0)
+    program = build_program(MLP((128, 512, 512, 64), rngs=nnx.Rngs(0)), mse_loss, TrainConfig(),
+                            optimizer=optax.adam(1e-3), total_steps=1, layout=make_layout("data=1"))
+    state, jax_step = program.state, jax.jit(program.train_step, donate_argnums=0)
 
     def run_nnx(n):
         for _ in range(n):

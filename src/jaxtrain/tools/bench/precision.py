@@ -22,10 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain._src.memory import compiled_memory, format_bytes
-from jaxtrain._src.optim import build_train_optimizer
-from jaxtrain._src.precision import policy_of
-from jaxtrain._src.state import init_state
-from jaxtrain._src.step import make_train_step
+from jaxtrain._src.program import build_program
+from jaxtrain._src.sharding import make_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +57,10 @@ def _workloads(quick: bool) -> list[tuple[str, object, object, object, dict[str,
 
 def _measure(config, build_model, loss_fn, preprocess, data, repeats: int) -> dict:
     """Compiles one training step for `config` and times it: memory and ms per step."""
-    tx = build_train_optimizer(config, 1000)
-    graphdef, state = init_state(build_model(config), tx, jax.random.key(0))
-    step = make_train_step(graphdef, loss_fn, tx, preprocess, policy=policy_of(config), grad_accum=config.grad_accum)
+    program = build_program(build_model(config), loss_fn, config, preprocess=preprocess, total_steps=1000,
+                            layout=make_layout("data=1"))
     batch = jax.tree.map(lambda x: jnp.asarray(x[: config.samples_per_step]), data)
-    compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+    compiled, state = program.compile_step(batch), program.state
     state, metrics = compiled(state, batch)  # warm-up
     jax.block_until_ready(metrics)
     times = []

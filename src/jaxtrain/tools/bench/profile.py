@@ -38,8 +38,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
 
-from jaxtrain.tools.bench.child import child_main, run_child, torch_available
 from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.bench.child import child_main, run_child, torch_available
 
 WORKLOADS = ("char-gpt", "mnist-cnn", "mlp-regression")
 TORCH_WORKLOADS = ("char-gpt", "mnist-cnn")  # the models ported in torch_models
@@ -382,9 +382,9 @@ def _trace_hook(warmup: int, calls: int, trace_dir: Path):
     """A hook that times the warm-up calls one by one and traces the `calls` after them (each waited for)."""
     import jax
 
-    from jaxtrain._src.hooks import Hook
+    from jaxtrain._src.hooks import RunHook
 
-    class TraceCalls(Hook):
+    class TraceCalls(RunHook):
         def __init__(self) -> None:
             self.n, self.t, self.untraced_s, self.traced_s, self.compiled = 0, 0.0, [], 0.0, None
             self.tracing = False
@@ -415,14 +415,14 @@ def _trace_hook(warmup: int, calls: int, trace_dir: Path):
 
 def profile_jax(config: ProfileBenchConfig, trace_dir: Path) -> dict[str, Any]:
     """Runs the workload through `fit`, traces `steps / K` calls and returns the per-op rows and totals."""
-    from jaxtrain._src.loop import fit
+    from jaxtrain._src.loop import Session, run_fit
 
     recipe, rconfig = recipe_config(config.workload, config)
     w = recipe.build(rconfig)
     hook = _trace_hook(config.warmup, config.steps // config.steps_per_call, trace_dir)
     try:
-        fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess, augment=w.augment,
-            name=recipe.name, verbosity="silent")
+        run_fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess, augment=w.augment,
+            verbosity="silent", session=Session(name=recipe.name))
     finally:
         hook.stop()  # a run that failed while tracing leaves no trace open
         w.close()
@@ -499,7 +499,13 @@ def torch_profile(spec_path: str, variant: str, warmup: int, steps: int) -> dict
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from jaxtrain.tools.bench.torch_models import TASKS, build_optimizer, forward_check, load_jax_params, train_step
+    from jaxtrain.tools.bench.torch_models import (
+        TASKS,
+        build_torch_optimizer,
+        forward_check,
+        load_jax_params,
+        train_step,
+    )
 
     torch.set_num_threads(os.cpu_count() or 1)
     spec = json.loads(Path(spec_path).read_text())
@@ -507,7 +513,7 @@ def torch_profile(spec_path: str, variant: str, warmup: int, steps: int) -> dict
     task = TASKS[spec["workload"]](spec, arrays)
     load_jax_params(task.model, {k.removeprefix("params/"): arrays[k] for k in arrays.files if k.startswith("params/")})
     check = forward_check(task, arrays["check_input"], arrays["check_logits"])
-    optimizer = build_optimizer(task.model, spec["optim"])
+    optimizer = build_torch_optimizer(task.model, spec["optim"])
     parameters, clip = list(task.model.parameters()), spec["optim"]["clip_norm"]
     rows, lrs = torch.from_numpy(arrays["rows"]), arrays["lr"].tolist()
     loss_fn = task.loss

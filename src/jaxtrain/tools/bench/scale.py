@@ -252,18 +252,22 @@ def _train_mesh(recipe: Any, config: Any, mesh: str) -> tuple[dict[str, Any], An
     import jax
     import numpy as np
 
-    from jaxtrain._src.hooks import LambdaHook
-    from jaxtrain._src.loop import fit
+    from jaxtrain._src.hooks import RunHook
+    from jaxtrain._src.loop import Session, run_fit
     from jaxtrain._src.sharding import shard_bytes, state_bytes_per_device
 
     config = dataclasses.replace(config, mesh=mesh)
     w = recipe.build(config)
     seen: dict[str, Any] = {}
-    keep_run = LambdaHook(on_start=lambda run: seen.update(run=run))  # its compiled calls, layout and feed
+    class KeepRun(RunHook):  # the run's compiled calls, layout and feed
+        def on_start(self, run: Any) -> None:
+            seen.update(run=run)
+
+    keep_run = KeepRun()
     try:
-        result = fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[keep_run],
-                     preprocess=w.preprocess, augment=w.augment, name=recipe.name, quiet=True,
-                     console=Console(file=io.StringIO()))
+        result = run_fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[keep_run],
+                     preprocess=w.preprocess, augment=w.augment, verbosity="summary",
+                     session=Session(name=recipe.name, console=Console(file=io.StringIO())))
     finally:
         w.close()
     run = seen["run"]
@@ -331,46 +335,27 @@ def _compile_only(payload: dict[str, Any]) -> dict[str, Any]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxtrain._src.calls import CompiledCalls, StepsPerCall
+    from jaxtrain._src.feeds import StackedBatches
     from jaxtrain._src.models.gpt import GPT, GPTConfig, num_params
-    from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
-    from jaxtrain.tools.recipes import get_recipe
-    from jaxtrain.tools.recipes.char_gpt import lm_loss
+    from jaxtrain._src.program import build_program
     from jaxtrain._src.report import device_description
     from jaxtrain._src.sharding import make_layout, state_bytes_per_device
-    from jaxtrain._src.state import init_state
-    from jaxtrain._src.step import make_scan_steps, make_train_step
+    from jaxtrain.tools.recipes import get_recipe
+    from jaxtrain.tools.recipes.char_gpt import lm_loss
 
     shape = SHAPES[payload["compile_only"]]
     config = get_recipe("char-gpt").config
     model_config = GPTConfig(**{k: v for k, v in shape.items() if k != "vocab"})
     k, total_steps = payload["steps_per_call"], config.optim.decay_steps
-    tx = build_train_optimizer(config, total_steps, None)
-
-    def make_model() -> GPT:
-        return GPT(shape["vocab"], model_config, rngs=nnx.Rngs(0))
-
-    abstract_model = nnx.eval_shape(make_model)
-    graphdef = nnx.split(abstract_model, nnx.Param, ...)[0]
-    state = jax.eval_shape(lambda: init_state(make_model(), tx, jax.random.key(0))[1])
-    lr = learning_rate_fn(tx, state.params, build_schedule(config.optim, total_steps))
+    abstract_model = nnx.eval_shape(lambda: GPT(shape["vocab"], model_config, rngs=nnx.Rngs(0)))
     rows = []
     for mesh in payload["meshes"]:
         layout = make_layout(mesh, jax.devices()[:payload["devices"]])
         batch = payload["batch_per_device"] * layout.num_devices
-        train_step = make_train_step(graphdef, lm_loss, tx, learning_rate=lr,
-                                     gather_params=layout.gather_params, split_grads=layout.split_grads)
-
-        class Source:  # what CompiledCalls needs of a feed: K stacked batches of token windows
-            def make_call(self, step: Any, k: int) -> Any:
-                return make_scan_steps(step)
-
-            def abstract_args(self, k: int) -> tuple[Any, ...]:
-                tokens = jax.ShapeDtypeStruct((k, batch, shape["block_size"] + 1), jnp.int32,
-                                              sharding=layout.stacked_batches)
-                return ({"tokens": tokens},)
-
-        calls = CompiledCalls(Source(), train_step, state, StepsPerCall(k, k), layout)
+        program = build_program(abstract_model, lm_loss, config, total_steps=total_steps, layout=layout, abstract=True)
+        state = program.state
+        tokens = jax.ShapeDtypeStruct((batch, shape["block_size"] + 1), jnp.int32)
+        calls = program.calls(k, source=StackedBatches({"tokens": tokens}, layout))
         compiled = calls.get(k)
         rows.append({
             "mesh": mesh, "layout": layout.describe(), "devices": layout.num_devices, "batch": batch,

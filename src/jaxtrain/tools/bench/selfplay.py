@@ -97,8 +97,8 @@ def _model(game: Any) -> Any:
     """The recipe's network for `game`, as `alphazero.build_model` makes it (seed 0)."""
     from flax import nnx
 
-    from jaxtrain.tools.recipes.alphazero import AlphaZeroConfig
     from jaxtrain._src.rl.network import PolicyValueMLP
+    from jaxtrain.tools.recipes.alphazero import AlphaZeroConfig
 
     defaults = AlphaZeroConfig()
     return PolicyValueMLP(game.num_edges, defaults.width, defaults.depth, rngs=nnx.Rngs(0))
@@ -195,34 +195,30 @@ def _mctx_row(game: Any, model: Any, simulations: int, policy: str, games: int, 
 def _training_row(game: Any, positions: list[Any], batch_size: int, steps_per_call: int, repeats: int
                   ) -> dict[str, Any]:
     """Updates/s of the recipe's train step in the replay feed's fused call, as `fit` compiles it."""
-    from jaxtrain._src.optim import build_train_optimizer
-    from jaxtrain._src.precision import policy_of
-    from jaxtrain.tools.recipes.alphazero import AlphaZeroConfig, build_model
+    from jaxtrain._src.program import build_program
     from jaxtrain._src.rl.network import alphazero_loss, make_symmetry_augment
     from jaxtrain._src.rl.replay import ReplayBuffer
     from jaxtrain._src.sharding import make_layout
-    from jaxtrain._src.state import init_state
-    from jaxtrain._src.step import make_train_step
+    from jaxtrain.tools.recipes.alphazero import AlphaZeroConfig, build_model
 
     config = AlphaZeroConfig(vertices=game.n, k=game.k, batch_size=batch_size, steps_per_epoch=steps_per_call,
                              steps_per_call=steps_per_call, log_every=steps_per_call)
-    tx = build_train_optimizer(config, steps_per_call * (repeats + 1))
-    graphdef, state = init_state(build_model(config), tx, jax.random.key(config.seed))
-    train_step = make_train_step(graphdef, alphazero_loss, tx, augment=make_symmetry_augment(game),
-                                 policy=policy_of(config))
-    feed = ReplayBuffer(config.replay_size, game.num_edges).make_feed(config, jax.random.key(1),
-                                                                       make_layout("data=1"))
+    program = build_program(build_model(config), alphazero_loss, config,
+                            train_data=ReplayBuffer(config.replay_size, game.num_edges),
+                            augment=make_symmetry_augment(game), total_steps=steps_per_call * (repeats + 1),
+                            layout=make_layout("data=1"))
+    feed, state = program.feed, program.state
     for batch in positions:
         feed.add(batch)
-    t0 = time.perf_counter()
-    call = jax.jit(feed.make_call(train_step, steps_per_call), donate_argnums=0)
-    compiled = call.lower(state, *feed.abstract_args(steps_per_call)).compile()
-    compile_s = time.perf_counter() - t0
-    state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call)))  # warm-up
+    calls = program.calls(steps_per_call)
+    compiled = calls.get(steps_per_call)
+    compile_s = calls.compile_s
+    valid = np.int32(steps_per_call)
+    state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call), valid))  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call)))
+        state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call), valid))
         times.append(time.perf_counter() - t0)
     seconds = statistics.median(times)
     return {"n": game.n, "k": game.k, "batch": batch_size, "steps_per_call": steps_per_call,

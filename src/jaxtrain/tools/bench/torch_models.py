@@ -152,7 +152,7 @@ def load_jax_params(model: nn.Module, params: dict[str, np.ndarray]) -> None:
         raise ValueError(f"torch parameters without a JAX value: {', '.join(missing)}")
 
 
-def build_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
+def build_torch_optimizer(model: nn.Module, optim: dict[str, Any]) -> torch.optim.Optimizer:
     """The torch counterpart of `jaxtrain.optim.build_optimizer` for OptimConfig's fields `optim`.
 
     Weight decay only on ndim >= 2 parameters (two groups, as `decay_mask`): L2 added to the gradient
@@ -284,7 +284,7 @@ def train(spec: dict[str, Any], variant: str, mode: str = "default") -> dict[str
     task = TASKS[spec["workload"]](spec, arrays)
     load_jax_params(task.model, {k.removeprefix("params/"): arrays[k] for k in arrays.files if k.startswith("params/")})
     check = forward_check(task, arrays["check_input"], arrays["check_logits"])
-    optimizer = build_optimizer(task.model, spec["optim"])
+    optimizer = build_torch_optimizer(task.model, spec["optim"])
     parameters = list(task.model.parameters())
     clip = spec["optim"]["clip_norm"]
     rows = torch.from_numpy(arrays["rows"])  # (steps, B): fit's batch order, computed with JAX

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaxtrain.tools.bench.child import child_main, run_child
 from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.bench.child import child_main, run_child
 
 WORKLOADS = ("mlp-regression", "mnist-cnn", "char-gpt")
 _YNN_OFF = "--xla_cpu_experimental_ynn_fusion_type="  # jaxlib 0.10.2's default list is individual_dot
@@ -125,7 +125,7 @@ def _timing_hook(skip: int):
     """A hook that times each compiled call after the first `skip` (each waited for): seconds per step."""
     import jax
 
-    from jaxtrain._src.hooks import Hook
+    from jaxtrain import Hook
 
     class TimeCalls(Hook):
         def __init__(self) -> None:
@@ -149,8 +149,8 @@ def _timing_hook(skip: int):
 
 def time_workload(workload: str, calls: int, steps_per_call: int, warmup: int, quick: bool) -> dict[str, Any]:
     """Trains `workload` through `fit` for 1 + warmup + calls compiled calls of K steps; the timed calls' ms/step."""
+    from jaxtrain._src.loop import Session, run_fit
     from jaxtrain.tools.bench.profile import ProfileBenchConfig, recipe_config
-    from jaxtrain._src.loop import fit
 
     # recipe_config runs warmup + steps / K calls; the first of ours compiles, so one more warm-up call
     pconfig = ProfileBenchConfig(workload=workload, steps=calls * steps_per_call, steps_per_call=steps_per_call,
@@ -159,8 +159,8 @@ def time_workload(workload: str, calls: int, steps_per_call: int, warmup: int, q
     w = recipe.build(rconfig)
     hook = _timing_hook(skip=1 + warmup)
     try:
-        fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess, augment=w.augment,
-            name=recipe.name, verbosity="silent")
+        run_fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess, augment=w.augment,
+            verbosity="silent", session=Session(name=recipe.name))
     finally:
         w.close()
     ms = [s * 1e3 for s in hook.per_step_s]

@@ -3,7 +3,16 @@ training code) and `jaxtrain profile` (where a run's time goes, with a verdict).
 
 from jaxtrain.tools.diagnose.doctor import Check, failed, run_checks
 from jaxtrain.tools.diagnose.profile import profile_recipe
-from jaxtrain.tools.diagnose.scan import RULES, SEVERITIES, Finding, Rule, ScanResult, python_files, scan_paths, scan_source
+from jaxtrain.tools.diagnose.scan import (
+    RULES,
+    SEVERITIES,
+    Finding,
+    Rule,
+    ScanResult,
+    python_files,
+    scan_paths,
+    scan_source,
+)
 
 __all__ = [
     "Check",

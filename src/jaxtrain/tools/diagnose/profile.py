@@ -33,7 +33,7 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
       ConfigError: `seconds` is not positive.
     """
     from jaxtrain._src import distributed
-    from jaxtrain._src.loop import fit
+    from jaxtrain._src.loop import Session, run_fit
 
     if not seconds > 0:
         raise ConfigError(f"--seconds {seconds:g} must be > 0")
@@ -44,8 +44,8 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
     w = recipe.build(config)
     hook = ProfileHook(budget_s=seconds, trace_dir=trace_dir)
     try:
-        fit(w.model, w.loss_fn, w.train, None, config, hooks=[hook, *w.hooks], preprocess=w.preprocess,
-            augment=w.augment, name=recipe.name, verbosity="silent")
+        run_fit(w.model, w.loss_fn, w.train, None, config, hooks=[hook, *w.hooks], preprocess=w.preprocess,
+            augment=w.augment, verbosity="silent", session=Session(name=recipe.name))
     except ProfileBudgetReached:
         pass  # the time budget ended training mid-epoch; the profile is complete
     finally:

@@ -1,0 +1,160 @@
+"""The package's layers run one way, and the training program is assembled in one place.
+
+Every import statement of the package is read, those inside functions included:
+- the core (`jaxtrain._src`) imports neither the public face nor the tools;
+- the public face (`jaxtrain`, `jaxtrain.data`, ...) imports no tool;
+- no module imports itself back through others (no circle);
+and every call of the builders of a training program is in `_src/program.py`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = ROOT / "jaxtrain"
+BUILDERS = {"make_train_step", "init_state", "build_optimizer", "build_train_optimizer", "CompiledCalls",
+            "make_multi_step", "make_scan_steps"}
+BUILDER_HOME = {"jaxtrain._src.program"}
+# where a builder is defined, or a compiled call is made of its parts (the builder's own helpers)
+DEFINED_IN = {"jaxtrain._src.step", "jaxtrain._src.state", "jaxtrain._src.optim", "jaxtrain._src.calls",
+              "jaxtrain._src.feeds", "jaxtrain._src.rl.replay"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> str:
+    if module.startswith("jaxtrain._src"):
+        return "core"
+    if module.startswith("jaxtrain.tools") or module == "jaxtrain.__main__":
+        return "tools"
+    return "face"
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The package modules `module` imports anywhere in its source (inside functions too)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:  # a name inside a module: the module
+                name = name.rpartition(".")[0]
+            if name and name != module and name.startswith("jaxtrain"):
+                found.add(name)
+    return found
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+ORDER = {"core": 0, "face": 1, "tools": 2}
+
+
+def test_no_import_from_a_lower_layer_into_a_higher_one():
+    wrong = sorted(f"{m} ({_layer(m)}) imports {i} ({_layer(i)})" for m, deps in GRAPH.items() for i in deps
+                   if ORDER[_layer(i)] > ORDER[_layer(m)] and not _is_parent_package(i, m))
+    assert wrong == []
+
+
+def _is_parent_package(imported: str, module: str) -> bool:
+    """Importing `jaxtrain._src.x` runs `jaxtrain/__init__.py` first; that is no import of the face."""
+    return imported == "jaxtrain"
+
+
+def test_no_import_circle():
+    def strongly_connected() -> list[list[str]]:  # Tarjan
+        index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+        def visit(v: str) -> None:
+            index[v] = low[v] = counter[0]
+            counter[0] += 1
+            stack.append(v)
+            on.add(v)
+            for w in GRAPH.get(v, ()):
+                if w == "jaxtrain" or w not in GRAPH:
+                    continue
+                if w not in index:
+                    visit(w)
+                    low[v] = min(low[v], low[w])
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    group.append(w)
+                    if w == v:
+                        break
+                if len(group) > 1:
+                    out.append(sorted(group))
+
+        for v in GRAPH:
+            if v not in index:
+                visit(v)
+        return out
+
+    # a package's __init__ re-exporting its own modules is not a circle of code
+    circles = [c for c in strongly_connected() if not _only_package_reexports(c)]
+    assert circles == []
+
+
+def _only_package_reexports(group: list[str]) -> bool:
+    """Edges child -> parent package inside the group come only from importing a sibling through
+    the package (`from jaxtrain._src.rl import clique`): drop them and see whether a circle is left."""
+    members = set(group)
+    edges = {m: {d for d in GRAPH[m] if d in members and not m.startswith(d + ".")} for m in group}
+    seen: set[str] = set()
+
+    def cyclic(v: str, path: set[str]) -> bool:
+        if v in path:
+            return True
+        if v in seen:
+            return False
+        seen.add(v)
+        return any(cyclic(w, path | {v}) for w in edges[v])
+
+    return not any(cyclic(v, set()) for v in group)
+
+
+def test_the_training_program_is_assembled_in_one_place():
+    calls = []
+    for module, path in MODULES.items():
+        if module in BUILDER_HOME | DEFINED_IN:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+                if name in BUILDERS:
+                    calls.append(f"{module}:{node.lineno} calls {name}")
+    assert calls == []
+
+
+@pytest.mark.parametrize("planted, expected", [
+    ("from jaxtrain.tools import cli\n", "imports jaxtrain.tools.cli"),
+    ("def f():\n    from jaxtrain.tools.bench import faults\n", "imports jaxtrain.tools.bench.faults"),
+])
+def test_the_layer_check_sees_imports_inside_functions(planted, expected, tmp_path):
+    path = tmp_path / "planted.py"
+    path.write_text(planted)
+    assert any(expected.endswith(i) for i in _imports("jaxtrain._src.planted", path))
