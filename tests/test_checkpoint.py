@@ -19,6 +19,7 @@ from jaxtrain._src.checkpoint import Checkpointer, flatten_state, unflatten_stat
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.state import init_state
 from jaxtrain._src.step import epoch_permutation
+from jaxtrain.tools import runs
 
 TIMINGS = ("elapsed_s", "train_time_s", "eval_time_s", "epoch_time_s", "input_wait_s", "input_wait_fraction")
 
@@ -212,7 +213,7 @@ def test_eval_and_load(tmp_path, capsys):
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["step"] == summary["steps"]
     np.testing.assert_allclose(evaluated["val_loss"], summary["final_val_loss"], rtol=1e-6)
-    best = jaxtrain.load(run_dir)  # best by val_loss: the only checkpoint kept by keep_best
+    best = runs.load(run_dir)  # best by val_loss: the only checkpoint kept by keep_best
     best_epoch = summary["best_epoch"]
     x = np.random.default_rng(0).normal(size=(4, 128)).astype(np.float32)
     latest = jaxtrain.load(run_dir, "latest")
@@ -263,7 +264,7 @@ def test_load_a_python_fit_run_with_a_template(tmp_path):
                       _params(result.state))
     x = regression_data(5, seed=9)["x"]
     np.testing.assert_allclose(loaded(x), result.model(x), rtol=1e-6)
-    with pytest.raises(jaxtrain.ConfigError, match="written by jaxtrain.fit from Python .*model=template"):
+    with pytest.raises(jaxtrain.ConfigError, match="load needs model="):
         jaxtrain.load(tmp_path / "py")
     with pytest.raises(CheckpointError, match="has shape"):
         jaxtrain.load(tmp_path / "py", model=nnx.eval_shape(lambda: MLP((8, 32, 3), rngs=nnx.Rngs(0))))
@@ -272,7 +273,6 @@ def test_load_a_python_fit_run_with_a_template(tmp_path):
 def test_load_reads_no_data(tmp_path, monkeypatch):
     """Recipe runs restore weights into `Recipe.model(config, model.json)`: building the workload
     (which reads the datasets) is not needed, so here it is made to fail."""
-    from jaxtrain.tools import runs
     from jaxtrain.tools.recipes import get_recipe
 
     recipe = get_recipe("mlp-regression")
@@ -288,7 +288,7 @@ def test_load_reads_no_data(tmp_path, monkeypatch):
     from jaxtrain.tools.recipes import RECIPES
 
     monkeypatch.setitem(RECIPES, "mlp-regression", dataclasses.replace(recipe, build=no_data))
-    loaded = jaxtrain.load(tmp_path / "run", "latest")
+    loaded = runs.load(tmp_path / "run", "latest")
     _assert_bit_equal([np.asarray(x) for x in jax.tree.leaves(nnx_params(loaded))], _params(result.state))
 
 

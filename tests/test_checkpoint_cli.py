@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 from test_checkpoint import TRAIN, _assert_bit_equal, _mount_tmpfs, _unmount
+from jaxtrain.tools import runs
 
 import jaxtrain
 from jaxtrain._src.checkpoint import Checkpointer
@@ -26,7 +27,7 @@ def _cli(*args, **kwargs):
 
 
 def _final_params(run_dir):
-    return [np.asarray(x) for x in jax.tree.leaves(jaxtrain.load(run_dir, "latest"))]
+    return [np.asarray(x) for x in jax.tree.leaves(runs.load(run_dir, "latest"))]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,6 @@ def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
         assert "Read-only file system" in err.splitlines()[-1]
         steps = Checkpointer(run_dir / "checkpoints", read_only=True).steps()
         assert steps
-        jaxtrain.load(run_dir, str(steps[-1]))  # the newest complete checkpoint still loads
+        runs.load(run_dir, str(steps[-1]))  # the newest complete checkpoint still loads
     finally:
         _unmount(mount)
