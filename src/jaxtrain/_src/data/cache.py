@@ -33,13 +33,17 @@ CACHE_ENV = "JAXTRAIN_CACHE"  # 0, false, off or no: compute every time, read an
 _OFF = ("0", "false", "off", "no")
 
 
+def cache_dir() -> Path:
+    """Where downloads are kept: `~/.cache/jaxtrain` (or `$XDG_CACHE_HOME/jaxtrain`)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxtrain"
+
+
 def cache_root() -> Path | None:
     """The directory of cached transforms, or None when `JAXTRAIN_CACHE` turns caching off."""
     if os.environ.get(CACHE_ENV, "").strip().lower() in _OFF:
         return None
     if os.environ.get(CACHE_DIR_ENV):
         return Path(os.environ[CACHE_DIR_ENV])
-    from jaxtrain._src.data.datasets import cache_dir  # here, not at the top: datasets imports this module
 
     return cache_dir() / "preprocessed"
 

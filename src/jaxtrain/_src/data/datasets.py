@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain._src.data.cache import cached
+from jaxtrain._src.data.cache import cache_dir, cached
 from jaxtrain._src.errors import DataError
 
 DATA_DIR_ENV = "JAXTRAIN_DATA_DIR"  # read here; the cache's two variables are read in data/cache.py
@@ -65,11 +65,6 @@ DATASETS: dict[str, dict[str, RemoteFile]] = {
         ("input.txt", "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed", 1115394),
     ]),
 }
-
-
-def cache_dir() -> Path:
-    """Where downloads are kept: `~/.cache/jaxtrain` (or `$XDG_CACHE_HOME/jaxtrain`)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "jaxtrain"
 
 
 def _sha256(path: Path) -> str:

@@ -44,7 +44,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain.tools.bench.child import CHILD_FLAG, child_main
+from jaxtrain.tools.bench.child import CHILD_FLAG
 
 Moment = Literal["start-up", "compilation", "before-checkpoint", "mid-epoch", "async-save", "evaluation"]
 MOMENTS: tuple[Moment, ...] = ("start-up", "compilation", "before-checkpoint", "mid-epoch", "async-save",
@@ -163,16 +163,6 @@ class _Probes:
             self.event("evaluation", f"epoch {facts['epoch']} end, {facts['when']} the validation pass")
 
 
-def _probed_train(payload: dict[str, Any]) -> dict[str, Any]:
-    """Runs `jaxtrain ARGS` with the probes installed: {"exit_code", "counts"} unless killed."""
-    from jaxtrain.tools import cli
-
-    probes = _Probes(payload["moment"], payload["nth"])
-    probes.install()
-    code = cli.main(payload["args"])
-    return {"exit_code": code, "counts": probes.counts}
-
-
 # --- the parent ------------------------------------------------------------------------------------------
 
 
@@ -208,7 +198,7 @@ def run_probed(args: list[str], moment: str | None, nth: int, timeout_s: float) 
       when it was not killed).
     """
     payload = {"moment": moment, "nth": nth, "args": args}
-    code, out, err = _launch(["-m", "jaxtrain.tools.bench.faults", CHILD_FLAG, json.dumps(payload)], timeout_s)
+    code, out, err = _launch(["-m", "jaxtrain.tools.bench.faults_child", CHILD_FLAG, json.dumps(payload)], timeout_s)
     marks = [line for line in out.splitlines() if line.startswith(KILL_MARK)]
     if marks:
         return code, marks[-1][len(KILL_MARK):].strip(), {}
@@ -386,6 +376,3 @@ def main(config: FaultsBenchConfig) -> int:
         Path(config.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0 if trials and all(t.equal for t in trials) else 1
 
-
-if __name__ == "__main__":
-    child_main(_probed_train)
