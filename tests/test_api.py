@@ -9,7 +9,7 @@ PUBLIC = {
     "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError", "DistConfig",
     "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "NonFiniteLossError", "OptimConfig",
     "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer", "build_schedule",
-    "data", "fit", "hooks", "load", "models",
+    "data", "distributed", "fit", "hooks", "load", "models", "remat",
 }
 
 

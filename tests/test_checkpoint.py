@@ -216,7 +216,7 @@ def test_eval_and_load(tmp_path, capsys):
     best = runs.load(run_dir)  # best by val_loss: the only checkpoint kept by keep_best
     best_epoch = summary["best_epoch"]
     x = np.random.default_rng(0).normal(size=(4, 128)).astype(np.float32)
-    latest = jaxtrain.load(run_dir, "latest")
+    latest = runs.load(run_dir, "latest")
     assert (np.asarray(best(x)) == np.asarray(latest(x))).all() == (best_epoch == 2)
 
 

@@ -16,7 +16,7 @@ from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain._src.data.generate import generate_dataset
 from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.errors import DataError
-from jaxtrain._src.hooks import LambdaHook
+from jaxtrain._src.hooks import LambdaHook, RunHook
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain.tools.cli import main
 
@@ -112,16 +112,17 @@ def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_
     path = _aged(_write(tmp_path / "d.h5", regression_data(320), chunks=16))
     changed_at = []
 
-    def rewrite_at_epoch_end(run, k, metrics):
-        if run.loop.position == run.feed.steps_per_epoch and not changed_at:
-            _rewrite_in_place(path, tmp_path)  # other.h5 has 500 rows: a larger file, other values
-            changed_at.append(run.step)
+    class RewriteAtEpochEnd(RunHook):  # sees the loop's position in the epoch
+        def after_call(self, run, k, metrics):
+            if run.loop.position == run.feed.steps_per_epoch and not changed_at:
+                _rewrite_in_place(path, tmp_path)  # other.h5 has 500 rows: a larger file, other values
+                changed_at.append(run.step)
 
     config = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, data=DataConfig(placement="stream"),
                          checkpoint=CheckpointConfig(every_steps=4, keep_last=100, keep_best=0))
     with pytest.raises(DataError, match=r"changed while it was being read \(size [\d,]+ -> [\d,]+ bytes; modified"):
         run_fit(small_mlp(), mse, HDF5Source(path, KEYS), regression_data(40, seed=1), config,
-                hooks=[LambdaHook(after_call=rewrite_at_epoch_end)], run_dir=tmp_path / "run", verbosity="summary",
+                hooks=[RewriteAtEpochEnd()], run_dir=tmp_path / "run", verbosity="summary",
                 session=Session(console=silent()))
     assert changed_at == [20]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

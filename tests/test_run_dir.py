@@ -72,7 +72,7 @@ def test_a_directory_holding_a_run_refuses_a_new_one_unless_overwrite(tmp_path):
     assert _files(run_dir) == before  # nothing written, nothing trained
 
     second = _fit(run_dir, config=TrainConfig(epochs=1, batch_size=16, steps_per_call=5, tensorboard=False),
-                  overwrite=True)
+                  resume="overwrite")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if r.get("kind") == "epoch"] == [1]  # the first run's rows are gone
     assert Checkpointer(run_dir / "checkpoints", read_only=True).steps() == [10]
@@ -134,16 +134,16 @@ def test_a_resumed_run_keeps_the_best_checkpoint(tmp_path):
 
 
 def test_sigterm_during_start_up_stops_before_training_and_writes_the_status(tmp_path, monkeypatch):
-    import jaxtrain._src.loop as loop
+    import jaxtrain._src.program as program
 
-    real = loop.make_feed
+    real = program.make_feed
 
     def feed_then_sigterm(*args, **kwargs):  # SIGTERM arrives while the data are placed
         feed = real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)
         return feed
 
-    monkeypatch.setattr(loop, "make_feed", feed_then_sigterm)
+    monkeypatch.setattr(program, "make_feed", feed_then_sigterm)
     with pytest.raises(TrainingStopped) as e:
         _fit(tmp_path / "run")
     assert e.value.exit_code == 143 and "before training began" in _one_line(e)
@@ -156,7 +156,7 @@ def test_sigterm_before_fit_ends_the_command_with_one_line(tmp_path):
     # SIGTERM while the recipe builds its data (before fit): one line, exit 143, nothing written.
     script = ("import os, signal, sys\n"
               "import jaxtrain.tools.runs as runs\n"
-              "from jaxtrain import cli\n"
+              "from jaxtrain.tools import cli\n"
               "from jaxtrain.tools.recipes import get_recipe\n"
               "recipe = get_recipe('mlp-regression')\n"
               "build = recipe.build\n"

@@ -320,7 +320,7 @@ def test_the_projects_own_code_has_nothing_high():
 
 
 def test_only_the_ladders_original_loop_is_high():
-    found = scan_paths([SRC / "bench" / "ladder_variants.py"]).findings
+    found = scan_paths([SRC / "tools" / "bench" / "ladder_variants.py"]).findings
     high = [f for f in found if f.severity == "high"]
     assert {(f.rule, f.function) for f in high} == {("unjitted-grad", "original")}
     original = {f.rule for f in found if f.function == "original"}

@@ -1,13 +1,13 @@
 """jaxtrain: fast, memory-efficient neural-network training on JAX by default.
 
 The public API is what this module lists in `__all__` (docs/api.md says what each name is for),
-plus the modules `jaxtrain.data`, `jaxtrain.models`, `jaxtrain.hooks`, `jaxtrain.remat`,
-`jaxtrain.distributed` and `jaxtrain.rl` (the last loads mctx, so it is imported only when used).
+with the modules `jaxtrain.data`, `jaxtrain.models`, `jaxtrain.hooks`, `jaxtrain.remat` and
+`jaxtrain.distributed`, and `jaxtrain.rl` (it loads mctx, so it is imported only when used).
 Everything under `jaxtrain._src` is private; the command line, recipes, benchmarks and diagnosis
 tools are under `jaxtrain.tools`, above the library.
 """
 
-from jaxtrain import data, hooks, models
+from jaxtrain import data, distributed, hooks, models, remat
 from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.config import (
     CheckpointConfig,
@@ -49,8 +49,10 @@ __all__ = [
     "build_optimizer",
     "build_schedule",
     "data",
+    "distributed",
     "fit",
     "hooks",
     "load",
     "models",
+    "remat",
 ]

@@ -127,7 +127,7 @@ def _python_nets(model: Any, num_edges: int) -> dict[str, tuple[Callable, float 
 def _play_moves(game: Any, net: Callable, simulations: int, rng: np.random.Generator, moves: int,
                 noise: dict[str, float]) -> int:
     """The first `moves` moves of a `play_game` (temperature 1); returns the moves played."""
-    from jaxtrain._src.rl import python_mcts
+    from jaxtrain.tools.bench import python_mcts
 
     colours, to_play = [0] * game.num_edges, 1
     for played in range(1, moves + 1):
@@ -142,7 +142,7 @@ def _play_moves(game: Any, net: Callable, simulations: int, rng: np.random.Gener
 
 def _python_row(game: Any, net: Callable, simulations: int, games: int, moves: int | None) -> dict[str, Any]:
     """Times `games` Python games (or their first `moves` moves, extrapolated to a full board of E moves)."""
-    from jaxtrain._src.rl import python_mcts
+    from jaxtrain.tools.bench import python_mcts
     from jaxtrain._src.rl.search import SearchConfig
 
     search = SearchConfig(simulations=simulations, policy="muzero")
