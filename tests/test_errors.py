@@ -14,8 +14,19 @@ import jaxtrain._src as core
 from jaxtrain._src import config as config_module
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.data.generate import check_arguments
-from jaxtrain._src.errors import (SECTIONS, TOP, ConfigError, JaxtrainError, NonFiniteLossError, argument,
-                                  render, rendering, resume_advice, setting, style)
+from jaxtrain._src.errors import (
+    SECTIONS,
+    TOP,
+    ConfigError,
+    JaxtrainError,
+    NonFiniteLossError,
+    argument,
+    render,
+    rendering,
+    resume_advice,
+    setting,
+    style,
+)
 from jaxtrain._src.feeds import epoch_steps
 from jaxtrain.tools.cli import main
 
