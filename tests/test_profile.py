@@ -43,7 +43,7 @@ def test_streamed_run_with_slow_reads_is_input_bound():
     _check(p)
     assert p["verdict"] == "input-bound", p["loop_shares"]
     assert p["loop_shares"]["input"] + p["loop_shares"]["transfer"] > 0.5
-    assert p["advice"][0]["flag"] == "--data.placement device"
+    assert p["advice"][0]["flag"] == 'DataConfig(placement="device")'  # from Python: the config to write
 
 
 def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
@@ -57,7 +57,8 @@ def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
     _check(p)
     assert p["verdict"] == "dispatch-bound", p["loop_shares"]
     assert p["loop_shares"]["dispatch"] >= BOUND_SHARE
-    assert p["advice"][0]["flag"].startswith("--steps-per-call ") and int(p["advice"][0]["flag"].split()[1]) > 1
+    flag = p["advice"][0]["flag"]
+    assert flag.startswith("TrainConfig(steps_per_call=") and int(flag.split("=")[1].rstrip(")")) > 1
     assert [c["k"] for c in p["compiles"] if c.get("what") == "train call"] == [1] and p["recompilations"] == []
     # summary.json carries the same profile, and the final block prints it
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())["profile"]
@@ -65,7 +66,7 @@ def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
     assert sum(saved["shares"].values()) == pytest.approx(1.0, abs=1e-6)
     text = console.file.getvalue()
     assert "PROFILE: where the" in text and "Verdict:  dispatch-bound" in text
-    assert "Try:      1. --steps-per-call" in text
+    assert "Try:      1. TrainConfig(steps_per_call=" in text
 
 
 def test_large_mlp_with_long_calls_is_compute_bound():
@@ -104,7 +105,7 @@ def test_an_epochs_last_call_runs_ks_program_or_is_reported_as_a_recompilation()
     p = fit(small_mlp(), mse, ArraySource(regression_data(200)), None, streamed, **NO_FILES).summary["profile"]
     assert [(c["k"], c["why"]) for c in p["recompilations"]] == [
         (6, "last call of the epoch: the 6 steps left after calls of K=7")]
-    assert any("--steps-per-call 5" in note for note in p["notes"])  # 5 divides the 20 steps of an epoch
+    assert any("TrainConfig(steps_per_call=5)" in note for note in p["notes"])  # 5 divides the 20 steps of an epoch
 
 
 def test_hooks_that_sync_every_call_are_host_sync_bound():

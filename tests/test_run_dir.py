@@ -68,7 +68,8 @@ def test_a_directory_holding_a_run_refuses_a_new_one_unless_overwrite(tmp_path):
     before = _files(run_dir)
     with pytest.raises(ConfigError) as e:
         _fit(run_dir, config=TrainConfig(epochs=1, batch_size=16, tensorboard=False))
-    assert "already holds a run (completed at step 20)" in _one_line(e) and "--overwrite" in str(e.value)
+    assert "already holds a run (completed at step 20)" in _one_line(e) and 'resume="overwrite"' in str(e.value)
+    assert e.value.run_dir == run_dir and "resume=True" in str(e.value)  # from Python: fit's arguments
     assert _files(run_dir) == before  # nothing written, nothing trained
 
     second = _fit(run_dir, config=TrainConfig(epochs=1, batch_size=16, steps_per_call=5, tensorboard=False),
@@ -90,7 +91,8 @@ def test_resume_refuses_settings_that_change_the_result_and_allows_more_epochs(t
     assert "a resume cannot change batch_size 16 -> 32, seed 0 -> 1" in _one_line(e)
     with pytest.raises(ConfigError) as e:
         _fit(run_dir, config=TrainConfig(epochs=1, batch_size=16, steps_per_call=5, tensorboard=False), resume=True)
-    assert "has trained 2 epochs; --epochs 1 is fewer" in _one_line(e)
+    assert "has trained 2 epochs; TrainConfig(epochs=1) is fewer: pass TrainConfig(epochs=2)" in _one_line(e)
+    assert (e.value.epochs, e.value.epochs_trained, e.value.run_dir) == (1, 2, run_dir)
     assert _files(run_dir) == before
 
     more = TrainConfig(epochs=3, batch_size=16, steps_per_call=1, log_every=3, tensorboard=False)

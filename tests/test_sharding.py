@@ -54,7 +54,7 @@ def test_parse_mesh_and_its_errors():
                           ("data", "axis=size pairs"), ("data=0", "size >= 1")):
         with pytest.raises(ConfigError, match=message):
             parse_mesh(text)
-    with pytest.raises(ConfigError, match=r"needs 3 devices but there are 1 cpu devices; .* --mesh data=1"):
+    with pytest.raises(ConfigError, match=r'needs 3 devices but there are 1 cpu .*TrainConfig\(mesh="data=1"\)'):
         make_layout("data=3")
 
 

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxtrain._src.errors import JaxtrainError
+from jaxtrain._src.errors import JaxtrainError, argument
 from jaxtrain._src.loop_state import FORMAT_VERSION
 from jaxtrain._src.report import notes
 from jaxtrain._src.state import TrainState
@@ -514,6 +514,8 @@ class Checkpointer:
     def _fail(self, reason: str) -> None:
         last = self.latest_step()
         raise CheckpointError(
-            f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another --run-dir "
-            f"(the last complete checkpoint is {'step ' + str(last) if last is not None else 'none'})"
+            f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another "
+            f"{argument('run_dir')} (the last complete checkpoint is "
+            f"{'step ' + str(last) if last is not None else 'none'})",
+            directory=self.directory, last_step=last,
         )

@@ -170,9 +170,9 @@ class DistConfig:
     coordinator: str = ""
     """host:port where process 0 serves JAX's coordination service (every process gives the same)."""
     num_processes: int = 0
-    """Processes in the job (with --dist.coordinator)."""
+    """Processes in the job (with a coordinator)."""
     process_id: int = -1
-    """This process's index, 0 .. num_processes-1 (with --dist.coordinator)."""
+    """This process's index, 0 .. num_processes-1 (with a coordinator)."""
     timeout_s: float = 60.0
     """Seconds to wait for the coordinator at start-up, and for a silent peer before this process
     stops with a message rather than waiting forever."""

@@ -1,6 +1,6 @@
 """Many processes: joining a job through `jax.distributed`, and not hanging when a peer dies.
 
-`initialize(config)` starts JAX's multi-controller runtime from `--dist.*` flags, or from a
+`initialize(config)` starts JAX's multi-controller runtime from a `DistConfig`, or from a
 SLURM job of several tasks or an Open MPI job (JAX's own cluster detection), before anything
 touches a device. Each process then sees every device of the job in `jax.devices()`; the mesh
 spans them all and the same compiled program runs in every process.
@@ -11,7 +11,7 @@ notices only after its heartbeat timeout and then aborts the survivors with a C+
 coordination service's key-value store each second; a peer whose heartbeat stops for
 `timeout_s`, or which exited while this process still runs `timeout_s` later, makes this process
 print one line and exit with code 4. Checkpoints already written stay intact, so every process can
-be restarted with `--resume`.
+be restarted to resume the run.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 import jax
 
 from jaxtrain._src.config import DistConfig
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, argument, render, setting
 
 PEER_LOST_EXIT_CODE = 4
 _KEY = "jaxtrain/heartbeat/"
@@ -75,7 +75,7 @@ def initialize(config: DistConfig = DistConfig()) -> int:
         raise ConfigError(f"cannot join the job through the coordinator at {where} within {timeout} s "
                           f"(process {config.process_id if config.coordinator else '?'}): {reason}; check that "
                           "process 0 runs, the address and port are right and reachable, and every process "
-                          "gives the same --dist.num-processes") from None
+                          f"gives the same {setting('dist.num_processes')}") from None
     start_watchdog(config.timeout_s)
     return jax.process_count()
 
@@ -91,7 +91,8 @@ def _check_coordinator(address: str, process_id: int, timeout_s: float) -> None:
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--dist.coordinator {address}: cannot resolve host {host!r} ({e})") from None
+        raise ConfigError(f"{setting('dist.coordinator', address)}: cannot resolve host {host!r} ({e})",
+                          coordinator=address) from None
     if process_id == 0:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -99,7 +100,7 @@ def _check_coordinator(address: str, process_id: int, timeout_s: float) -> None:
                 probe.bind(("", int(port)))
             except OSError as e:
                 raise ConfigError(f"process 0 cannot serve the coordinator on port {port}: {e.strerror}; choose a "
-                                  "free port in --dist.coordinator") from None
+                                  f"free port in {setting('dist.coordinator')}", coordinator=address) from None
         return
     deadline = time.monotonic() + timeout_s
     while True:
@@ -109,8 +110,9 @@ def _check_coordinator(address: str, process_id: int, timeout_s: float) -> None:
         except OSError:
             if time.monotonic() > deadline:
                 raise ConfigError(f"process {process_id} cannot reach the coordinator at {address} within "
-                                  f"{timeout_s:.0f} s: start process 0 with the same --dist.coordinator, or check "
-                                  "the host, port and firewall (raise the wait with --dist.timeout-s)") from None
+                                  f"{timeout_s:.0f} s: start process 0 with the same {setting('dist.coordinator')}, "
+                                  f"or check the host, port and firewall (raise the wait with "
+                                  f"{setting('dist.timeout_s')})", coordinator=address) from None
             time.sleep(0.2)
 
 
@@ -170,6 +172,7 @@ class _Watchdog:
     def _fail(self, reason: str) -> None:
         if self._stop.is_set():
             return
-        print(f"error: {reason}; stopping process {self._me} too. Checkpoints written so far are intact: "
-              "start every process again with --resume to continue", file=sys.stderr, flush=True)
+        print(render(f"error: {reason}; stopping process {self._me} too. Checkpoints written so far are intact: "
+                     f"start every process again with {argument('resume', True)} to continue"),
+              file=sys.stderr, flush=True)
         os._exit(PEER_LOST_EXIT_CODE)

@@ -31,7 +31,7 @@ from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.data.arrays import Placement
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.stream import BackgroundIterator, DevicePrefetcher, StreamLoader
-from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.errors import ConfigError, DataError, setting
 from jaxtrain._src.sharding import Layout
 from jaxtrain._src.step import epoch_permutation, make_multi_step, make_scan_steps
 
@@ -89,12 +89,14 @@ def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
     if B > n_train:
         what = f"batch_size={B}" if config.grad_accum == 1 else f"batch_size x grad_accum = {B}"
         raise ConfigError(f"{what} is larger than the training set ({n_train} samples); use "
-                          f"--batch-size {max(1, n_train // config.grad_accum)} or less")
+                          f"{setting('batch_size', max(1, n_train // config.grad_accum))} or less",
+                          batch_size=config.batch_size, grad_accum=config.grad_accum, num_samples=n_train)
     if config.steps_per_epoch:
         if config.steps_per_epoch * B > n_train:
             raise ConfigError(
                 f"steps_per_epoch={config.steps_per_epoch} batches of {B} need {config.steps_per_epoch * B:,} "
-                f"samples but the training set has {n_train:,}; use --steps-per-epoch {n_train // B} or less"
+                f"samples but the training set has {n_train:,}; use {setting('steps_per_epoch', n_train // B)} or less",
+                steps_per_epoch=config.steps_per_epoch, batch_size=B, num_samples=n_train,
             )
         return config.steps_per_epoch, 0  # a sample of the set, not a pass: nothing is "dropped"
     return divmod(n_train, B)
@@ -281,7 +283,7 @@ def as_source(data: Any, name: str) -> tuple[Any, Any]:
 
 
 def budget_bytes(config: TrainConfig, device: jax.Device) -> int:
-    """Device memory the datasets may take on each device (`--data.memory-budget-gb`, else a default)."""
+    """Device memory the datasets may take on each device (`config.data.memory_budget_gb`, else a default)."""
     return int(config.data.memory_budget_gb * 1024**3) or data_lib.default_budget_bytes(device)
 
 

@@ -254,7 +254,7 @@ def run_fit(
             feed.setup(calls.compile)
             calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
             if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
-                raise TrainingStopped(signals.signum, run.step, "before training began; run the same command again")
+                raise TrainingStopped(signals.signum, run.step, "before training began; nothing was trained, so start it again")
             run.each("on_start")
             for epoch in range(loop.epoch, config.epochs + 1):
                 loop.epoch = epoch

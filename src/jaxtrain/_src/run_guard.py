@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, argument, resume_advice
 from jaxtrain._src.report.notes import note
 
 LOCK = ".lock"
-# What a run writes into its directory: all of it goes on --overwrite, nothing else does.
+# What a run writes into its directory: all of it goes when a run overwrites it, nothing else does.
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.json", "curves.png", ".config.json.tmp",
              ".summary.json.tmp", ".metrics.jsonl.tmp")
 RUN_DIRS = ("checkpoints", "tensorboard")
@@ -32,6 +32,9 @@ RESUMABLE = ("epochs", "quiet", "verbosity", "log_every", "eval_every", "eval_ba
              "tensorboard", "on_nan", "mesh", "dist", "run_dir", "checkpoint.enabled", "checkpoint.every_steps",
              "checkpoint.keep_last", "checkpoint.keep_best", "early_stopping", "data.prefetch")
 
+
+# `fit`'s resume="overwrite"; the command line's --overwrite
+_OVERWRITE = argument("overwrite", True, python='resume="overwrite"')
 
 class RunGuard:
     """Claims `run_dir` for one run: takes its lock and checks that the run may start there.
@@ -60,8 +63,8 @@ class RunGuard:
                  overwrite: bool = False, primary: bool = True, create: bool = True,
                  note: Callable[[str], None] = note):
         if resume and overwrite:
-            raise ConfigError("resume and overwrite exclude each other: --resume continues the run, --overwrite "
-                              "starts it again")
+            raise ConfigError(f"resume and overwrite exclude each other: {argument('resume', True)} continues the "
+                              f"run, {_OVERWRITE} starts it again", run_dir=run_dir)
         self.path = Path(run_dir) if run_dir is not None else None
         self.config, self.resume = config, resume
         self._overwrite, self._primary, self._note = overwrite, primary, note
@@ -92,7 +95,8 @@ class RunGuard:
             self.path.mkdir(parents=True, exist_ok=True)
             f = open(self.path / LOCK, "a+", encoding="utf-8")
         except OSError as e:
-            raise ConfigError(f"cannot use run directory {self.path}: {e.strerror}; choose another --run-dir") from None
+            raise ConfigError(f"cannot use run directory {self.path}: {e.strerror}; choose another "
+                              f"{argument('run_dir')}", run_dir=self.path) from None
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -100,7 +104,7 @@ class RunGuard:
             holder = _holder(f.read())
             f.close()
             raise ConfigError(f"run directory {self.path} is in use by {holder}; wait for that run to end (or stop "
-                              "it), or choose another --run-dir") from None
+                              f"it), or choose another {argument('run_dir')}", run_dir=self.path) from None
         f.seek(0)
         f.truncate()
         f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}) + "\n")
@@ -124,8 +128,9 @@ class RunGuard:
             else:
                 check_resumable(_read_json(self.path / "config.json"), self.config, self._note)
         elif self.holds_run() and not self._overwrite:
-            raise ConfigError(f"{self.path} already holds a run ({_describe(self.path)}); continue it with --resume "
-                              f"{self.path}, choose another --run-dir, or pass --overwrite to start it again")
+            raise ConfigError(f"{self.path} already holds a run ({_describe(self.path)}); continue it with "
+                              f"{resume_advice(self.path)}, choose another {argument('run_dir')}, or pass "
+                              f"{_OVERWRITE} to start it again", run_dir=self.path)
 
     def clear(self) -> None:
         """Removes the files of the run this one replaces (overwrite, or a resume with nothing to resume)."""
@@ -163,8 +168,9 @@ def check_resumable(saved: dict[str, Any], new: dict[str, Any], note: Callable[[
     if refused:
         detail = ", ".join(f"{k} {old[k]!r} -> {now[k]!r}" for k in refused)
         raise ConfigError(f"a resume cannot change {detail}: it would no longer continue the same run; resume with "
-                          "the run's settings (drop those options), or start a new run (another --run-dir, or "
-                          "--overwrite)")
+                          f"the run's settings (drop those options), or start a new run (another "
+                          f"{argument('run_dir')}, or {_OVERWRITE})",
+                          changed={k: (old[k], now[k]) for k in refused})
     if "epochs" in changed and now.get("optim.schedule", "constant") != "constant" and not now.get("optim.decay_steps"):
         note(f"epochs {old['epochs']} -> {now['epochs']}: the {now['optim.schedule']} learning-rate schedule now "
              "spans the new number of steps, so the remaining steps' learning rates change")

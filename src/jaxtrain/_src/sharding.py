@@ -1,6 +1,6 @@
 """Meshes and shardings: data parallelism and fully sharded (FSDP) training with `jax.sharding`.
 
-A run's devices form a 2-D mesh with axes `data` and `fsdp` (`--mesh data=2,fsdp=2`; `auto` is
+A run's devices form a 2-D mesh with axes `data` and `fsdp` (`TrainConfig(mesh="data=2,fsdp=2")`; `auto` is
 every device on `data`). The global batch is split over both axes, so each device computes the
 gradient of B / devices samples. Parameters and optimizer state are:
 
@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, setting
 
 AXES = ("data", "fsdp")
 BATCH_AXES = AXES  # the batch axis is split over every device of the mesh
@@ -48,13 +48,14 @@ def parse_mesh(text: str) -> dict[str, int] | None:
     for part in text.split(","):
         match = re.fullmatch(r"\s*(\w+)\s*=\s*(\d+)\s*", part)
         if not match:
-            raise ConfigError(f"--mesh {text!r}: write axis=size pairs separated by commas, e.g. data=4 or "
-                              "data=2,fsdp=2 (or auto)")
+            raise ConfigError(f"{setting('mesh', text)}: write axis=size pairs separated by commas, e.g. data=4 or "
+                              "data=2,fsdp=2 (or auto)", mesh=text)
         name, size = match.group(1), int(match.group(2))
         if name not in AXES:
-            raise ConfigError(f"--mesh {text!r}: unknown axis {name!r}; the axes are {' and '.join(AXES)}")
+            raise ConfigError(f"{setting('mesh', text)}: unknown axis {name!r}; the axes are {' and '.join(AXES)}",
+                              mesh=text)
         if name in sizes or size < 1:
-            raise ConfigError(f"--mesh {text!r}: give each axis once, with a size >= 1")
+            raise ConfigError(f"{setting('mesh', text)}: give each axis once, with a size >= 1", mesh=text)
         sizes[name] = size
     return sizes
 
@@ -122,12 +123,13 @@ class Layout:
         """A `NamedSharding` for every leaf of a train state (arrays or shapes)."""
         return jax.tree.map(lambda x: NamedSharding(self.mesh, self.spec(tuple(np.shape(x)))), tree)
 
-    def check_batch(self, batch_size: int, flag: str = "--batch-size") -> None:
-        """Raises ConfigError when `batch_size` rows do not split evenly over the devices."""
+    def check_batch(self, batch_size: int, field: str = "batch_size") -> None:
+        """Raises ConfigError when `batch_size` rows (the setting `field`) do not split evenly over the devices."""
         n = self.num_devices
         if batch_size % n:
-            raise ConfigError(f"{flag} {batch_size} does not split over the mesh's {n} devices ({self.describe()}); "
-                              f"use a multiple of {n}, e.g. {flag} {max(n, batch_size // n * n)}")
+            raise ConfigError(f"{setting(field, batch_size)} does not split over the mesh's {n} devices "
+                              f"({self.describe()}); use a multiple of {n}, e.g. "
+                              f"{setting(field, max(n, batch_size // n * n))}", batch_size=batch_size, num_devices=n)
 
     def describe(self) -> str:
         """E.g. `data=2 × fsdp=2 (4 cpu devices, 1 process)`."""
@@ -164,7 +166,7 @@ class Layout:
 
 
 def make_layout(mesh: str = "auto", devices: list[jax.Device] | None = None) -> Layout:
-    """The layout for a `--mesh` value over `devices` (default: every device of every process).
+    """The layout for a `TrainConfig.mesh` value over `devices` (default: every device of every process).
 
     A mesh may use the first 1/n of the devices of a single process (`data=1` on 4 devices); a
     job of several processes uses every device.
@@ -178,8 +180,9 @@ def make_layout(mesh: str = "auto", devices: list[jax.Device] | None = None) -> 
     size, n = math.prod(shape), len(devices)
     if n % size or (size != n and jax.process_count() > 1):
         use = "uses every device of every process" if jax.process_count() > 1 else f"divides {n}"
-        raise ConfigError(f"--mesh {mesh} needs {size} devices but there are {n} {devices[0].platform} devices; "
-                          f"use a mesh whose size {use}, e.g. --mesh data={n}")
+        raise ConfigError(f"{setting('mesh', mesh)} needs {size} devices but there are {n} {devices[0].platform} "
+                          f"devices; use a mesh whose size {use}, e.g. {setting('mesh', f'data={n}')}",
+                          mesh=mesh, num_devices=n)
     # Devices are ordered by process, so `fsdp` (the inner axis) stays within a host where it can.
     return Layout(Mesh(np.array(devices[:size]).reshape(shape), AXES))
 

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from jaxtrain._src.errors import ConfigError, JaxtrainError
+from jaxtrain._src.errors import ConfigError, JaxtrainError, rendering
 
 USAGE = """usage: jaxtrain COMMAND ...
 
@@ -518,13 +518,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),
                 "profile": lambda: _profile(rest)}
     previous = _stop_on_sigterm(command)
+    # While the command runs, the library's errors and notes name settings as its flags.
     try:
-        if command not in commands:
-            raise ConfigError(f"unknown command {command!r}; choose one of: {', '.join(commands)}")
-        return commands[command]()
-    except JaxtrainError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        with rendering("cli"):
+            try:
+                if command not in commands:
+                    raise ConfigError(f"unknown command {command!r}; choose one of: {', '.join(commands)}")
+                return commands[command]()
+            except JaxtrainError as e:
+                print(f"error: {e.for_cli()}", file=sys.stderr)
+                return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

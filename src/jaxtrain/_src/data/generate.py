@@ -30,7 +30,7 @@ from jaxtrain._src.data.synthetic import (
     make_rows,
     row_layout,
 )
-from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.errors import ConfigError, DataError, argument
 
 WRITE_ROWS = 65536  # rows generated and written per step: bounds the writer's memory
 CHUNK_BYTES = 1 << 19  # default HDF5 chunk: about 512 KiB of the widest dataset
@@ -144,7 +144,8 @@ def check_arguments(workload: str, out: str | os.PathLike, samples: int, seq_len
         raise ConfigError(f"chunk_rows={chunk_rows} must be >= 1 and give chunks of at most 1 GiB "
                           f"({MAX_CHUNK_BYTES // widest:,} rows here)")
     if Path(out).exists() and not force:
-        raise ConfigError(f"{out} exists; pass --force to replace it, or choose another file name")
+        raise ConfigError(f"{out} exists; pass {argument('force', True)} to replace it, or choose another file name",
+                          path=Path(out))
     return chunk_rows
 
 

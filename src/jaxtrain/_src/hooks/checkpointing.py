@@ -12,7 +12,7 @@ import jax
 
 from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
 from jaxtrain._src.config import CheckpointConfig
-from jaxtrain._src.errors import ConfigError, JaxtrainError
+from jaxtrain._src.errors import ConfigError, JaxtrainError, resume_advice, setting
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
@@ -48,18 +48,20 @@ class CheckpointHook(RunHook):
         done = loop.epoch - 1  # whole epochs trained
         if epochs is not None and epochs < done + (loop.position > 0):
             where = f"{done} epochs" + (f" and {loop.position} steps of epoch {loop.epoch}" if loop.position else "")
-            raise ConfigError(f"the checkpoint at step {int(state.step)} has trained {where}; --epochs {epochs} is "
-                              f"fewer: pass --epochs {done + (loop.position > 0)} or more")
+            raise ConfigError(f"the checkpoint at step {int(state.step)} has trained {where}; "
+                              f"{setting('epochs', epochs)} is fewer: pass "
+                              f"{setting('epochs', done + (loop.position > 0))} or more",
+                              run_dir=self.ckpt.directory.parent, epochs=epochs, epochs_trained=done)
         if epochs == done:
             note(f"the run has already trained its {done} epoch{'s' if done != 1 else ''}; nothing to train "
-                 f"(pass --epochs {done + 1} or more to train further)")
+                 f"(pass {setting('epochs', done + 1)} or more to train further)")
         return state, loop
 
     def on_start(self, run: Run) -> None:
         self._last_save = run.step
         run.last_checkpoint = self._describe_last
         run_dir = self.ckpt.directory.parent
-        run.resume_hint = f"checkpoint saved; resume with: jaxtrain train {self._name} --resume {run_dir}"
+        run.resume_hint = f"checkpoint saved; resume with: {resume_advice(run_dir, self._name)}"
 
     def _describe_last(self) -> str:
         latest = self.ckpt.latest_step()

@@ -1,4 +1,4 @@
-"""TensorBoard scalars of a run (`tensorboard --logdir runs`): training loss and metrics every
+"""TensorBoard scalars of a run (point TensorBoard at the `runs` directory): training loss and metrics every
 `log_every` steps with the learning rate; per epoch the train and validation figures, throughput
 and, for streamed data, the input wait. Written with tensorboardX's `SummaryWriter`."""
 

@@ -58,7 +58,7 @@ def _dense(layer: nnx.Linear, x: jax.Array) -> jax.Array:
 
     The same math as `layer(x)`, but XLA:CPU compiles the 2-D form's weight gradient (x^T dy)
     to its fast matmul path with no transposed copies of the activations around it:
-    `jaxtrain bench profile --workload char-gpt` measured the baby preset's step at 71-84 ms
+    the char-gpt workload of `jaxtrain bench profile` measured the baby preset's step at 71-84 ms
     with the 3-D form and 49-51 ms with this one (the 3-D form's GELU-backward fusions wrote
     transposed outputs for Eigen's slower matmuls).
     """

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from jaxtrain._src import memory
+from jaxtrain._src.errors import render, setting
 from jaxtrain._src.report.profile_report import profile_lines
 
 if TYPE_CHECKING:
@@ -133,12 +134,14 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
         lines.append(f"  Input Wait:     {record['input_wait_fraction']:.1%} of training time (streamed data)")
         if record["input_wait_fraction"] > INPUT_BOUND_FRACTION:
             lines.append(
-                "  Input-bound: the compiled step waited for data. Hold the data on the device if it fits "
-                "(--data.placement device or a larger --data.memory-budget-gb), store the HDF5 file uncompressed "
-                "or with lzf and chunks of >= 1 MiB, use a larger batch, or move the file to faster storage."
+                render(f"  Input-bound: the compiled step waited for data. Hold the data on the device if it fits "
+                       f"({setting('data.placement', 'device')} or a larger {setting('data.memory_budget_gb')}), "
+                       "store the HDF5 file uncompressed or with lzf and chunks of >= 1 MiB, use a larger batch, "
+                       "or move the file to faster storage.")
             )
     if record.get("skipped_steps"):
-        lines.append(f"  Skipped Steps:  {record['skipped_steps']} (non-finite loss or gradient; --on-nan skip)")
+        lines.append(render(f"  Skipped Steps:  {record['skipped_steps']} (non-finite loss or gradient; "
+                            f"{setting('on_nan', 'skip')})"))
     if record.get("samples_dropped"):
         lines.append(
             f"  Samples Used:   {record['samples']:,} of {record['samples'] + record['samples_dropped']:,} "

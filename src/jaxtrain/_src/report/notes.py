@@ -6,8 +6,11 @@ import sys
 
 import jax
 
+from jaxtrain._src.errors import render
+
 
 def note(text: str) -> None:
-    """Prints `note: text` to stderr (process 0 of a job only)."""
+    """Prints `note: text` to stderr (process 0 of a job only), its settings rendered in the current
+    style (`errors.render`: Python, or flags under the command line)."""
     if jax.process_index() == 0:
-        print(f"note: {text}", file=sys.stderr, flush=True)
+        print(f"note: {render(text)}", file=sys.stderr, flush=True)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, argument
 from jaxtrain._src.report.run_dir import read_jsonl
 
 
@@ -75,8 +75,8 @@ def save_figure(fig: Any, path: Path, make_parent: bool = False) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     except OSError as e:
-        raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with --out FILE.png"
-                          ) from None
+        raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with "
+                          f"{argument('out', placeholder='FILE.png')}", path=path) from None
     finally:
         plt.close(fig)
     return path

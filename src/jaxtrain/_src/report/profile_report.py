@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from jaxtrain._src.errors import render, setting
+
 BOUND_SHARE = 0.25  # a part other than compute that takes this share of the loop bounds it
 OVERHEAD_TARGET = 0.02  # the per-call overhead a suggested K brings a call down to (as AutoSteps)
 COMPILE_NOTE_SHARE = 0.3  # compilation above this share of the run gets a note
@@ -42,7 +44,9 @@ def build_profile(m: dict[str, Any]) -> dict[str, Any]:
       `loop_shares` of the training loop (`LOOP_PARTS`), per-call and per-step times, `compiles`
       and `recompilations`, FLOP figures (`flops_per_step`, `achieved_flop_s`, `peak_flop_s`,
       `mfu`; None where unknown), `verdict` (one of `VERDICTS`), `reason`, `advice` (the two
-      `{"flag", "saves", "text"}` that save most, flag None where no option makes the change) and `notes`.
+      `{"flag", "saves", "text"}` that save most; `flag` is the setting to change, written for the caller
+      (`TrainConfig(batch_size=64)` from Python, the flag under the command line), None where no
+      option makes the change) and `notes`.
     """
     train_s, calls, steps = m["train_s"], m["calls"], m["steps"]
     wait = m["input_wait_s"]
@@ -120,18 +124,18 @@ def _advice(p: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
         needed = math.ceil(overhead / (OVERHEAD_TARGET * step)) if step > 0 else spe
         new_k = min(spe, max(2 * k, 1 << max(0, math.ceil(math.log2(max(needed, 1))))))
         share = overhead / (overhead + new_k * step)
-        out.append(_item("dispatch-bound", f"--steps-per-call {new_k}", s["dispatch"] * (1 - k / new_k),
+        out.append(_item("dispatch-bound", setting("steps_per_call", new_k), s["dispatch"] * (1 - k / new_k),
                          f"the {_ms(overhead)} overhead is paid once per call: {new_k} steps per call make it "
                          f"about {share:.0%} of a call (0 lets jaxtrain measure K)"))
     rate = f", and larger matmuls run nearer the device's rate (now {p['mfu']:.1%} of it)" if low_mfu else ""
-    out.append(_item("compute-bound", f"--batch-size {2 * B}",
+    out.append(_item("compute-bound", setting("batch_size", 2 * B),
                      (s["dispatch"] + s["host_sync"]) / 2 + (s["compute"] / 4 if low_mfu else 0.0),
                      f"twice the work per step for the same per-call costs{rate}; scale the learning rate with it "
                      "(`jaxtrain tune batch-size` measures both)"))
     if m["placement"] == "stream":
-        out.append(_item("input-bound", "--data.placement device", s["input"] + s["transfer"],
+        out.append(_item("input-bound", setting("data.placement", "device"), s["input"] + s["transfer"],
                          "hold the training set on the device: no reads or copies per batch (it must fit; raise "
-                         "--data.memory-budget-gb when auto placement streamed it)"))
+                         f"{setting('data.memory_budget_gb')} when auto placement streamed it)"))
         out.append(_item("input-bound", None, s["input"] / 2, "a faster source: HDF5 uncompressed or lzf with "
                          "chunks of >= 1 MiB, on a local disk (`jaxtrain data inspect FILE` shows the layout)"))
         out.append(_item("input-bound", None, s["transfer"] / 2, "fewer bytes per sample to copy: store inputs as "
@@ -139,14 +143,15 @@ def _advice(p: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
     for name, seconds in p["hooks_s"].items():
         share = seconds / p["train_s"] if p["train_s"] else 0.0
         if name == "MetricsHook":
-            out.append(_item("host-sync-bound", f"--log-every {10 * m['log_every']}", 0.9 * share,
+            out.append(_item("host-sync-bound", setting("log_every", 10 * m["log_every"]), 0.9 * share,
                              "metrics are fetched from the device every log_every steps; each fetch waits for it"))
         elif name not in ("ProfileHook", "ProgressHook"):
             out.append(_item("host-sync-bound", None, share, f"{name} works after every call: read device values "
                              "in `on_log` rows or every N calls, not after each call"))
     if m["platform"] != "cpu" and m["precision"] == "fp32":
-        out.append(_item("compute-bound", "--precision bf16", s["compute"] / 2, "bfloat16 matmuls run several "
-                         "times faster than float32 on GPUs and TPUs (the loss and the optimizer update stay float32)"))
+        out.append(_item("compute-bound", setting("precision", "bf16"), s["compute"] / 2, "bfloat16 matmuls run "
+                         "several times faster than float32 on GPUs and TPUs (the loss and the optimizer update stay "
+                         "float32)"))
     ranked = sorted((c for c in out if c["saves"] >= MIN_SAVING), key=lambda c: (c["fixes"] != p["verdict"],
                                                                                     -c["saves"]))
     ranked[1:] = sorted(ranked[1:], key=lambda c: -c["saves"])  # after the bound's best fix, the most saving
@@ -174,16 +179,16 @@ def _notes(p: dict[str, Any], m: dict[str, Any]) -> list[str]:
     short = sorted({c["k"] for c in p["recompilations"] if c["why"].startswith("last call of the epoch")})
     if short:
         near = [d for d in range(max(1, k // 2), 2 * k + 1) if spe % d == 0]  # K within a factor 2 of the run's
-        fix = f" (--steps-per-call {min(near, key=lambda d: abs(d - k))})" if near else ""
+        fix = f" ({render(setting('steps_per_call', min(near, key=lambda d: abs(d - k))))})" if near else ""
         notes.append(f"the epoch's last call (K={', '.join(map(str, short))}) needed a program of its own: a K that "
                      f"divides the {spe} steps of an epoch avoids it{fix}")
     return notes
 
 
 def _item(fixes: str, flag: str | None, saves: float, text: str) -> dict[str, Any]:
-    """A change: the bound it `fixes` (a verdict), its option (or None), the share of training time
-    it would save at most, and why."""
-    return {"flag": flag, "saves": saves, "text": text, "fixes": fixes}
+    """A change: the bound it `fixes` (a verdict), its option (a `setting` token, or None), the share
+    of training time it would save at most, and why; tokens rendered in the current style."""
+    return {"flag": render(flag) if flag else None, "saves": saves, "text": render(text), "fixes": fixes}
 
 
 def _ms(seconds: float) -> str:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, argument
 
 
 def _jsonable(value: Any) -> Any:
@@ -32,8 +32,8 @@ class RunDir:
             probe.write_text("")
             probe.unlink()
         except OSError as e:
-            message = f"cannot write to run directory {self.path}: {e.strerror}; choose another --run-dir"
-            raise ConfigError(message) from None
+            message = f"cannot write to run directory {self.path}: {e.strerror}; choose another {argument('run_dir')}"
+            raise ConfigError(message, run_dir=self.path) from None
         self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
@@ -56,7 +56,7 @@ class RunDir:
             self._metrics.flush()
         except OSError as e:
             raise ConfigError(f"cannot write {self.path / 'metrics.jsonl'}: {e.strerror}; free space or choose "
-                              "another --run-dir") from None
+                              f"another {argument('run_dir')}", run_dir=self.path) from None
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Writes summary.json and closes the metrics file; a full or read-only disk loses only them."""

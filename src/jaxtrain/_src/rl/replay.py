@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.data.arrays import Placement
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, setting
 from jaxtrain._src.rl.selfplay import Positions
 from jaxtrain._src.sharding import Layout
 
@@ -110,9 +110,10 @@ class ReplayFeed:
     def __init__(self, buffer: ReplayBuffer, config: TrainConfig, data_key: jax.Array, layout: Layout):
         if layout.num_devices > 1:
             raise ConfigError(f"a replay buffer trains on one device but the mesh has {layout.num_devices}; "
-                              "use --mesh data=1")
+                              f"use {setting('mesh', 'data=1')}", num_devices=layout.num_devices)
         if not config.steps_per_epoch:
-            raise ConfigError("training from a replay buffer needs --steps-per-epoch N (updates per iteration)")
+            raise ConfigError(f"training from a replay buffer needs {setting('steps_per_epoch', placeholder='N')} "
+                              "(updates per iteration)")
         self.placement = Placement("replay", f"replay ring of {buffer.capacity:,} positions")
         self.num_samples = buffer.capacity
         self.steps_per_epoch, self.dropped = config.steps_per_epoch, 0
