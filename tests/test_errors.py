@@ -75,9 +75,10 @@ def test_an_error_renders_for_python_and_for_the_command_line():
     again = pickle.loads(pickle.dumps(e.value))
     assert str(again) == str(e.value) and again.num_samples == 10
 
+    overwrite = argument("overwrite", True, python='resume="overwrite"')
     text = (f"{setting('data.placement', 'stream')} {setting('data.memory_budget_gb')} {setting('tensorboard', False)} "
             f"{setting('checkpoint.enabled', False)} {setting('steps_per_epoch', placeholder='N')} "
-            f"{argument('overwrite', True, python='resume=\"overwrite\"')} {argument('run_dir')} {argument('out', placeholder='FILE.png')}")
+            f"{overwrite} {argument('run_dir')} {argument('out', placeholder='FILE.png')}")
     assert render(text) == ('DataConfig(placement="stream") DataConfig.memory_budget_gb TrainConfig(tensorboard=False) '
                             "CheckpointConfig(enabled=False) TrainConfig(steps_per_epoch=N) resume=\"overwrite\" run_dir "
                             "out=FILE.png")

@@ -33,7 +33,7 @@ RESUMABLE = ("epochs", "quiet", "verbosity", "log_every", "eval_every", "eval_ba
              "checkpoint.keep_last", "checkpoint.keep_best", "early_stopping", "data.prefetch")
 
 
-# `fit`'s resume="overwrite"; the command line's --overwrite
+# `fit`'s resume="overwrite", which the command line spells as its overwrite flag
 _OVERWRITE = argument("overwrite", True, python='resume="overwrite"')
 
 class RunGuard:
