@@ -212,12 +212,13 @@ class CompiledCalls:
       chooser: the K chooser.
       layout: the mesh and shardings of the run (the state is split as `layout.state_shardings`).
       log: where the K chooser's decision is reported.
+      state_shardings: `layout.state_shardings(state)`, when the caller has it already.
     """
 
     def __init__(self, source: CallSource, train_step: Callable, state: TrainState, chooser: StepsPerCall,
-                 layout: Layout, log: Callable[[str], None] = lambda message: None):
+                 layout: Layout, log: Callable[[str], None] = lambda message: None, state_shardings: Any = None):
         self.source, self.train_step, self.chooser, self.layout, self.log = source, train_step, chooser, layout, log
-        self.state_shardings = layout.state_shardings(state)
+        self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self._state_shapes = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
                                           self.state_shardings)
         self._compiled: dict[int, Callable] = {}

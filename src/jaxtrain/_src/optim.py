@@ -38,7 +38,8 @@ def decay_mask(params: optax.Params) -> optax.Params:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+def build_optimizer(config: OptimConfig, total_steps: int, schedule: optax.Schedule | None = None
+                    ) -> optax.GradientTransformation:
     """An optax chain: [clip by global norm] → [L2 decay] → update rule with the schedule.
 
     Weight decay (L2 for sgd/adam, decoupled for adamw) skips parameters with ndim < 2 (`decay_mask`).
@@ -46,8 +47,9 @@ def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTran
     Args:
       config: optimizer settings.
       total_steps: optimizer steps in the whole run (the default cosine decay length).
+      schedule: `build_schedule(config, total_steps)` when the caller has it already.
     """
-    lr = build_schedule(config, total_steps)
+    lr = schedule if schedule is not None else build_schedule(config, total_steps)
     parts: list[optax.GradientTransformation] = []
     if config.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(config.clip_norm))
@@ -66,12 +68,13 @@ def build_optimizer(config: OptimConfig, total_steps: int) -> optax.GradientTran
 
 
 def build_train_optimizer(
-    config: TrainConfig, total_steps: int, optimizer: optax.GradientTransformation | None = None
+    config: TrainConfig, total_steps: int, optimizer: optax.GradientTransformation | None = None,
+    schedule: optax.Schedule | None = None,
 ) -> optax.GradientTransformation:
     """The optimizer of a training run: `optimizer` when given, else `build_optimizer(config.optim)`;
     with `on_nan="skip"` wrapped in `optax.apply_if_finite`, so a non-finite gradient leaves the
     state unchanged (and is counted); with fp16 precision wrapped in dynamic loss scaling."""
-    tx = optimizer if optimizer is not None else build_optimizer(config.optim, total_steps)
+    tx = optimizer if optimizer is not None else build_optimizer(config.optim, total_steps, schedule)
     if config.on_nan == "skip":
         tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
     return policy_of(config).wrap(tx)

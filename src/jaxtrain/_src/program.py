@@ -70,7 +70,8 @@ class Program:
         source = source if source is not None else self.feed
         per_epoch = getattr(source, "steps_per_epoch", None) or max(steps_per_call, 1)
         chooser = StepsPerCall(steps_per_call, per_epoch, auto, self.total_steps - _step_of(self.state))
-        return CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log)
+        return CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
+                             state_shardings=self.state_shardings)
 
     def compile_step(self, batch: Any, options: dict[str, Any] | None = None) -> Any:
         """One training step compiled ahead of time for `batch` (arrays or abstract shapes, split
@@ -135,8 +136,8 @@ def build_program(
         if feed is None:
             raise ValueError("build_program needs train_data or total_steps")
         total_steps = config.epochs * feed.steps_per_epoch
-    tx = build_train_optimizer(config, total_steps, optimizer)
     schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
+    tx = build_train_optimizer(config, total_steps, optimizer, schedule)
     if abstract:
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         state = jax.eval_shape(lambda p, r: init_state(nnx.merge(graphdef, p, r), tx, step_key)[1], params, rest)

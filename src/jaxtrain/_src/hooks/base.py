@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 from rich.console import Console
@@ -41,6 +41,11 @@ from rich.console import Console
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.state import TrainState
+
+if TYPE_CHECKING:  # the run's parts, for their types only (hooks do not build them)
+    from jaxtrain._src.calls import CompiledCalls
+    from jaxtrain._src.feeds import Feed
+    from jaxtrain._src.sharding import Layout
 
 
 class Hook:
@@ -130,7 +135,8 @@ class LambdaHook(Hook):
 
 @dataclasses.dataclass(eq=False)
 class Run:
-    """What hooks see of a run. The loop keeps `state`, `step` and `loop` current.
+    """The loop's run: what the library's own hooks (`RunHook`) see. The loop keeps `state`,
+    `step` and `loop` current; users' hooks see it through the read-only `RunView`.
 
     Attributes:
       name: the run's name (the recipe).
@@ -161,9 +167,9 @@ class Run:
     console: Console
     run_dir: Path | None
     device: jax.Device
-    layout: Any
-    feed: Any
-    calls: Any
+    layout: Layout
+    feed: Feed
+    calls: CompiledCalls
     state: TrainState
     step: int
     loop: LoopState
