@@ -246,12 +246,13 @@ def _doctor(args: Sequence[str]) -> int:
 
     from rich.console import Console
 
-    from jaxtrain.tools.diagnose.doctor import DoctorOptions, failed, run_checks
+    from jaxtrain.tools.diagnose.doctor import DoctorOptions, failed, record_matmul_rate, run_checks
     from jaxtrain.tools.report.doctor_report import checks_json, print_checks
 
     start = time.perf_counter()
     o = parse_config(DoctorOptions, DoctorOptions(), args, "jaxtrain doctor")
     checks = run_checks(o.expect_device, o.expect_devices, quick=o.quick)
+    record_matmul_rate(checks, o.quick)  # every run's profile reads it (`jaxtrain._src.machine`)
     seconds = time.perf_counter() - start
     if o.json:
         print(checks_json(checks, seconds))
