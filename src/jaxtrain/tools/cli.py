@@ -52,6 +52,7 @@ commands:
                            samples/s at each power of two up to it, and the learning rate for the fastest
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
+  bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
