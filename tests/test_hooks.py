@@ -160,6 +160,9 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     assert match and int(match.group(1)) == everything.summary["steps_per_call"]
     expected = (4 if "less than its compile" in log else 50) if float(match.group(2)) > 0 else 2
     assert everything.summary["steps_per_call"] == expected
+    # Data on the device: the timed calls of K_a=2 ran K_b=4's program, masked; no program of 2 was compiled.
+    compiled = [c["k"] for c in everything.summary["profile"]["compiles"] if c.get("what") == "train call"]
+    assert compiled[0] == 4 and (2 not in compiled or expected == 2), compiled
     lenient = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=silent(),
                   auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9))
     assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a

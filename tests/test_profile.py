@@ -139,7 +139,8 @@ def test_hooks_that_sync_every_call_are_host_sync_bound():
     assert p["mfu"] is None
 
 
-def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys):
+def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the tool records the machine's matmul rate
     trace = tmp_path / "trace"
     code = main(["profile", "mlp-regression", "--data.samples", "1100", "--data.val-samples", "100",
                  "--model.hidden", "32", "--batch-size", "20", "--steps-per-call", "10", "--seconds", "30",
@@ -150,9 +151,11 @@ def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys)
     assert "Verdict:  " in out and "Try:      1. " in out
     assert any(p.suffix == ".pb" for p in trace.rglob("*")), list(trace.rglob("*"))
     assert f"files under {trace}" in out
+    assert (tmp_path / "cache" / "jaxtrain" / "machine.json").is_file()  # later runs' profiles read it
 
 
-def test_profile_command_stops_at_its_time_budget(capsys):
+def test_profile_command_stops_at_its_time_budget(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert main(["profile", "mlp-regression", "--data.samples", "6100", "--data.val-samples", "100",
                  "--model.hidden", "16", "--batch-size", "10", "--steps-per-call", "1", "--seconds", "0.02"]) == 0
     out = capsys.readouterr().out

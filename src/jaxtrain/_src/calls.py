@@ -8,8 +8,9 @@ still need one per length).
 Compile time is measured exactly and kept out of epoch times; the train state is donated, so its
 buffers are reused rather than doubled. Calls are compiled with explicit in/out shardings from
 the run's `Layout`: the state stays where the layout puts it, metrics come back replicated.
-Programs not needed at once (the other length the K chooser times, the epoch permutation,
-evaluation) compile in a background thread while the main thread compiles or trains; only the
+Over device-resident data the K chooser's two timed lengths share one program (the longer, its
+extra steps skipped for the shorter calls). Programs not needed at once (the other length the K
+chooser times when batches are streamed, the epoch permutation, evaluation) compile in a background thread while the main thread compiles or trains; only the
 time the main thread waits for them counts as compile time.
 """
 
@@ -281,11 +282,13 @@ class CompiledCalls:
 
     def get(self, k: int) -> Callable:
         """The compiled call of k steps (compiled now if it is new): `call(state, *args, valid)`
-        runs the first `valid` of its k steps (see `masked_call`)."""
+        runs the first `valid` of its k steps (see `masked_call`); a longer program when one serves
+        (`program_length`)."""
+        k = self.program_length(k)
         if k not in self._compiled:
             self._compiled[k] = self._compile_call(k)
-            for other in self.chooser.planned():  # the K chooser's other timed length: in the background
-                if other not in self._compiled:
+            for other in {self.program_length(n) for n in self.chooser.planned()}:  # the K chooser's other
+                if other not in self._compiled:  # timed length, when it needs a program: in the background
                     self._compiled[other] = self._compile_call(other, background=True)
         if isinstance(self._compiled[k], Compiling):
             self._compiled[k] = self._compiled[k].result()
@@ -302,13 +305,32 @@ class CompiledCalls:
                             what="train call", k=k, why=self.chooser.why(k))
 
     def program_length(self, k: int) -> int:
-        """The program a call of k steps runs: K's for a shorter call (an epoch's last, or the
-        rest of the first epoch after the K chooser's timed calls) when the feed's arguments do not
-        depend on the call's length, so one program serves the run."""
+        """The program a call of k steps runs, when the feed's arguments do not depend on the
+        call's length (data held on the device), so that one program serves the run:
+
+        - while the K chooser measures, the longest timed length's (K_b): the timed calls of K_a run
+          it with their extra steps skipped, so measuring K compiles one program, not two;
+        - then K's for a shorter call (an epoch's last, or the rest of the first epoch after the
+          timed calls);
+        - a K shorter than the programs compiled (the chooser picked K_a) runs the shortest longer
+          one, masked, while its own compiles in the background."""
+        if self.chooser.measuring:
+            probe = max(self.chooser.planned(), default=k)
+            return probe if k < probe and self._same_args(k, probe) else k
         K = self.chooser.k
-        if k < K and not self.chooser.measuring and self._same_args(k, K):
-            return K
-        return k
+        length = K if k < K and self._same_args(k, K) else k
+        if not self._ready(length):
+            longer = [n for n in self._compiled if n > length and self._ready(n) and self._same_args(length, n)]
+            if longer:
+                if length not in self._compiled:
+                    self._compiled[length] = self._compile_call(length, background=True)
+                return min(longer)
+        return length
+
+    def _ready(self, k: int) -> bool:
+        """Whether the program of k steps is compiled (not absent, nor still compiling)."""
+        program = self._compiled.get(k)
+        return program is not None and not (isinstance(program, Compiling) and not program._future.done())
 
     def _same_args(self, k: int, K: int) -> bool:
         shapes = lambda n: [(x.shape, x.dtype) for x in jax.tree.leaves(self.source.abstract_args(n))]  # noqa: E731
