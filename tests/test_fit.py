@@ -153,7 +153,7 @@ def test_run_dir_files(tmp_path):
 
 
 def test_steps_per_call_choice_from_two_timed_lengths():
-    from jaxtrain._src.calls import StepsPerCall
+    from jaxtrain._src.calls import AutoSteps, StepsPerCall
 
     chooser = StepsPerCall(0, 1000)
     lengths = []
@@ -178,7 +178,7 @@ def test_steps_per_call_choice_from_two_timed_lengths():
 
     # A length beyond K_b compiles one more program: only when it saves more than a compile.
     for total, compile_s, expected in ((3000, 0.5, 128), (3000, 0.01, 500), (200_000, 0.5, 500)):
-        weighed = StepsPerCall(0, 5000, total_steps=total)
+        weighed = StepsPerCall(0, 5000, AutoSteps(short_run_calls=0), total_steps=total)
         while weighed.measuring:
             message = weighed.record(k := weighed.next_length(5000), 0.01 + k * 0.001, compile_s)
         # saving at 500 over 128: (total - 432 timed) x 10 ms x (1/128 - 1/500) = 0.15 s for 3000 steps
@@ -188,3 +188,7 @@ def test_steps_per_call_choice_from_two_timed_lengths():
     assert StepsPerCall(7, 1000).k == 7 and not StepsPerCall(7, 1000).measuring
     assert StepsPerCall(0, 300).k == 16 and not StepsPerCall(0, 300).measuring  # too short to measure
     assert StepsPerCall(0, 10).k == 10
+    # A run shorter than 32 calls of K_b is not measured: K_b (measuring could not repay a compile).
+    short = StepsPerCall(0, 512, total_steps=2560)
+    assert short.k == 128 and not short.measuring and "too short for measuring" in short.why(128)
+    assert StepsPerCall(0, 512, total_steps=32 * 128).measuring

@@ -150,7 +150,7 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     one = fit(small_mlp(), mse, data, None, _config(steps_per_call=1), quiet=True, console=silent())
     console = silent()
     everything = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=console,
-                     auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e-12))
+                     auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e-12, short_run_calls=0))
     # Any measured per-call overhead needs more than an epoch of steps to be 1e-12 of compute: K = the
     # epoch, unless that program saves less over the run than a compile costs (then K_b, as the
     # message says; the rule itself: test_fit). On a busy machine the fit of t(K) can put the overhead
@@ -164,7 +164,7 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     compiled = [c["k"] for c in everything.summary["profile"]["compiles"] if c.get("what") == "train call"]
     assert compiled[0] == 4 and (2 not in compiled or expected == 2), compiled
     lenient = fit(small_mlp(), mse, data, None, _config(steps_per_call=0), quiet=True, console=silent(),
-                  auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9))
+                  auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9, short_run_calls=0))
     assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a
     for result in (everything, lenient):
         assert leaves_close(result.state.params, one.state.params) <= 1e-6

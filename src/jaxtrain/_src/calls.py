@@ -53,18 +53,24 @@ class AutoSteps:
       probe_lengths: the two call lengths (K_a < K_b) timed at the start of the run.
       repeats: timed calls of each length; the fastest counts.
       overhead_target: the per-call overhead allowed, as a fraction of a call's compute.
+      short_run_calls: a run of fewer steps than this many calls of K_b is not measured: it runs
+        K_b. Measuring could only end in a longer program, whose saving over so few calls (their
+        fixed cost, milliseconds each) cannot repay its compile, or in K_a, no faster; and its timed
+        calls wait for every background compile (evaluation's) instead of training beside it.
+        0 measures every run.
     """
 
     probe_lengths: tuple[int, int] = (16, 128)
     repeats: int = 3
     overhead_target: float = 0.02
+    short_run_calls: int = 32
 
     def __post_init__(self) -> None:
         k_a, k_b = self.probe_lengths
         if not (isinstance(k_a, int) and isinstance(k_b, int) and 1 <= k_a < k_b):
             raise ConfigError(f"AutoSteps.probe_lengths={self.probe_lengths} must be two integers 1 <= K_a < K_b")
-        if self.repeats < 1 or not self.overhead_target > 0:
-            raise ConfigError("AutoSteps.repeats must be >= 1 and overhead_target > 0")
+        if self.repeats < 1 or not self.overhead_target > 0 or self.short_run_calls < 0:
+            raise ConfigError("AutoSteps.repeats must be >= 1, overhead_target > 0 and short_run_calls >= 0")
 
 
 class StepsPerCall:
@@ -73,7 +79,8 @@ class StepsPerCall:
     A K set by the user is used as is. Otherwise the first calls of the run (real training
     steps) are timed at two lengths, K_a and K_b: `t(K) = overhead + K * step` gives both
     costs, and K becomes the smallest length whose overhead is under `overhead_target` of its
-    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a. A
+    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a; runs
+    shorter than `short_run_calls` calls of K_b use K_b unmeasured. A
     length beyond K_b means compiling one more program: given the run's `total_steps`, it is chosen
     only when its saving over the steps left exceeds a compile's time (`record`'s `compile_s`).
     """
@@ -81,10 +88,12 @@ class StepsPerCall:
     def __init__(self, fixed: int, steps_per_epoch: int, auto: AutoSteps = AutoSteps(),
                  total_steps: int | None = None):
         k_a, k_b = (min(k, steps_per_epoch) for k in auto.probe_lengths)
-        self.k = min(fixed, steps_per_epoch) if fixed else k_a
         self.fixed = bool(fixed)
+        self.short = not fixed and total_steps is not None and total_steps < auto.short_run_calls * k_b
+        self.k = min(fixed, steps_per_epoch) if fixed else k_b if self.short else k_a
         self.fitted: tuple[float, float] | None = None  # (seconds per step, per call) once measured
-        can_measure = not fixed and k_a < k_b and auto.repeats * (k_a + k_b) <= steps_per_epoch
+        can_measure = (not fixed and not self.short and k_a < k_b
+                       and auto.repeats * (k_a + k_b) <= steps_per_epoch)
         self._plan = [k_a] * auto.repeats + [k_b] * auto.repeats if can_measure else []
         self._times: dict[int, list[float]] = {}
         self._steps_per_epoch = steps_per_epoch
@@ -139,6 +148,7 @@ class StepsPerCall:
             return "timing probe of the automatic K"
         if k == self.k:
             return "the run's K, " + ("set" if self.fixed else "measured" if self.fitted else
+                                      "automatic (a run too short for measuring K to pay)" if self.short else
                                       "automatic (epochs too short to measure it)")
         if k == self._remaining:
             return f"last call of the epoch: the {k} steps left after calls of K={self.k}"
@@ -155,13 +165,20 @@ def masked_call(source: "CallSource", train_step: Callable, k: int) -> Callable:
     def call(state: TrainState, *args: Any) -> tuple[TrainState, Metrics]:
         *args, valid = args
         limit = state.step + valid
+        traced: dict[str, Any] = {}  # the metrics' shapes, from tracing the training branch
+
+        def train(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
+            state, metrics = train_step(state, batch)
+            traced["metrics"] = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metrics)
+            return state, metrics
 
         def skip(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
-            metrics = jax.eval_shape(train_step, state, batch)[1]
+            # `cond` traces the training branch first: its shapes save tracing the whole step again
+            metrics = traced.get("metrics") or jax.eval_shape(train_step, state, batch)[1]
             return state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics)
 
         def step(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
-            return jax.lax.cond(state.step < limit, train_step, skip, state, batch)
+            return jax.lax.cond(state.step < limit, train, skip, state, batch)
 
         return source.make_call(step, k)(state, *args)
 

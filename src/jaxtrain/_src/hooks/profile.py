@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -79,8 +80,12 @@ class ProfileHook(Hook):
         self._calls = self._steps = 0
         self._open = self._tracing = False
         self._t0 = self._c0 = self._t_last = self._c_last = 0.0
+        self._counting: threading.Thread | None = None
 
     def on_start(self, run: Run) -> None:
+        # XLA's counting rule (a small compile) is found out beside the training, not after it
+        self._counting = threading.Thread(target=_loop_body_counted_once, name="jaxtrain-flop-rule", daemon=True)
+        self._counting.start()
         if self.trace_dir is not None:
             jax.profiler.start_trace(str(self.trace_dir))
             self._tracing = True
@@ -142,6 +147,8 @@ class ProfileHook(Hook):
         k = calls.k if any(c.get("k") == calls.k for c in calls.compiles) else max(
             c["k"] for c in calls.compiles if "k" in c)
         flops = calls.flops(k)
+        if self._counting is not None:
+            self._counting.join()
         if flops is not None and _loop_body_counted_once():
             flops *= k * config.grad_accum
         return {
