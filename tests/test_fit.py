@@ -1,5 +1,6 @@
 """`fit`: determinism, K-independence, evaluation, model state, NaN stop, run files."""
 
+import dataclasses
 import json
 
 import jax
@@ -192,3 +193,19 @@ def test_steps_per_call_choice_from_two_timed_lengths():
     short = StepsPerCall(0, 512, total_steps=2560)
     assert short.k == 128 and not short.measuring and "too short for measuring" in short.why(128)
     assert StepsPerCall(0, 512, total_steps=32 * 128).measuring
+    assert short.checking and short.check(128, 0.5) is None and short.k == 128 and not short.checking
+    slow = StepsPerCall(0, 512, total_steps=2560)
+    assert "K=16" in slow.check(128, 5.0) and slow.k == 16  # slow steps: K_a keeps progress responsive
+
+
+def test_a_short_run_with_slow_calls_runs_k_a_on_k_bs_program(monkeypatch):
+    from jaxtrain._src import calls
+
+    monkeypatch.setattr(calls, "SLOW_CALL_S", 0.0)  # every call counts as slow
+    data = regression_data(640)  # 40 steps per epoch of 16, 2 epochs: a short run, K_b = 40
+    config = TrainConfig(epochs=2, batch_size=16, steps_per_call=0)
+    auto = fit(small_mlp(), mse, data, None, config, verbosity="silent")
+    one = fit(small_mlp(), mse, data, None, dataclasses.replace(config, steps_per_call=1), verbosity="silent")
+    assert auto.summary["steps_per_call"] == 16
+    assert [c["k"] for c in auto.summary["profile"]["compiles"] if "k" in c] == [40]  # no second program
+    assert leaves_close(auto.state.params, one.state.params) <= 1e-6

@@ -73,6 +73,9 @@ class AutoSteps:
             raise ConfigError("AutoSteps.repeats must be >= 1, overhead_target > 0 and short_run_calls >= 0")
 
 
+SLOW_CALL_S = 1.0  # a short run's call of K_b slower than this switches it to K_a (see `StepsPerCall.check`)
+
+
 class StepsPerCall:
     """Chooses K, the optimizer steps fused into one compiled call.
 
@@ -80,7 +83,8 @@ class StepsPerCall:
     steps) are timed at two lengths, K_a and K_b: `t(K) = overhead + K * step` gives both
     costs, and K becomes the smallest length whose overhead is under `overhead_target` of its
     compute, never below K_a and never above an epoch. Epochs too short to measure use K_a; runs
-    shorter than `short_run_calls` calls of K_b use K_b unmeasured. A
+    shorter than `short_run_calls` calls of K_b use K_b unmeasured (K_a if their first call of K_b
+    takes over `SLOW_CALL_S`). A
     length beyond K_b means compiling one more program: given the run's `total_steps`, it is chosen
     only when its saving over the steps left exceeds a compile's time (`record`'s `compile_s`).
     """
@@ -100,6 +104,7 @@ class StepsPerCall:
         self._target = auto.overhead_target
         self._remaining = steps_per_epoch  # steps left in the epoch at the last `next_length`
         self._steps_left = total_steps  # steps of the run not yet timed (None: unknown)
+        self._k_a, self._checked = k_a, False
 
     @property
     def measuring(self) -> bool:
@@ -115,6 +120,22 @@ class StepsPerCall:
             self._plan = []
         self._remaining = remaining
         return self._plan[0] if self._plan else min(self.k, remaining)
+
+    @property
+    def checking(self) -> bool:
+        """Whether the next call of a short run's K_b is timed (once), in case its steps are slow."""
+        return self.short and self._k_a < self.k and not self._checked
+
+    def check(self, k: int, seconds: float) -> str | None:
+        """Takes the time of a short run's first full call of K_b: a call slower than
+        `SLOW_CALL_S` means steps so slow that K_a's overhead is negligible too, and K_a keeps
+        progress and stop signals responsive (its calls run K_b's program, masked: no compile)."""
+        self._checked = True
+        if k < self.k or seconds <= SLOW_CALL_S:
+            return None
+        self.k = self._k_a
+        return (f"K={self.k} steps per compiled call (a call of {k} steps took {seconds:.1f} s: steps this slow "
+                f"leave a call's overhead negligible at K={self.k})")
 
     def record(self, k: int, seconds: float, compile_s: float = 0.0) -> str | None:
         """Takes the time of a measured call; after the last one, picks K and describes why.
@@ -330,7 +351,7 @@ class CompiledCalls:
         - then K's for a shorter call (an epoch's last, or the rest of the first epoch after the
           timed calls);
         - a K shorter than the programs compiled (the chooser picked K_a) runs the shortest longer
-          one, masked, while its own compiles in the background."""
+          one, masked, while its own compiles in the background (in a short run, for good)."""
         if self.chooser.measuring:
             probe = max(self.chooser.planned(), default=k)
             return probe if k < probe and self._same_args(k, probe) else k
@@ -339,7 +360,7 @@ class CompiledCalls:
         if not self._ready(length):
             longer = [n for n in self._compiled if n > length and self._ready(n) and self._same_args(length, n)]
             if longer:
-                if length not in self._compiled:
+                if length not in self._compiled and not self.chooser.short:  # a short run: not worth a compile
                     self._compiled[length] = self._compile_call(length, background=True)
                 return min(longer)
         return length
@@ -363,6 +384,10 @@ class CompiledCalls:
         if length != k:  # the steps the call ran; the rest of the program's were skipped
             metrics = jax.tree.map(lambda m: m[:k], metrics)
         self.dispatch_s += time.perf_counter() - t0
+        if self.chooser.checking:  # a short run's first full call: are its steps slow?
+            self.wait(metrics)
+            if message := self.chooser.check(k, time.perf_counter() - t0):
+                self.log(message)
         if self.chooser.measuring:  # the first calls of the run are timed one by one
             self.wait(metrics)
             compile_s = max((c["seconds"] for c in self.compiles if c.get("what") == "train call"), default=0.0)
