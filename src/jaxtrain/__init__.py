@@ -17,6 +17,15 @@ from jaxtrain._src.loop import FitResult, TrainingStopped, fit
 from jaxtrain._src.optim import build_optimizer, build_schedule
 from jaxtrain._src.state import TrainState, init_state
 from jaxtrain._src.step import make_eval_step, make_evaluate, make_multi_step, make_train_step
-from jaxtrain.tools.runs import load
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`jaxtrain.load` (a finished run's files) comes from the tools, imported on first use: importing
+    jaxtrain to train does not load the tools (YAML, the recipe registry)."""
+    if name == "load":
+        from jaxtrain.tools.runs import load
+
+        return load
+    raise AttributeError(f"module 'jaxtrain' has no attribute {name!r}")
