@@ -81,10 +81,22 @@ class ProfileHook(Hook):
         self._open = self._tracing = False
         self._t0 = self._c0 = self._t_last = self._c_last = 0.0
         self._counting: threading.Thread | None = None
+        self._probe: Any = None  # the call-overhead probe, compiled beside the training
 
     def on_start(self, run: Run) -> None:
-        # XLA's counting rule (a small compile) is found out beside the training, not after it
-        self._counting = threading.Thread(target=_loop_body_counted_once, name="jaxtrain-flop-rule", daemon=True)
+        # XLA's counting rule and, when K will not be measured, the call-overhead probe (small
+        # compiles) are prepared beside the training, not after it
+        shapes = None if run.calls.chooser.measuring else _shapes(run.state)
+
+        def prepare() -> None:
+            _loop_body_counted_once()
+            if shapes is not None:
+                try:
+                    self._probe = _overhead_probe().lower(shapes).compile()
+                except Exception:  # noqa: BLE001 - the end of the run compiles it instead
+                    self._probe = None
+
+        self._counting = threading.Thread(target=prepare, name="jaxtrain-profile-prepare", daemon=True)
         self._counting.start()
         if self.trace_dir is not None:
             jax.profiler.start_trace(str(self.trace_dir))
@@ -138,17 +150,17 @@ class ProfileHook(Hook):
         for (name, event), seconds in run.hook_s.items():
             hook_s.setdefault(event, {})
             hook_s[event][name] = hook_s[event].get(name, 0.0) + seconds
+        if self._counting is not None:
+            self._counting.join()
         if calls.chooser.fitted:  # measured on the run's own calls: no probe needed
             dispatch_s = calls.dispatch_s / max(self._calls, 1)
             device_overhead_s = max(calls.chooser.fitted[1] - dispatch_s, 0.0)
         else:
-            dispatch_s, round_trip_s = _call_overhead(run.state)
+            dispatch_s, round_trip_s = _call_overhead(run.state, self._probe)
             device_overhead_s = round_trip_s - dispatch_s
         k = calls.k if any(c.get("k") == calls.k for c in calls.compiles) else max(
             c["k"] for c in calls.compiles if "k" in c)
         flops = calls.flops(k)
-        if self._counting is not None:
-            self._counting.join()
         if flops is not None and _loop_body_counted_once():
             flops *= k * config.grad_accum
         return {
@@ -173,11 +185,25 @@ class ProfileHook(Hook):
         }
 
 
-def _call_overhead(state: Any) -> tuple[float, float]:
+def _overhead_probe() -> Any:
+    """A trivial jitted function that takes every buffer of its argument."""
+    return jax.jit(lambda s: jnp.zeros((), jnp.float32), keep_unused=True)
+
+
+def _shapes(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _call_overhead(state: Any, compiled: Any = None) -> tuple[float, float]:
     """(seconds to hand over, seconds round trip) of a trivial jitted call that takes every buffer
-    of `state`: the fixed cost of a call, whatever it computes (medians)."""
-    probe = jax.jit(lambda s: jnp.zeros((), jnp.float32), keep_unused=True)
-    jax.block_until_ready(probe(state))
+    of `state`: the fixed cost of a call, whatever it computes (medians). `compiled`: the probe
+    compiled ahead for `state`'s shapes, if any."""
+    probe = compiled if compiled is not None else _overhead_probe()
+    try:
+        jax.block_until_ready(probe(state))
+    except (TypeError, ValueError):  # an ahead-of-time program that does not take these buffers
+        probe = _overhead_probe()
+        jax.block_until_ready(probe(state))
     handed, round_trip = [], []
     for _ in range(PROBE_REPEATS):
         t0 = time.perf_counter()
