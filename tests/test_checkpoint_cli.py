@@ -13,10 +13,9 @@ import jax
 import numpy as np
 import pytest
 from test_checkpoint import TRAIN, _assert_bit_equal, _mount_tmpfs, _unmount
-from jaxtrain.tools import runs
 
-import jaxtrain
 from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain.tools import runs
 from jaxtrain.tools.cli import main
 
 

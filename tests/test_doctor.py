@@ -117,3 +117,29 @@ def test_gpu_checks_judge_results_when_the_backend_says_gpu(monkeypatch):
     assert check.status == "ok" and check.data["max_abs_diff"] < doctor.ATTENTION_TOLERANCE
     monkeypatch.setattr(attention, "cudnn", lambda q, k, v: attention.xla(q, k, v) * 1.5)  # a wrong kernel
     assert doctor.check_cudnn_attention().status == "fail"
+
+
+def test_a_full_checklist_records_the_matmul_rate_for_every_runs_profile(tmp_path, monkeypatch):
+    from jaxtrain._src import machine
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    device = jax.local_devices()[0]
+    n = machine.standard_matmul_size(device)
+    checks = [doctor.Check("matmul f32", "ok", "", "", {"gflop_s": 50.0, "n": n})]
+    doctor.record_matmul_rate(checks, quick=True)  # a quick run's rough figure is not kept
+    assert machine.cached_matmul_rate(device) is None
+    doctor.record_matmul_rate(checks, quick=False)
+    assert machine.cached_matmul_rate(device) == 50e9
+    assert (tmp_path / "jaxtrain" / "machine.json").is_file()
+
+
+def test_the_library_never_imports_the_tools():
+    import pathlib
+    import re
+
+    import jaxtrain._src
+
+    root = pathlib.Path(jaxtrain._src.__file__).parent
+    imports = re.compile(r"^\s*(from|import)\s+jaxtrain\.tools", re.M)
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if imports.search(p.read_text())]
+    assert offenders == []

@@ -1,5 +1,6 @@
 """`fit`: determinism, K-independence, evaluation, model state, NaN stop, run files."""
 
+import dataclasses
 import json
 
 import jax
@@ -9,7 +10,7 @@ import pytest
 from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from flax import nnx
 
-from jaxtrain import NonFiniteLossError, OptimConfig, TrainConfig
+from jaxtrain import NonFiniteLossError, OptimConfig, TrainConfig, fit
 from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.step import epoch_permutation
@@ -156,7 +157,7 @@ def test_run_dir_files(tmp_path):
 
 
 def test_steps_per_call_choice_from_two_timed_lengths():
-    from jaxtrain._src.calls import StepsPerCall
+    from jaxtrain._src.calls import AutoSteps, StepsPerCall
 
     chooser = StepsPerCall(0, 1000)
     lengths = []
@@ -181,7 +182,7 @@ def test_steps_per_call_choice_from_two_timed_lengths():
 
     # A length beyond K_b compiles one more program: only when it saves more than a compile.
     for total, compile_s, expected in ((3000, 0.5, 128), (3000, 0.01, 500), (200_000, 0.5, 500)):
-        weighed = StepsPerCall(0, 5000, total_steps=total)
+        weighed = StepsPerCall(0, 5000, AutoSteps(short_run_calls=0), total_steps=total)
         while weighed.measuring:
             message = weighed.record(k := weighed.next_length(5000), 0.01 + k * 0.001, compile_s)
         # saving at 500 over 128: (total - 432 timed) x 10 ms x (1/128 - 1/500) = 0.15 s for 3000 steps
@@ -191,3 +192,23 @@ def test_steps_per_call_choice_from_two_timed_lengths():
     assert StepsPerCall(7, 1000).k == 7 and not StepsPerCall(7, 1000).measuring
     assert StepsPerCall(0, 300).k == 16 and not StepsPerCall(0, 300).measuring  # too short to measure
     assert StepsPerCall(0, 10).k == 10
+    # A run shorter than 32 calls of K_b is not measured: K_b (measuring could not repay a compile).
+    short = StepsPerCall(0, 512, total_steps=2560)
+    assert short.k == 128 and not short.measuring and "too short for measuring" in short.why(128)
+    assert StepsPerCall(0, 512, total_steps=32 * 128).measuring
+    assert short.checking and short.check(128, 0.5) is None and short.k == 128 and not short.checking
+    slow = StepsPerCall(0, 512, total_steps=2560)
+    assert "K=16" in slow.check(128, 5.0) and slow.k == 16  # slow steps: K_a keeps progress responsive
+
+
+def test_a_short_run_with_slow_calls_runs_k_a_on_k_bs_program(monkeypatch):
+    from jaxtrain._src import calls
+
+    monkeypatch.setattr(calls, "SLOW_CALL_S", 0.0)  # every call counts as slow
+    data = regression_data(640)  # 40 steps per epoch of 16, 2 epochs: a short run, K_b = 40
+    config = TrainConfig(epochs=2, batch_size=16, steps_per_call=0)
+    auto = fit(small_mlp(), mse, data, None, config, verbosity="silent")
+    one = fit(small_mlp(), mse, data, None, dataclasses.replace(config, steps_per_call=1), verbosity="silent")
+    assert auto.summary["steps_per_call"] == 16
+    assert [c["k"] for c in auto.summary["profile"]["compiles"] if "k" in c] == [40]  # no second program
+    assert leaves_close(auto.state.params, one.state.params) <= 1e-6

@@ -86,6 +86,7 @@ def test_custom_optax_chain_trains_and_logs_its_injected_learning_rate():
     assert all(r["lr"] == pytest.approx(0.05) for r in rows)
     # K does not change the result with your own optimizer either.
     again = run_fit(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx, verbosity="summary",
+
                     session=Session(console=silent()))
     assert leaves_close(again.state.params, result.state.params) <= 1e-6
 
@@ -156,7 +157,9 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
                   session=Session(console=silent()))
     console = silent()
     everything = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=0), verbosity="summary",
-                         session=Session(console=console, auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e-12)))
+                         session=Session(console=console, auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
+                                                                                overhead_target=1e-12,
+                                                                                short_run_calls=0)))
     # Any measured per-call overhead needs more than an epoch of steps to be 1e-12 of compute: K = the
     # epoch, unless that program saves less over the run than a compile costs (then K_b, as the
     # message says; the rule itself: test_fit). On a busy machine the fit of t(K) can put the overhead
@@ -166,8 +169,12 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     assert match and int(match.group(1)) == everything.summary["steps_per_call"]
     expected = (4 if "less than its compile" in log else 50) if float(match.group(2)) > 0 else 2
     assert everything.summary["steps_per_call"] == expected
+    # Data on the device: the timed calls of K_a=2 ran K_b=4's program, masked; no program of 2 was compiled.
+    compiled = [c["k"] for c in everything.summary["profile"]["compiles"] if c.get("what") == "train call"]
+    assert compiled[0] == 4 and (2 not in compiled or expected == 2), compiled
     lenient = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=0), verbosity="summary",
-                      session=Session(console=silent(), auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3, overhead_target=1e9)))
+                      session=Session(console=silent(), auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
+                                                                             overhead_target=1e9, short_run_calls=0)))
     assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a
     for result in (everything, lenient):
         assert leaves_close(result.state.params, one.state.params) <= 1e-6

@@ -69,7 +69,13 @@ def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
     assert "Try:      1. TrainConfig(steps_per_call=" in text
 
 
-def test_large_mlp_with_long_calls_is_compute_bound():
+def test_large_mlp_with_long_calls_is_compute_bound(tmp_path, monkeypatch):
+    import jax
+
+    from jaxtrain._src import machine
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the rate `jaxtrain doctor` would have recorded
+    machine.record_matmul_rate(jax.local_devices()[0], 1e11, 1024)
     rng = np.random.default_rng(0)
     data = {"x": rng.normal(size=(4096, 256)).astype(np.float32), "y": rng.normal(size=(4096, 64)).astype(np.float32)}
     model = MLP((256, 1024, 1024, 64), rngs=nnx.Rngs(0))
@@ -82,7 +88,19 @@ def test_large_mlp_with_long_calls_is_compute_bound():
     # XLA's FLOPs of a step: forward + backward of the three matmuls, about 6 * params * batch
     matmul_flops = 6 * 256 * (256 * 1024 + 1024 * 1024 + 1024 * 64)
     assert 0.9 * matmul_flops < p["flops_per_step"] < 1.3 * matmul_flops
-    assert 0 < p["mfu"] and p["peak_flop_s"] > 0
+    assert 0 < p["mfu"] and p["peak_flop_s"] == 1e11  # read from the cache, not measured inside fit
+
+
+def test_without_a_recorded_matmul_rate_the_profile_says_how_to_measure_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no machine.json
+    console = silent()
+    result = run_fit(small_mlp(), mse, regression_data(256), None,
+                     TrainConfig(epochs=1, batch_size=32, steps_per_call=4), session=Session(console=console))
+    p = result.summary["profile"]
+    assert p["peak_flop_s"] is None and p["mfu"] is None
+    if p["flops_per_step"]:
+        assert "matmul rate is unknown (run `jaxtrain doctor` to measure it)" in console.file.getvalue()
+    assert not (tmp_path / "jaxtrain").exists()  # fit wrote nothing there
 
 
 def test_an_epochs_last_call_runs_ks_program_or_is_reported_as_a_recompilation():
@@ -123,7 +141,8 @@ def test_hooks_that_sync_every_call_are_host_sync_bound():
     assert p["mfu"] is None
 
 
-def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys):
+def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the tool records the machine's matmul rate
     trace = tmp_path / "trace"
     code = main(["profile", "mlp-regression", "--data.samples", "1100", "--data.val-samples", "100",
                  "--model.hidden", "32", "--batch-size", "20", "--steps-per-call", "10", "--seconds", "30",
@@ -134,9 +153,11 @@ def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys)
     assert "Verdict:  " in out and "Try:      1. " in out
     assert any(p.suffix == ".pb" for p in trace.rglob("*")), list(trace.rglob("*"))
     assert f"files under {trace}" in out
+    assert (tmp_path / "cache" / "jaxtrain" / "machine.json").is_file()  # later runs' profiles read it
 
 
-def test_profile_command_stops_at_its_time_budget(capsys):
+def test_profile_command_stops_at_its_time_budget(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert main(["profile", "mlp-regression", "--data.samples", "6100", "--data.val-samples", "100",
                  "--model.hidden", "16", "--batch-size", "10", "--steps-per-call", "1", "--seconds", "0.02"]) == 0
     out = capsys.readouterr().out

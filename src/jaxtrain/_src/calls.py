@@ -8,8 +8,9 @@ still need one per length).
 Compile time is measured exactly and kept out of epoch times; the train state is donated, so its
 buffers are reused rather than doubled. Calls are compiled with explicit in/out shardings from
 the run's `Layout`: the state stays where the layout puts it, metrics come back replicated.
-Programs not needed at once (the other length the K chooser times, the epoch permutation,
-evaluation) compile in a background thread while the main thread compiles or trains; only the
+Over device-resident data the K chooser's two timed lengths share one program (the longer, its
+extra steps skipped for the shorter calls). Programs not needed at once (the other length the K
+chooser times when batches are streamed, the epoch permutation, evaluation) compile in a background thread while the main thread compiles or trains; only the
 time the main thread waits for them counts as compile time.
 """
 
@@ -53,18 +54,27 @@ class AutoSteps:
       probe_lengths: the two call lengths (K_a < K_b) timed at the start of the run.
       repeats: timed calls of each length; the fastest counts.
       overhead_target: the per-call overhead allowed, as a fraction of a call's compute.
+      short_run_calls: a run of fewer steps than this many calls of K_b is not measured: it runs
+        K_b. Measuring could only end in a longer program, whose saving over so few calls (their
+        fixed cost, milliseconds each) cannot repay its compile, or in K_a, no faster; and its timed
+        calls wait for every background compile (evaluation's) instead of training beside it.
+        0 measures every run.
     """
 
     probe_lengths: tuple[int, int] = (16, 128)
     repeats: int = 3
     overhead_target: float = 0.02
+    short_run_calls: int = 32
 
     def __post_init__(self) -> None:
         k_a, k_b = self.probe_lengths
         if not (isinstance(k_a, int) and isinstance(k_b, int) and 1 <= k_a < k_b):
             raise ConfigError(f"AutoSteps.probe_lengths={self.probe_lengths} must be two integers 1 <= K_a < K_b")
-        if self.repeats < 1 or not self.overhead_target > 0:
-            raise ConfigError("AutoSteps.repeats must be >= 1 and overhead_target > 0")
+        if self.repeats < 1 or not self.overhead_target > 0 or self.short_run_calls < 0:
+            raise ConfigError("AutoSteps.repeats must be >= 1, overhead_target > 0 and short_run_calls >= 0")
+
+
+SLOW_CALL_S = 1.0  # a short run's call of K_b slower than this switches it to K_a (see `StepsPerCall.check`)
 
 
 class StepsPerCall:
@@ -73,7 +83,9 @@ class StepsPerCall:
     A K set by the user is used as is. Otherwise the first calls of the run (real training
     steps) are timed at two lengths, K_a and K_b: `t(K) = overhead + K * step` gives both
     costs, and K becomes the smallest length whose overhead is under `overhead_target` of its
-    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a. A
+    compute, never below K_a and never above an epoch. Epochs too short to measure use K_a; runs
+    shorter than `short_run_calls` calls of K_b use K_b unmeasured (K_a if their first call of K_b
+    takes over `SLOW_CALL_S`). A
     length beyond K_b means compiling one more program: given the run's `total_steps`, it is chosen
     only when its saving over the steps left exceeds a compile's time (`record`'s `compile_s`).
     """
@@ -81,16 +93,19 @@ class StepsPerCall:
     def __init__(self, fixed: int, steps_per_epoch: int, auto: AutoSteps = AutoSteps(),
                  total_steps: int | None = None):
         k_a, k_b = (min(k, steps_per_epoch) for k in auto.probe_lengths)
-        self.k = min(fixed, steps_per_epoch) if fixed else k_a
         self.fixed = bool(fixed)
+        self.short = not fixed and total_steps is not None and total_steps < auto.short_run_calls * k_b
+        self.k = min(fixed, steps_per_epoch) if fixed else k_b if self.short else k_a
         self.fitted: tuple[float, float] | None = None  # (seconds per step, per call) once measured
-        can_measure = not fixed and k_a < k_b and auto.repeats * (k_a + k_b) <= steps_per_epoch
+        can_measure = (not fixed and not self.short and k_a < k_b
+                       and auto.repeats * (k_a + k_b) <= steps_per_epoch)
         self._plan = [k_a] * auto.repeats + [k_b] * auto.repeats if can_measure else []
         self._times: dict[int, list[float]] = {}
         self._steps_per_epoch = steps_per_epoch
         self._target = auto.overhead_target
         self._remaining = steps_per_epoch  # steps left in the epoch at the last `next_length`
         self._steps_left = total_steps  # steps of the run not yet timed (None: unknown)
+        self._k_a, self._checked = k_a, False
 
     @property
     def measuring(self) -> bool:
@@ -106,6 +121,22 @@ class StepsPerCall:
             self._plan = []
         self._remaining = remaining
         return self._plan[0] if self._plan else min(self.k, remaining)
+
+    @property
+    def checking(self) -> bool:
+        """Whether the next call of a short run's K_b is timed (once), in case its steps are slow."""
+        return self.short and self._k_a < self.k and not self._checked
+
+    def check(self, k: int, seconds: float) -> str | None:
+        """Takes the time of a short run's first full call of K_b: a call slower than
+        `SLOW_CALL_S` means steps so slow that K_a's overhead is negligible too, and K_a keeps
+        progress and stop signals responsive (its calls run K_b's program, masked: no compile)."""
+        self._checked = True
+        if k < self.k or seconds <= SLOW_CALL_S:
+            return None
+        self.k = self._k_a
+        return (f"K={self.k} steps per compiled call (a call of {k} steps took {seconds:.1f} s: steps this slow "
+                f"leave a call's overhead negligible at K={self.k})")
 
     def record(self, k: int, seconds: float, compile_s: float = 0.0) -> str | None:
         """Takes the time of a measured call; after the last one, picks K and describes why.
@@ -139,6 +170,7 @@ class StepsPerCall:
             return "timing probe of the automatic K"
         if k == self.k:
             return "the run's K, " + ("set" if self.fixed else "measured" if self.fitted else
+                                      "automatic (a run too short for measuring K to pay)" if self.short else
                                       "automatic (epochs too short to measure it)")
         if k == self._remaining:
             return f"last call of the epoch: the {k} steps left after calls of K={self.k}"
@@ -155,13 +187,20 @@ def masked_call(source: "CallSource", train_step: Callable, k: int) -> Callable:
     def call(state: TrainState, *args: Any) -> tuple[TrainState, Metrics]:
         *args, valid = args
         limit = state.step + valid
+        traced: dict[str, Any] = {}  # the metrics' shapes, from tracing the training branch
+
+        def train(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
+            state, metrics = train_step(state, batch)
+            traced["metrics"] = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metrics)
+            return state, metrics
 
         def skip(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
-            metrics = jax.eval_shape(train_step, state, batch)[1]
+            # `cond` traces the training branch first: its shapes save tracing the whole step again
+            metrics = traced.get("metrics") or jax.eval_shape(train_step, state, batch)[1]
             return state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), metrics)
 
         def step(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
-            return jax.lax.cond(state.step < limit, train_step, skip, state, batch)
+            return jax.lax.cond(state.step < limit, train, skip, state, batch)
 
         return source.make_call(step, k)(state, *args)
 
@@ -285,11 +324,13 @@ class CompiledCalls:
 
     def get(self, k: int) -> Callable:
         """The compiled call of k steps (compiled now if it is new): `call(state, *args, valid)`
-        runs the first `valid` of its k steps (see `masked_call`)."""
+        runs the first `valid` of its k steps (see `masked_call`); a longer program when one serves
+        (`program_length`)."""
+        k = self.program_length(k)
         if k not in self._compiled:
             self._compiled[k] = self._compile_call(k)
-            for other in self.chooser.planned():  # the K chooser's other timed length: in the background
-                if other not in self._compiled:
+            for other in {self.program_length(n) for n in self.chooser.planned()}:  # the K chooser's other
+                if other not in self._compiled:  # timed length, when it needs a program: in the background
                     self._compiled[other] = self._compile_call(other, background=True)
         if isinstance(self._compiled[k], Compiling):
             self._compiled[k] = self._compiled[k].result()
@@ -306,13 +347,32 @@ class CompiledCalls:
                             what="train call", k=k, why=self.chooser.why(k))
 
     def program_length(self, k: int) -> int:
-        """The program a call of k steps runs: K's for a shorter call (an epoch's last, or the
-        rest of the first epoch after the K chooser's timed calls) when the feed's arguments do not
-        depend on the call's length, so one program serves the run."""
+        """The program a call of k steps runs, when the feed's arguments do not depend on the
+        call's length (data held on the device), so that one program serves the run:
+
+        - while the K chooser measures, the longest timed length's (K_b): the timed calls of K_a run
+          it with their extra steps skipped, so measuring K compiles one program, not two;
+        - then K's for a shorter call (an epoch's last, or the rest of the first epoch after the
+          timed calls);
+        - a K shorter than the programs compiled (the chooser picked K_a) runs the shortest longer
+          one, masked, while its own compiles in the background (in a short run, for good)."""
+        if self.chooser.measuring:
+            probe = max(self.chooser.planned(), default=k)
+            return probe if k < probe and self._same_args(k, probe) else k
         K = self.chooser.k
-        if k < K and not self.chooser.measuring and self._same_args(k, K):
-            return K
-        return k
+        length = K if k < K and self._same_args(k, K) else k
+        if not self._ready(length):
+            longer = [n for n in self._compiled if n > length and self._ready(n) and self._same_args(length, n)]
+            if longer:
+                if length not in self._compiled and not self.chooser.short:  # a short run: not worth a compile
+                    self._compiled[length] = self._compile_call(length, background=True)
+                return min(longer)
+        return length
+
+    def _ready(self, k: int) -> bool:
+        """Whether the program of k steps is compiled (not absent, nor still compiling)."""
+        program = self._compiled.get(k)
+        return program is not None and not (isinstance(program, Compiling) and not program._future.done())
 
     def _same_args(self, k: int, K: int) -> bool:
         shapes = lambda n: [(x.shape, x.dtype) for x in jax.tree.leaves(self.source.abstract_args(n))]  # noqa: E731
@@ -328,6 +388,10 @@ class CompiledCalls:
         if length != k:  # the steps the call ran; the rest of the program's were skipped
             metrics = jax.tree.map(lambda m: m[:k], metrics)
         self.dispatch_s += time.perf_counter() - t0
+        if self.chooser.checking:  # a short run's first full call: are its steps slow?
+            self.wait(metrics)
+            if message := self.chooser.check(k, time.perf_counter() - t0):
+                self.log(message)
         if self.chooser.measuring:  # the first calls of the run are timed one by one
             self.wait(metrics)
             compile_s = max((c["seconds"] for c in self.compiles if c.get("what") == "train call"), default=0.0)

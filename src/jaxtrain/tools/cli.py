@@ -52,6 +52,7 @@ commands:
                            samples/s at each power of two up to it, and the learning rate for the fastest
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
+  bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
@@ -246,12 +247,13 @@ def _doctor(args: Sequence[str]) -> int:
 
     from rich.console import Console
 
-    from jaxtrain.tools.diagnose.doctor import DoctorOptions, failed, run_checks
+    from jaxtrain.tools.diagnose.doctor import DoctorOptions, failed, record_matmul_rate, run_checks
     from jaxtrain.tools.report.doctor_report import checks_json, print_checks
 
     start = time.perf_counter()
     o = parse_config(DoctorOptions, DoctorOptions(), args, "jaxtrain doctor")
     checks = run_checks(o.expect_device, o.expect_devices, quick=o.quick)
+    record_matmul_rate(checks, o.quick)  # every run's profile reads it (`jaxtrain._src.machine`)
     seconds = time.perf_counter() - start
     if o.json:
         print(checks_json(checks, seconds))

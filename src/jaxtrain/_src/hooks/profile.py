@@ -9,8 +9,12 @@ spent on one of:
 - compute: waiting for the device to finish a call (`CompiledCalls.wait`, and the stream feed's
   wait for the running call), less the device's fixed cost per call.
 - dispatch: the per-call overhead: handing calls to the device (`CompiledCalls.dispatch_s`), the
-  loop's own Python, and the device's fixed cost per call: the round trip of a trivial jitted call
-  that takes the run's state buffers (or the AutoSteps fit's overhead when K was measured).
+  loop's own Python, and the device's fixed cost per call: the AutoSteps fit's overhead when K was
+  measured (the run's own calls), else the round trip of a trivial jitted call that takes the run's
+  state buffers.
+
+FLOP/s are put against the device's float32 matmul rate that `jaxtrain doctor` or `jaxtrain profile`
+recorded for this machine (`_src.machine`), or the one passed in; fit never benchmarks the machine.
 - host sync: the hooks' work after each call (fetching metrics, logging, a hook reading values).
 
 The whole run adds compilation, the one-off copy of data held on the device, evaluation and the
@@ -27,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -36,6 +41,7 @@ import jax.numpy as jnp
 from jaxtrain._src.errors import JaxtrainError
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.hooks.progress import FINISHED
+from jaxtrain._src.machine import cached_matmul_rate
 from jaxtrain._src.report.blocks import device_description
 from jaxtrain._src.report.profile_report import build_profile
 
@@ -60,18 +66,38 @@ class ProfileHook(RunHook):
       budget_s: end training (with `ProfileBudgetReached`) once this many seconds were trained.
       trace_dir: record a `jax.profiler` trace of the training (from `on_start` to the end) there,
         for TensorBoard's profile plugin or Perfetto.
+      peak_flop_s: the device's float32 matmul rate (FLOP/s) to put the run's FLOP/s against; None
+        reads the rate `jaxtrain doctor` or `jaxtrain profile` recorded for this machine
+        (`jaxtrain._src.machine`), if any. The hook never benchmarks the machine itself.
     """
 
-    def __init__(self, budget_s: float | None = None, trace_dir: str | os.PathLike | None = None):
-        self.budget_s, self.trace_dir = budget_s, trace_dir
+    def __init__(self, budget_s: float | None = None, trace_dir: str | os.PathLike | None = None,
+                 peak_flop_s: float | None = None):
+        self.budget_s, self.trace_dir, self.peak_flop_s = budget_s, trace_dir, peak_flop_s
         self.profile: dict[str, Any] | None = None
         self.budget_reached = False
         self._train_s = self._epoch_compile_s = 0.0
         self._calls = self._steps = 0
         self._open = self._tracing = False
         self._t0 = self._c0 = self._t_last = self._c_last = 0.0
+        self._counting: threading.Thread | None = None
+        self._probe: Any = None  # the call-overhead probe, compiled beside the training
 
     def on_start(self, run: Run) -> None:
+        # XLA's counting rule and, when K will not be measured, the call-overhead probe (small
+        # compiles) are prepared beside the training, not after it
+        shapes = None if run.calls.chooser.measuring else _shapes(run.state)
+
+        def prepare() -> None:
+            _loop_body_counted_once()
+            if shapes is not None:
+                try:
+                    self._probe = _overhead_probe().lower(shapes).compile()
+                except Exception:  # noqa: BLE001 - the end of the run compiles it instead
+                    self._probe = None
+
+        self._counting = threading.Thread(target=prepare, name="jaxtrain-profile-prepare", daemon=True)
+        self._counting.start()
         if self.trace_dir is not None:
             jax.profiler.start_trace(str(self.trace_dir))
             self._tracing = True
@@ -124,10 +150,14 @@ class ProfileHook(RunHook):
         for (name, event), seconds in run.hook_s.items():
             hook_s.setdefault(event, {})
             hook_s[event][name] = hook_s[event].get(name, 0.0) + seconds
-        dispatch_s, round_trip_s = _call_overhead(run.state)
-        device_overhead_s = round_trip_s - dispatch_s
-        if calls.chooser.fitted:  # measured on the run's own calls
+        if self._counting is not None:
+            self._counting.join()
+        if calls.chooser.fitted:  # measured on the run's own calls: no probe needed
+            dispatch_s = calls.dispatch_s / max(self._calls, 1)
             device_overhead_s = max(calls.chooser.fitted[1] - dispatch_s, 0.0)
+        else:
+            dispatch_s, round_trip_s = _call_overhead(run.state, self._probe)
+            device_overhead_s = round_trip_s - dispatch_s
         k = calls.k if any(c.get("k") == calls.k for c in calls.compiles) else max(
             c["k"] for c in calls.compiles if "k" in c)
         flops = calls.flops(k)
@@ -150,16 +180,30 @@ class ProfileHook(RunHook):
             "epoch_hooks_s": sum(hook_s.get("on_epoch_start", {}).values())
             + sum(hook_s.get("on_epoch_end", {}).values()),
             "flops_per_step": None if flops is None else flops / k,
-            "peak_flop_s": _matmul_rate(run.device),
+            "peak_flop_s": self.peak_flop_s or cached_matmul_rate(run.device),
             "budget_reached": self.budget_reached,
         }
 
 
-def _call_overhead(state: Any) -> tuple[float, float]:
+def _overhead_probe() -> Any:
+    """A trivial jitted function that takes every buffer of its argument."""
+    return jax.jit(lambda s: jnp.zeros((), jnp.float32), keep_unused=True)
+
+
+def _shapes(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _call_overhead(state: Any, compiled: Any = None) -> tuple[float, float]:
     """(seconds to hand over, seconds round trip) of a trivial jitted call that takes every buffer
-    of `state`: the fixed cost of a call, whatever it computes (medians)."""
-    probe = jax.jit(lambda s: jnp.zeros((), jnp.float32), keep_unused=True)
-    jax.block_until_ready(probe(state))
+    of `state`: the fixed cost of a call, whatever it computes (medians). `compiled`: the probe
+    compiled ahead for `state`'s shapes, if any."""
+    probe = compiled if compiled is not None else _overhead_probe()
+    try:
+        jax.block_until_ready(probe(state))
+    except (TypeError, ValueError):  # an ahead-of-time program that does not take these buffers
+        probe = _overhead_probe()
+        jax.block_until_ready(probe(state))
     handed, round_trip = [], []
     for _ in range(PROBE_REPEATS):
         t0 = time.perf_counter()
@@ -183,16 +227,3 @@ def _loop_body_counted_once() -> bool:
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     flops = float((cost or {}).get("flops", 0.0))
     return flops < 0.5 * length * 2 * n**3
-
-
-@functools.cache
-def _matmul_rate(device: jax.Device) -> float | None:
-    """The device's float32 matmul rate in FLOP/s (`jaxtrain doctor`'s measurement: 1024^2 on a
-    CPU, 4096^2 on an accelerator, median of 5), measured once per process and device."""
-    from jaxtrain.tools.diagnose.doctor import _matmul_rate as rate  # a tool's measurement, imported when used
-
-    try:
-        with jax.default_device(device):
-            return rate(1024 if device.platform == "cpu" else 4096, jnp.float32, 5)[0]
-    except Exception:  # noqa: BLE001 - the profile goes on without a peak
-        return None

@@ -19,6 +19,7 @@ from jaxtrain._src.errors import render, setting
 BOUND_SHARE = 0.25  # a part other than compute that takes this share of the loop bounds it
 OVERHEAD_TARGET = 0.02  # the per-call overhead a suggested K brings a call down to (as AutoSteps)
 COMPILE_NOTE_SHARE = 0.3  # compilation above this share of the run gets a note
+MEASURE_HINT = "run `jaxtrain doctor` to measure it"  # where the matmul rate comes from (`_src.machine`)
 LOW_MFU = 0.3  # below this share of the matmul rate, a larger batch is worth trying
 FEW_CALLS = 10  # fewer calls than this: per-call figures are dominated by first runs
 MIN_SAVING = 0.05  # changes estimated to save less of the training loop are not suggested
@@ -225,7 +226,7 @@ def profile_lines(p: dict[str, Any]) -> list[str]:
         if p["compute_flop_s"]:
             rate += f" ({_rate(p['compute_flop_s'])} while computing)"
         peak = (f"; MFU {p['mfu']:.1%} of the {_rate(p['peak_flop_s'])} float32 matmul rate" if p["mfu"] is not None
-                else "")
+                else f"; the device's matmul rate is unknown ({MEASURE_HINT})" if not p["peak_flop_s"] else "")
         lines.append(f"  FLOPs:    {_rate(p['flops_per_step'])[:-2]} per step (XLA cost analysis); {rate}{peak}")
     lines.append(f"  Verdict:  {p['verdict']}: {p['reason']}")
     for i, a in enumerate(p["advice"]):

@@ -15,6 +15,7 @@ from jaxtrain.tools.bench import (
     scale,
     scan,
     selfplay,
+    shortrun,
     xla_flags,
 )
 
@@ -34,6 +35,7 @@ BENCHMARKS = {
     "scale": (scale.ScaleBenchConfig, scale.main),
     "scan": (scan.ScanBenchConfig, scan.main),
     "selfplay": (selfplay.SelfPlayBenchConfig, selfplay.main),
+    "shortrun": (shortrun.ShortRunBenchConfig, shortrun.main),
     "xla-flags": (xla_flags.XlaFlagsBenchConfig, xla_flags.main),
 }
 

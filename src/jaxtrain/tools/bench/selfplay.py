@@ -142,8 +142,8 @@ def _play_moves(game: Any, net: Callable, simulations: int, rng: np.random.Gener
 
 def _python_row(game: Any, net: Callable, simulations: int, games: int, moves: int | None) -> dict[str, Any]:
     """Times `games` Python games (or their first `moves` moves, extrapolated to a full board of E moves)."""
-    from jaxtrain.tools.bench import python_mcts
     from jaxtrain._src.rl.search import SearchConfig
+    from jaxtrain.tools.bench import python_mcts
 
     search = SearchConfig(simulations=simulations, policy="muzero")
     noise = {"dirichlet_alpha": search.dirichlet_alpha, "dirichlet_fraction": search.dirichlet_fraction}

@@ -30,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtrain._src import machine
 from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.machine import matmul_rate
 from jaxtrain._src.memory import format_bytes
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -295,20 +297,9 @@ def check_dispatch(calls: int = 500, repeats: int = 5) -> Check:
     return Check("dispatch", "ok", value, detail, data)
 
 
-def _matmul_rate(n: int, dtype: Any, repeats: int) -> tuple[float, jax.Array, np.ndarray, np.ndarray]:
-    """(FLOP/s, product, a, b) of an n x n @ n x n matmul in `dtype` (inputs rounded to it on the host)."""
-    rng = np.random.default_rng(0)
-    a = rng.normal(size=(n, n)).astype(np.float32)  # (N, N)
-    b = rng.normal(size=(n, n)).astype(np.float32)  # (N, N)
-    da, db = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
-    matmul = jax.jit(jnp.matmul)
-    seconds = _median_time(lambda: matmul(da, db).block_until_ready(), repeats)
-    return 2 * n**3 / seconds, matmul(da, db), np.asarray(da.astype(jnp.float32)), np.asarray(db.astype(jnp.float32))
-
-
 def check_matmul(n: int = 1024, repeats: int = 5) -> Check:
     """float32 n x n matmul rate at JAX's default precision (GFLOP/s, median)."""
-    rate, _, _, _ = _matmul_rate(n, jnp.float32, repeats)
+    rate, _, _, _ = matmul_rate(n, jnp.float32, repeats)
     precision = jax.config.jax_default_matmul_precision or "default"
     value = f"{rate / 1e9:,.1f} GFLOP/s ({n}x{n}, float32)"
     detail = f"matmul precision {precision}"
@@ -323,7 +314,7 @@ def check_bf16_matmul(n: int = 4096, repeats: int = 5) -> Check:
     if backend != "gpu":
         return Check("matmul bf16", "skip", f"n/a on {backend}", "checked on GPUs, where --precision bf16 runs on "
                      "tensor cores")
-    rate, product, a, b = _matmul_rate(n, jnp.bfloat16, repeats)
+    rate, product, a, b = matmul_rate(n, jnp.bfloat16, repeats)
     rows = min(n, 256)  # a float64 reference of the first rows: the whole product would take NumPy seconds
     reference = a[:rows].astype(np.float64) @ b.astype(np.float64)  # (rows, N)
     got = np.asarray(product[:rows].astype(jnp.float32), np.float64)
@@ -444,3 +435,13 @@ def run_checks(expect_device: str | None = None, expect_devices: int | None = No
 def failed(checks: list[Check]) -> bool:
     """Whether any check failed (the command's exit code is then 1)."""
     return any(c.status == "fail" for c in checks)
+
+
+def record_matmul_rate(checks: list[Check], quick: bool) -> None:
+    """Caches the float32 matmul rate of a full checklist (`jaxtrain._src.machine`), where the
+    end-of-run profile of every later run reads it; a quick run's rougher figure is not kept."""
+    found = {c.name: c for c in checks}.get("matmul f32")
+    device = jax.local_devices()[0]
+    if quick or found is None or found.status != "ok" or found.data.get("n") != machine.standard_matmul_size(device):
+        return
+    machine.record_matmul_rate(device, found.data["gflop_s"] * 1e9, found.data["n"])

@@ -3,7 +3,8 @@
 The recipe trains for one epoch of its real length (so the automatic K is measured as in a real
 run) and stops after `seconds` of training, whichever comes first, without validation,
 checkpoints or a run directory. `hooks.profile.ProfileHook` measures the run (every run carries the
-same profile in its final block); `report.profile_report` gives the verdict. With `trace_dir`, a
+same profile in its final block); `report.profile_report` gives the verdict. The device's
+float32 matmul rate is measured first and recorded for the profiles of later runs (`_src.machine`). With `trace_dir`, a
 `jax.profiler` trace of the training is written there for TensorBoard's profile plugin or Perfetto.
 """
 
@@ -42,7 +43,12 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
         config, epochs=1, tensorboard=False, checkpoint=dataclasses.replace(config.checkpoint, enabled=False),
         early_stopping=dataclasses.replace(config.early_stopping, patience=0))
     w = recipe.build(config)
-    hook = ProfileHook(budget_s=seconds, trace_dir=trace_dir)
+    import jax
+
+    from jaxtrain._src.machine import measure_matmul_rate
+
+    peak = measure_matmul_rate(jax.local_devices()[0])  # recorded too: later runs' profiles read it
+    hook = ProfileHook(budget_s=seconds, trace_dir=trace_dir, peak_flop_s=peak)
     try:
         run_fit(w.model, w.loss_fn, w.train, None, config, hooks=[hook, *w.hooks], preprocess=w.preprocess,
             augment=w.augment, verbosity="silent", session=Session(name=recipe.name))
