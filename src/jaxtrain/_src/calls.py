@@ -10,8 +10,9 @@ buffers are reused rather than doubled. Calls are compiled with explicit in/out 
 the run's `Layout`: the state stays where the layout puts it, metrics come back replicated.
 Over device-resident data the K chooser's two timed lengths share one program (the longer, its
 extra steps skipped for the shorter calls). Programs not needed at once (the other length the K
-chooser times when batches are streamed, the epoch permutation, evaluation) compile in a background thread while the main thread compiles or trains; only the
-time the main thread waits for them counts as compile time.
+chooser times when batches are streamed, the epoch permutation, evaluation) compile in a
+background thread while the main thread compiles or trains; only the time the main thread waits
+for them counts as compile time.
 """
 
 from __future__ import annotations

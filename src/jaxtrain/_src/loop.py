@@ -193,8 +193,8 @@ def fit(
       NonFiniteLossError: a training loss became NaN or Inf (with `on_nan="stop"`).
       TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
-    return run_fit(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks, preprocess=preprocess,
-                   augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
+    return run_fit(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks,
+                   preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
 
 
 def run_fit(
@@ -254,7 +254,8 @@ def run_fit(
             feed.setup(calls.compile)
             calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
             if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
-                raise TrainingStopped(signals.signum, run.step, "before training began; nothing was trained, so start it again")
+                raise TrainingStopped(signals.signum, run.step,
+                                      "before training began; nothing was trained, so start it again")
             run.each("on_start")
             for epoch in range(loop.epoch, config.epochs + 1):
                 loop.epoch = epoch

@@ -245,7 +245,8 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default") -> dict[str, Any]:
     if variant == "jaxtrain":
-        return run_child("jaxtrain.tools.bench.frameworks", {"workload": prepared.workload, "config": prepared.recipe_config})
+        return run_child("jaxtrain.tools.bench.frameworks",
+                         {"workload": prepared.workload, "config": prepared.recipe_config})
     return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant, "mode": compile_mode})
 
 

@@ -157,7 +157,8 @@ def _per_call_times(config: OverheadConfig, train) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-SCRIPT = Path(__file__).resolve().parents[4] / "examples" / "mlp_regression_script.py"  # src/jaxtrain/tools/bench -> the checkout
+# src/jaxtrain/tools/bench/ -> the checkout
+SCRIPT = Path(__file__).resolve().parents[4] / "examples" / "mlp_regression_script.py"
 PROCESS_TARGET = 0.95  # jaxtrain's whole process at >= 0.95x the hand-written script's speed
 QUICK_DATA = (2_000, 200)  # samples, validation samples of --quick's process runs
 
