@@ -80,7 +80,9 @@ def test_an_error_renders_for_python_and_for_the_command_line():
             f"{setting('checkpoint.enabled', False)} {setting('steps_per_epoch', placeholder='N')} "
             f"{overwrite} {argument('run_dir')} {argument('out', placeholder='FILE.png')}")
     assert render(text) == ('DataConfig(placement="stream") DataConfig.memory_budget_gb TrainConfig(tensorboard=False) '
-                            "CheckpointConfig(enabled=False) TrainConfig(steps_per_epoch=N) resume=\"overwrite\" run_dir "
+                            "CheckpointConfig(enabled=False) TrainConfig(steps_per_epoch=N) "
+                            'resume="overwrite" run_dir '
+
                             "out=FILE.png")
     assert render(text, "cli") == ("--data.placement stream --data.memory-budget-gb --no-tensorboard "
                                    "--checkpoint.no-enabled --steps-per-epoch N --overwrite --run-dir --out FILE.png")

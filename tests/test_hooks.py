@@ -85,9 +85,8 @@ def test_custom_optax_chain_trains_and_logs_its_injected_learning_rate():
     assert losses[-1] < 0.6 * losses[0]
     assert all(r["lr"] == pytest.approx(0.05) for r in rows)
     # K does not change the result with your own optimizer either.
-    again = run_fit(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx, verbosity="summary",
-
-                    session=Session(console=silent()))
+    again = run_fit(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx,
+                    verbosity="summary", session=Session(console=silent()))
     assert leaves_close(again.state.params, result.state.params) <= 1e-6
 
 
@@ -146,7 +145,8 @@ def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
 
 
 def test_tensorboard_without_a_directory_is_a_clear_error():
-    with pytest.raises(ConfigError, match=r"TensorBoard is added by the loop itself; set it with TrainConfig\(tensorboard=True\)"):
+    with pytest.raises(ConfigError, match=r"TensorBoard is added by the loop itself; set it with "
+                                          r"TrainConfig\(tensorboard=True\)"):
         run_fit(small_mlp(), mse, regression_data(64), None, _config(epochs=1), hooks=[TensorBoard()],
                 verbosity="summary", session=Session(console=silent()))
 

@@ -75,7 +75,8 @@ def test_fp16_recovers_from_an_overflow(tmp_path):
     data = regression_data(512)
     result = run_fit(small_mlp(), mse, data, None,
                      TrainConfig(epochs=2, batch_size=16, steps_per_call=4, log_every=4, precision="fp16",
-                             loss_scale_init=2.0**30, optim=OptimConfig(lr=1e-2)), verbosity="summary", run_dir=tmp_path / "run", session=Session(console=silent()))
+                                 loss_scale_init=2.0**30, optim=OptimConfig(lr=1e-2)), verbosity="summary",
+                     run_dir=tmp_path / "run", session=Session(console=silent()))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     last = train[-1]
@@ -144,7 +145,9 @@ def test_precision_and_accumulation_on_a_mesh():
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean(), {}
 
     gpt = GPTConfig(block_size=8, n_layer=2, n_head=2, n_embd=16)
-    runs = [run_fit(GPT(11, gpt, remat=remat, rngs=nnx.Rngs(0)), lm, tokens, None, TrainConfig(epochs=1, batch_size=8, steps_per_call=4, mesh="fsdp=2", grad_accum=2), verbosity="summary", session=Session(console=silent())) for remat in ("none", "blocks")]
+    config = TrainConfig(epochs=1, batch_size=8, steps_per_call=4, mesh="fsdp=2", grad_accum=2)
+    runs = [run_fit(GPT(11, gpt, remat=remat, rngs=nnx.Rngs(0)), lm, tokens, None, config, verbosity="summary",
+                    session=Session(console=silent())) for remat in ("none", "blocks")]
     assert _max_abs_diff(runs[0].state.params, runs[1].state.params) <= 1e-6
 
 
