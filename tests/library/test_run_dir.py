@@ -15,18 +15,18 @@ from pathlib import Path
 import jax
 import optax
 import pytest
+from _runs import log_rows
 from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from rich.console import Console
-from test_checkpoint import _log_rows
 
 import jaxtrain
 from jaxtrain import TrainConfig, fit
 from jaxtrain._src.checkpoint import Checkpointer
-from jaxtrain.tools.cli import main
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.loop import TrainingStopped
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import init_state
+from jaxtrain.tools.cli import main
 
 DATA = regression_data(160)
 CONFIG = TrainConfig(epochs=2, batch_size=16, steps_per_call=5, tensorboard=False)
@@ -109,7 +109,7 @@ def test_resume_with_no_checkpoint_starts_from_the_beginning_and_equals_an_unint
     assert "has no complete checkpoint to resume yet; starting the run from the beginning" in capsys.readouterr().err
     straight = _fit(tmp_path / "straight")
     assert leaves_close(resumed.state.params, straight.state.params) == 0.0
-    assert _log_rows(run_dir) == _log_rows(tmp_path / "straight")  # the old rows are gone, timings aside
+    assert log_rows(run_dir) == log_rows(tmp_path / "straight")  # the old rows are gone, timings aside
 
     # No directory at all (killed before it was made): the CLI's --resume starts the run.
     missing = tmp_path / "missing"

@@ -61,7 +61,7 @@ def test_hand_written_script_makes_the_recipes_data():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "mlp_regression_script.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "mlp_regression_script.py"
     spec = importlib.util.spec_from_file_location("mlp_regression_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

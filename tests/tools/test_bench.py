@@ -83,7 +83,7 @@ def test_checkpoint_benchmark_runs_in_quick_mode(tmp_path, capsys):
     out = tmp_path / "checkpoint.json"
     assert checkpoint.main(checkpoint.CheckpointBenchConfig(quick=True, out=str(out))) == 0
     results = json.loads(out.read_text())
-    assert results["trial"]["kills"] == 0  # quick mode leaves kill-and-resume to tests/test_bench_faults.py
+    assert results["trial"]["kills"] == 0  # quick mode leaves kill-and-resume to tests/e2e/test_bench_faults.py
     assert len(results["checkpoint_s"]) == len(results["no_checkpoint_s"]) == 1
     assert "checkpoint overhead:" in capsys.readouterr().out
 
