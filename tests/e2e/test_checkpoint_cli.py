@@ -37,6 +37,7 @@ def reference_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_with_a_resume_hint(tmp_path, reference_run):
     run_dir = tmp_path / "run"
     proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--checkpoint.every-steps", "0")
@@ -54,6 +55,7 @@ def test_sigterm_saves_and_exits_with_a_resume_hint(tmp_path, reference_run):
     assert_bit_equal(_final_params(run_dir), _final_params(reference_run))
 
 
+@pytest.mark.slow
 def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
     mount = tmp_path / "ro"
     if not mount_tmpfs(mount, "64m"):

@@ -67,6 +67,7 @@ def epoch_rows(run_dir: Path) -> list[dict]:
     return [r for r in rows if r["kind"] == "epoch"]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path):
     job, single = tmp_path / "job", tmp_path / "single"
     streamed, single_streamed = tmp_path / "streamed", tmp_path / "single-streamed"

@@ -123,6 +123,7 @@ def test_gpt_under_bf16_parameters_runs_its_matmuls_in_bf16_and_returns_float32_
     assert dots.count(jnp.bfloat16) == config.n_layer * 5  # qkv, p·v, proj, fc, mlp proj
 
 
+@pytest.mark.slow
 def test_attention_benchmark_runs_in_quick_mode(capsys):
     from jaxtrain.tools.bench import attention as bench
 

@@ -223,6 +223,7 @@ def test_cached_mnist_and_shakespeare_equal_the_uncached_ones(cache_dir, monkeyp
     assert sorted(p.name.split("-")[0] for p in cache_dir.iterdir()) == ["mnist", "tinyshakespeare"]
 
 
+@pytest.mark.slow
 @needs_data
 def test_bench_preprocess_runs_in_quick_mode(cache_dir, capsys):
     assert main(["bench", "preprocess", "--quick"]) == 0  # 1 when cached and uncached arrays differ

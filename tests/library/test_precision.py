@@ -121,6 +121,7 @@ def test_bad_precision_and_accumulation_are_one_line_errors():
         _fit(regression_data(100), batch_size=32, grad_accum=10)
 
 
+@pytest.mark.slow
 @pytest.mark.devices(2)
 def test_precision_and_accumulation_on_a_mesh():
     """On two devices (data parallel and FSDP) accumulation still equals one big batch (1e-6),
@@ -174,6 +175,7 @@ def test_fp16_loss_scale_is_checkpointed_and_resumed_exactly(tmp_path):
     assert _max_abs_diff(without_key(whole.state), without_key(resumed.state)) == 0.0
 
 
+@pytest.mark.slow
 def test_bench_precision_quick_prints_every_setting(capsys):
     from jaxtrain.tools.cli import main
 

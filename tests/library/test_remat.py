@@ -186,6 +186,7 @@ def test_remat_trains_like_none_in_the_engine():
     np.testing.assert_allclose(losses["blocks"], losses["none"], rtol=0, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_remat_benchmark_measures_a_tiny_workload():
     from jaxtrain.tools.bench import remat as bench
 

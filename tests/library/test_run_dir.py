@@ -151,6 +151,7 @@ def test_sigterm_during_start_up_stops_before_training_and_writes_the_status(tmp
     assert signal.getsignal(signal.SIGTERM) is not None  # fit put the previous handler back
 
 
+@pytest.mark.slow
 def test_sigterm_before_fit_ends_the_command_with_one_line(tmp_path):
     # SIGTERM while the recipe builds its data (before fit): one line, exit 143, nothing written.
     script = ("import os, signal, sys\n"

@@ -66,6 +66,7 @@ def test_bad_meshes_on_the_command_line_exit_2(capsys):
         assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.devices(4)
 def test_meshes_train_like_one_device_fsdp_splits_the_state_and_checkpoints_reshard(tmp_path, capsys):
     reference = train("mlp-regression", mlp_config("data=1"))
@@ -96,6 +97,7 @@ def test_meshes_train_like_one_device_fsdp_splits_the_state_and_checkpoints_resh
     assert "--batch-size 30 does not split over the mesh's 4 devices" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.devices(4)
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline Tiny Shakespeare file")
 def test_char_gpt_on_meshes_matches_one_device():
@@ -108,6 +110,7 @@ def test_char_gpt_on_meshes_matches_one_device():
         assert_close(train("char-gpt", dataclasses.replace(config, mesh=mesh)), reference)
 
 
+@pytest.mark.slow
 @pytest.mark.devices(4)
 def test_every_mesh_and_placement_visits_the_same_batches():
     """A fake step returns a fingerprint of each batch (its ids weighted by position), so equal

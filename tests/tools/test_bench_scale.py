@@ -62,6 +62,7 @@ def test_collective_stats_counts_each_execution_at_the_whole_arrays_bytes():
     assert unknown["bytes"] == stats["bytes"] and unknown["unknown_trip_counts"] == 1
 
 
+@pytest.mark.slow
 def test_scale_benchmark_quick_run(tmp_path, capsys):
     assert BENCHMARKS["scale"] == (scale.ScaleBenchConfig, scale.main)
     out = tmp_path / "scale.json"

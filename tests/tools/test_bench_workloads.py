@@ -80,6 +80,7 @@ def test_frameworks_config_rejects_unknown_names():
         FrameworksConfig(torch_compile_mode="fastest")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline MNIST and Shakespeare files")
 def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
     import math
@@ -140,6 +141,7 @@ def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
     assert "jaxtrain speedup" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_data_benchmark_quick(tmp_path, capsys):
     from jaxtrain.tools.bench.data import DataBenchConfig, main
 
@@ -162,6 +164,7 @@ def test_data_benchmark_quick(tmp_path, capsys):
     assert set(results["generate_rows_per_s"]) == {"small", "large"} and not list(tmp_path.glob("*.h5"))  # removed
 
 
+@pytest.mark.slow
 def test_scan_benchmark_quick(capsys):
     from jaxtrain.tools.bench.scan import ScanBenchConfig, main
 
