@@ -366,7 +366,7 @@ class _StepMemory:
                                       total_steps=1000, layout=layout, abstract=True)
         self.state_bytes = sum(_nbytes(x) for x in jax.tree.leaves(self._program.state))
         # XLA:CPU spends most of a compile in LLVM, after buffer assignment: without its optimisation
-        # the compiled memory is the same (tests/test_tune.py checks it) in about half the time.
+        # the compiled memory is the same (tests/tools/test_tune.py checks it) in about half the time.
         cpu = layout.mesh.devices.flat[0].platform == "cpu"
         self._options = {"xla_backend_optimization_level": 0} if cpu else None
 

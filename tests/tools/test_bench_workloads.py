@@ -1,6 +1,7 @@
-"""Benchmarks of workloads run in quick mode: frameworks (jaxtrain vs PyTorch), data, scan.
+"""Benchmarks of workloads run in quick mode: frameworks (jaxtrain vs PyTorch); data and scan are in
+tests/tools/test_bench_data_scan.py.
 
-(A file of its own so that `pytest -n 2 --dist loadfile` spreads the slow quick runs over both
+(Files of their own so that `pytest -n 2 --dist loadfile` spreads the slow quick runs over both
 workers.)"""
 
 import dataclasses
@@ -83,6 +84,7 @@ def test_frameworks_config_rejects_unknown_names():
         FrameworksConfig(torch_compile_mode="fastest")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline MNIST and Shakespeare files")
 def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
     import math
@@ -141,33 +143,3 @@ def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):
     eager_ms, ours_ms = (summary[("mnist-cnn", v)]["median_ms_per_step"] for v in ("torch-eager", "jaxtrain"))
     assert summary[("mnist-cnn", "jaxtrain")]["vs_torch_eager"] == pytest.approx(eager_ms / ours_ms, rel=1e-12)
     assert "jaxtrain speedup" in capsys.readouterr().out
-
-
-def test_data_benchmark_quick(tmp_path, capsys):
-    from jaxtrain.tools.bench.data import DataBenchConfig, main
-
-    assert main(DataBenchConfig(quick=True, dir=str(tmp_path))) == 0
-    from jaxtrain.tools.recipes import get_recipe
-
-    results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["runs"]) == {"device (small file in memory)", "stream (large file)", "stream (small file)"}
-    trained = results["config"]["steps"] * get_recipe("mlp-regression").config.batch_size  # samples per run
-    for runs in results["runs"].values():
-        assert runs[0]["samples_per_s"] * runs[0]["train_time_s"] == pytest.approx(trained, rel=1e-9)
-        assert 100 < runs[0]["peak_rss_mib"] < 16_384  # MiB of a process that imported JAX (a unit check)
-    assert results["runs"]["device (small file in memory)"][0]["input_wait_fraction"] is None  # nothing streamed
-    for name in ("stream (large file)", "stream (small file)"):  # waited for the first batch, and trained too
-        assert 0 < results["runs"][name][0]["input_wait_fraction"] < 1
-    median = {name: runs[0] for name, runs in results["runs"].items()}  # one repeat: the median is the run
-    assert results["summary"]["stream_vs_device"] == pytest.approx(
-        median["stream (large file)"]["samples_per_s"] / median["device (small file in memory)"]["samples_per_s"])
-    assert results["inspect"]["rows_sampled"] == results["config"]["rows"]  # the whole 40,000-row file
-    assert set(results["generate_rows_per_s"]) == {"small", "large"} and not list(tmp_path.glob("*.h5"))  # removed
-
-
-def test_scan_benchmark_quick(capsys):
-    from jaxtrain.tools.bench.scan import ScanBenchConfig, main
-
-    assert main(ScanBenchConfig(quick=True)) == 0
-    out = capsys.readouterr().out
-    assert "lax.conv" in out and "im2col" in out and "char-gpt" in out and out.count("x │") == 3

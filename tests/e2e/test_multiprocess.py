@@ -67,14 +67,17 @@ def epoch_rows(run_dir: Path) -> list[dict]:
     return [r for r in rows if r["kind"] == "epoch"]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path):
     job, single = tmp_path / "job", tmp_path / "single"
     streamed, single_streamed = tmp_path / "streamed", tmp_path / "single-streamed"
     stream = ["--data.placement", "stream"]  # each process reads only its slice of every batch
-    procs = [*start_job(job), start([*ARGS, "--run-dir", str(single)], 4, tmp_path / "single.log"),
-             *start_job(streamed, *stream),
+    # Three processes at a time, not six: on two cores the gloo jobs' all-reduces wait less for a core.
+    procs = [*start_job(job), start([*ARGS, "--run-dir", str(single)], 4, tmp_path / "single.log")]
+    assert wait(procs) == [0] * 3, (tmp_path / "job-0.log").read_text()[-3000:]
+    procs = [*start_job(streamed, *stream),
              start([*ARGS, *stream, "--run-dir", str(single_streamed)], 4, tmp_path / "single-streamed.log")]
-    assert wait(procs) == [0] * 6, (tmp_path / "job-0.log").read_text()[-3000:]
+    assert wait(procs) == [0] * 3, (tmp_path / "streamed-0.log").read_text()[-3000:]
 
     # One set of run files, written by process 0; process 1 prints no summary.
     assert "TRAINING COMPLETE" in (tmp_path / "job-0.log").read_text()

@@ -1,6 +1,6 @@
 """Checkpoints through the command line in separate processes: SIGTERM saves and resumes exactly,
 a disk that turns read-only mid-run. (A SIGKILL at each moment of a run, then resume: see
-tests/test_bench_faults.py and `jaxtrain bench faults`.)"""
+tests/e2e/test_bench_faults.py and `jaxtrain bench faults`.)"""
 
 import json
 import os
@@ -12,7 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from test_checkpoint import TRAIN, _assert_bit_equal, _mount_tmpfs, _unmount
+from _runs import TRAIN, assert_bit_equal, mount_tmpfs, unmount
 
 from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain.tools import runs
@@ -37,6 +37,7 @@ def reference_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_with_a_resume_hint(tmp_path, reference_run):
     run_dir = tmp_path / "run"
     proc = _cli(*TRAIN, "--run-dir", str(run_dir), "--checkpoint.every-steps", "0")
@@ -51,12 +52,13 @@ def test_sigterm_saves_and_exits_with_a_resume_hint(tmp_path, reference_run):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped by signal" and summary["latest_checkpoint_step"] == summary["steps"]
     assert main([*TRAIN, "--run-dir", str(run_dir), "--resume", str(run_dir)]) == 0  # in this process: no signal
-    _assert_bit_equal(_final_params(run_dir), _final_params(reference_run))
+    assert_bit_equal(_final_params(run_dir), _final_params(reference_run))
 
 
+@pytest.mark.slow
 def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
     mount = tmp_path / "ro"
-    if not _mount_tmpfs(mount, "64m"):
+    if not mount_tmpfs(mount, "64m"):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         run_dir = mount / "run"
@@ -80,4 +82,4 @@ def test_read_only_mid_run_fails_cleanly_in_the_cli(tmp_path):
         assert steps
         runs.load(run_dir, str(steps[-1]))  # the newest complete checkpoint still loads
     finally:
-        _unmount(mount)
+        unmount(mount)

@@ -15,6 +15,7 @@ from jaxtrain.tools.cli import USAGE
 from jaxtrain.tools.cli import main as cli_main
 
 
+@pytest.mark.slow
 def test_quick_run_prints_the_op_table_and_writes_results(tmp_path, capsys):
     out = tmp_path / "profile"
     assert cli_main(["bench", "profile", "--workload", "mlp-regression", "--quick", "--out", str(out)]) == 0

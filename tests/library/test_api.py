@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import jaxtrain
 
 PUBLIC = {
@@ -26,6 +28,7 @@ def test_fit_takes_at_most_twelve_parameters():
     assert len(inspect.signature(jaxtrain.fit).parameters) <= 12
 
 
+@pytest.mark.slow  # a fresh process
 def test_import_jaxtrain_loads_no_tool_and_no_heavy_optional_library():
     code = ("import sys, jaxtrain\n"
             "print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('jaxtrain.tools', 'torch', 'mctx', "

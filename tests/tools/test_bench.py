@@ -10,6 +10,7 @@ from jaxtrain.tools.bench import overhead
 from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 
 
+@pytest.mark.slow
 def test_overhead_benchmark_runs_in_quick_mode(tmp_path, capsys):
     out = tmp_path / "overhead.json"
     assert overhead.main(overhead.OverheadConfig(quick=True, out=str(out))) == 0
@@ -30,6 +31,7 @@ def test_overhead_benchmark_runs_in_quick_mode(tmp_path, capsys):
     assert all(f <= w for f, w in zip(results["process"]["jaxtrain_parts_s"]["fit"], walls["jaxtrain train"]))
 
 
+@pytest.mark.slow
 def test_ladder_quick_runs_and_validates(tmp_path, capsys):
     from jaxtrain.tools.bench import ladder, ladder_report
 
@@ -77,13 +79,14 @@ def test_ladder_validation_fails_on_a_prediction_mismatch(tmp_path):
     assert ladder_report.add_derived(results, config, 100.0, ladder.TOLERANCE, ladder.FLOP_PER_SAMPLE)
 
 
+@pytest.mark.slow
 def test_checkpoint_benchmark_runs_in_quick_mode(tmp_path, capsys):
     from jaxtrain.tools.bench import checkpoint
 
     out = tmp_path / "checkpoint.json"
     assert checkpoint.main(checkpoint.CheckpointBenchConfig(quick=True, out=str(out))) == 0
     results = json.loads(out.read_text())
-    assert results["trial"]["kills"] == 0  # quick mode leaves kill-and-resume to tests/test_bench_faults.py
+    assert results["trial"]["kills"] == 0  # quick mode leaves kill-and-resume to tests/e2e/test_bench_faults.py
     assert len(results["checkpoint_s"]) == len(results["no_checkpoint_s"]) == 1
     assert "checkpoint overhead:" in capsys.readouterr().out
 
@@ -108,6 +111,7 @@ child_main(work)
 """
 
 
+@pytest.mark.slow
 def test_run_child_returns_the_childs_result_or_one_error_line(tmp_path):
     from pathlib import Path
 

@@ -15,7 +15,7 @@ from jaxtrain.tools.cli import main
 from jaxtrain.tools.diagnose import RULES, Finding, scan_paths, scan_source
 from jaxtrain.tools.diagnose.scan import CHECKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "jaxtrain"
 CASE_STUDY = ROOT / "examples" / "case_study_loop.py"
 FIXED = ROOT / "examples" / "case_study_fixed.py"

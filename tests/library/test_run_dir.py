@@ -15,9 +15,9 @@ from pathlib import Path
 import jax
 import optax
 import pytest
+from _runs import log_rows
 from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from rich.console import Console
-from test_checkpoint import _log_rows
 
 import jaxtrain
 from jaxtrain import TrainConfig
@@ -112,7 +112,7 @@ def test_resume_with_no_checkpoint_starts_from_the_beginning_and_equals_an_unint
     assert "has no complete checkpoint to resume yet; starting the run from the beginning" in capsys.readouterr().err
     straight = _fit(tmp_path / "straight")
     assert leaves_close(resumed.state.params, straight.state.params) == 0.0
-    assert _log_rows(run_dir) == _log_rows(tmp_path / "straight")  # the old rows are gone, timings aside
+    assert log_rows(run_dir) == log_rows(tmp_path / "straight")  # the old rows are gone, timings aside
 
     # No directory at all (killed before it was made): the CLI's --resume starts the run.
     missing = tmp_path / "missing"
@@ -154,6 +154,7 @@ def test_sigterm_during_start_up_stops_before_training_and_writes_the_status(tmp
     assert signal.getsignal(signal.SIGTERM) is not None  # fit put the previous handler back
 
 
+@pytest.mark.slow
 def test_sigterm_before_fit_ends_the_command_with_one_line(tmp_path):
     # SIGTERM while the recipe builds its data (before fit): one line, exit 143, nothing written.
     script = ("import os, signal, sys\n"

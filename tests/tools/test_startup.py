@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from jaxtrain._src.data.synthetic import regression_rows
 from jaxtrain._src.hooks.tensorboard import _summary_writer_class
@@ -21,6 +22,7 @@ from jaxtrain import LambdaHook, TrainConfig, fit
 from jaxtrain._src.models import MLP
 from flax import nnx
 import numpy as np
+import pytest
 seen = {{}}
 rng = np.random.default_rng(0)
 data = {{"x": rng.normal(size=(256, 4)).astype(np.float32), "y": rng.normal(size=(256, 2)).astype(np.float32)}}
@@ -34,6 +36,7 @@ print(json.dumps({{"import": at_import, "start": seen["start"], "end": end}}))
 """
 
 
+@pytest.mark.slow
 def test_train_path_imports_heavy_libraries_only_when_used(tmp_path):
     # A fresh interpreter: pytest's own process may have loaded any of them for other tests.
     code = CHECK.format(lazy=LAZY, run_dir=str(tmp_path / "run"))
@@ -61,7 +64,7 @@ def test_hand_written_script_makes_the_recipes_data():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "mlp_regression_script.py"
+    path = Path(__file__).resolve().parents[2] / "examples" / "mlp_regression_script.py"
     spec = importlib.util.spec_from_file_location("mlp_regression_script", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

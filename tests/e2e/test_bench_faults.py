@@ -3,10 +3,12 @@
 import json
 
 import numpy as np
+import pytest
 
 from jaxtrain.tools.bench import faults
 
 
+@pytest.mark.slow
 def test_quick_faults_benchmark_resumes_an_async_save_kill_to_an_equal_run(tmp_path, capsys):
     out = tmp_path / "faults.json"
     config = faults.FaultsBenchConfig(quick=True, moments=("async-save",), out=str(out))

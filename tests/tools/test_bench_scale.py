@@ -2,7 +2,7 @@
 
 The quick run starts one child process with 4 virtual CPU devices (about 15 s on 2 cores); its
 figures are checked for what does not depend on the machine: which meshes ran, bytes per device,
-collectives present or absent, and agreement with one device (1e-5, as tests/test_sharding.py).
+collectives present or absent, and agreement with one device (1e-5, as tests/library/test_sharding.py).
 """
 
 import json
@@ -62,6 +62,7 @@ def test_collective_stats_counts_each_execution_at_the_whole_arrays_bytes():
     assert unknown["bytes"] == stats["bytes"] and unknown["unknown_trip_counts"] == 1
 
 
+@pytest.mark.slow
 def test_scale_benchmark_quick_run(tmp_path, capsys):
     assert BENCHMARKS["scale"] == (scale.ScaleBenchConfig, scale.main)
     out = tmp_path / "scale.json"

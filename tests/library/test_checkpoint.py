@@ -4,13 +4,12 @@ guard, storage faults, eval/load, and bad --resume input."""
 import dataclasses
 import json
 import shutil
-import subprocess
-from pathlib import Path
 
 import jax
 import numpy as np
 import optax
 import pytest
+from _runs import TRAIN, assert_bit_equal, log_rows, mount_tmpfs, unmount
 from conftest import mse, regression_data, silent, small_mlp
 
 import jaxtrain
@@ -21,22 +20,9 @@ from jaxtrain._src.state import init_state
 from jaxtrain._src.step import epoch_permutation
 from jaxtrain.tools import runs
 
-TIMINGS = ("elapsed_s", "train_time_s", "eval_time_s", "epoch_time_s", "input_wait_s", "input_wait_fraction")
-
-
-def _log_rows(run_dir) -> list[dict]:
-    """metrics.jsonl without its timings: what must equal between a resumed and an uninterrupted run."""
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]
-
 
 def _params(state) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
-
-
-def _assert_bit_equal(a, b):
-    for x, y in zip(a, b, strict=True):
-        np.testing.assert_array_equal(x, y)
 
 
 def _config(**overrides):
@@ -75,13 +61,13 @@ def test_resume_from_every_checkpoint_is_bit_exact(tmp_path):
         for later in (p for p in (run / "checkpoints").iterdir() if p.name.isdigit() and int(p.name) > step):
             shutil.rmtree(later)
         resumed = _run(run, resume=True)
-        _assert_bit_equal(_params(resumed.state), _params(reference.state))
+        assert_bit_equal(_params(resumed.state), _params(reference.state))
         assert resumed.summary["steps"] == 75
         assert [r["epoch"] for r in resumed.history] == [1, 2, 3]
         np.testing.assert_allclose([r["train_loss"] for r in resumed.history],
                                    [r["train_loss"] for r in reference.history], rtol=1e-6)
         assert resumed.history[-1]["val_loss"] == reference.history[-1]["val_loss"]
-        assert _log_rows(run) == _log_rows(tmp_path / "full")
+        assert log_rows(run) == log_rows(tmp_path / "full")
 
 
 def test_format_1_checkpoints_still_resume(tmp_path):
@@ -104,7 +90,7 @@ def test_format_1_checkpoints_still_resume(tmp_path):
     }
     meta_file.write_text(json.dumps(stored))
     resumed = _run(run, resume=True, log_every=1000)
-    _assert_bit_equal(_params(resumed.state), _params(reference.state))
+    assert_bit_equal(_params(resumed.state), _params(reference.state))
     np.testing.assert_allclose([r["train_loss"] for r in resumed.history],
                                [r["train_loss"] for r in reference.history], rtol=1e-6)
 
@@ -123,10 +109,6 @@ def test_keeps_the_last_k_and_the_best(tmp_path):
     highest.wait()
     assert highest.steps() == [2, 3] and highest.best_step() == 2
     highest.close()
-
-
-TRAIN = ["train", "mlp-regression", "--data.samples", "4500", "--data.val-samples", "500", "--epochs", "4",
-         "--steps-per-call", "5", "--checkpoint.every-steps", "10", "--quiet"]
 
 
 def test_nan_never_reaches_a_checkpoint(tmp_path):
@@ -164,20 +146,9 @@ def test_on_nan_skip_counts_and_skips_those_updates(tmp_path):
     assert np.isfinite(result.summary["final_train_loss"])
 
 
-def _mount_tmpfs(path: Path, size: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
-
-
-def _unmount(path: Path) -> None:
-    while subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
-        pass  # a bind mount stacked on the tmpfs comes off first
-
-
 def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path):
     mount = tmp_path / "small"
-    if not _mount_tmpfs(mount, "4m"):
+    if not mount_tmpfs(mount, "4m"):
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         # Checkpoints of 1.4 MB (115k parameters and two Adam moments) fill a 4 MB disk by the third save.
@@ -198,7 +169,7 @@ def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path)
         for step in ckpt.steps():  # every listed checkpoint is complete and readable
             ckpt.restore(template, step)
     finally:
-        _unmount(mount)
+        unmount(mount)
 
 
 def test_eval_and_load(tmp_path, capsys):
@@ -260,7 +231,7 @@ def test_load_a_python_fit_run_with_a_template(tmp_path):
     result = _run(tmp_path / "py", epochs=1)
     template = nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(123)))  # no weights allocated
     loaded = jaxtrain.load(tmp_path / "py", "latest", model=template)
-    _assert_bit_equal([np.asarray(x) for x in jax.tree.leaves(nnx.state(loaded, nnx.Param))],
+    assert_bit_equal([np.asarray(x) for x in jax.tree.leaves(nnx.state(loaded, nnx.Param))],
                       _params(result.state))
     x = regression_data(5, seed=9)["x"]
     np.testing.assert_allclose(loaded(x), result.model(x), rtol=1e-6)
@@ -289,7 +260,7 @@ def test_load_reads_no_data(tmp_path, monkeypatch):
 
     monkeypatch.setitem(RECIPES, "mlp-regression", dataclasses.replace(recipe, build=no_data))
     loaded = runs.load(tmp_path / "run", "latest")
-    _assert_bit_equal([np.asarray(x) for x in jax.tree.leaves(nnx_params(loaded))], _params(result.state))
+    assert_bit_equal([np.asarray(x) for x in jax.tree.leaves(nnx_params(loaded))], _params(result.state))
 
 
 def nnx_params(model):

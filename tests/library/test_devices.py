@@ -11,6 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
+@pytest.mark.slow
 @pytest.mark.devices(4)
 def test_marked_test_sees_four_devices():
     if os.environ.get(CHILD_ENV):  # re-run in a child: exactly the forced virtual CPU devices
@@ -20,6 +21,7 @@ def test_marked_test_sees_four_devices():
         assert jax.device_count() >= 4
 
 
+@pytest.mark.slow
 @pytest.mark.devices(4)
 def test_sum_over_an_array_sharded_across_four_devices():
     mesh = Mesh(np.array(jax.devices()[:4]), ("data",))

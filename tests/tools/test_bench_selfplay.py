@@ -12,6 +12,7 @@ from jaxtrain.tools.cli import USAGE
 from jaxtrain.tools.cli import main as cli_main
 
 
+@pytest.mark.slow
 def test_quick_run_prints_every_row_and_writes_json_and_png(tmp_path, capsys):
     out = tmp_path / "selfplay"
     assert main(SelfPlayBenchConfig(quick=True, out=str(out))) == 0

@@ -10,7 +10,6 @@ import pytest
 from jaxtrain._src.data import cache
 from jaxtrain._src.data.cache import cached
 from jaxtrain._src.data.datasets import load_mnist, load_tinyshakespeare
-from jaxtrain.tools.cli import main
 
 OFFLINE = os.environ.get("JAXTRAIN_DATA_DIR")
 needs_data = pytest.mark.skipif(not OFFLINE, reason="JAXTRAIN_DATA_DIR (the offline datasets) is not set")
@@ -221,15 +220,3 @@ def test_cached_mnist_and_shakespeare_equal_the_uncached_ones(cache_dir, monkeyp
         assert_equal({"train": train_ids, "val": val_ids}, {"train": reference[1][0], "val": reference[1][1]})
         assert tokenizer == reference[1][2]
     assert sorted(p.name.split("-")[0] for p in cache_dir.iterdir()) == ["mnist", "tinyshakespeare"]
-
-
-@needs_data
-def test_bench_preprocess_runs_in_quick_mode(cache_dir, capsys):
-    assert main(["bench", "preprocess", "--quick"]) == 0  # 1 when cached and uncached arrays differ
-    assert "warm" in capsys.readouterr().out
-    assert not cache_dir.exists()  # it works in temporary directories of its own
-
-
-def test_bench_preprocess_refuses_zero_repeats(capsys):
-    assert main(["bench", "preprocess", "--repeats", "0"]) == 2
-    assert "repeats=0 must be an integer >= 1" in capsys.readouterr().err

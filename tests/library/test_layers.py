@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = ROOT / "jaxtrain"
 BUILDERS = {"make_train_step", "init_state", "build_optimizer", "build_train_optimizer", "CompiledCalls",
             "make_multi_step", "make_scan_steps"}

@@ -121,11 +121,3 @@ def test_gpt_under_bf16_parameters_runs_its_matmuls_in_bf16_and_returns_float32_
     dots = _dot_dtypes(jax.make_jaxpr(forward)(state, idx).jaxpr)
     assert dots.count(jnp.float32) == config.n_layer + 1  # scores per layer, logits
     assert dots.count(jnp.bfloat16) == config.n_layer * 5  # qkv, p·v, proj, fc, mlp proj
-
-
-def test_attention_benchmark_runs_in_quick_mode(capsys):
-    from jaxtrain.tools.bench import attention as bench
-
-    assert bench.main(bench.AttentionBenchConfig(quick=True)) == 0
-    out = capsys.readouterr().out
-    assert "heads_major" in out and "xla" in out and "fastest" in out

@@ -230,6 +230,7 @@ PEAK_RSS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_host_memory_does_not_grow_with_the_number_of_rows(tmp_path):
     peaks = []
     for n in (200_000, 2_000_000):  # 12.8 MB and 128 MB of float32 rows; windows of 4 MiB

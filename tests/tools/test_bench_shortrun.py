@@ -2,12 +2,15 @@
 
 import json
 
+import pytest
+
 from jaxtrain.tools.bench import BENCHMARKS
 from jaxtrain.tools.bench.shortrun import ShortRunBenchConfig, main
 
 ACCURACY_TOLERANCE = 0.05  # same data, model and optimizer; only the dropout keys differ between the two
 
 
+@pytest.mark.slow  # two whole processes
 def test_quick_shortrun_runs_both_scripts_to_the_same_accuracy(tmp_path, capsys):
     assert "shortrun" in BENCHMARKS
     out = tmp_path / "shortrun.json"

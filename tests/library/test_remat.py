@@ -5,6 +5,7 @@ agree to within 1e-6 absolute (they are bit-identical in practice).
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -45,22 +46,38 @@ def _gpt(mode, **kw):
     return GPT(13, config, remat=mode, rngs=nnx.Rngs(0))
 
 
+def _gpt_batch():
+    return {"tokens": jax.random.randint(jax.random.key(1), (3, 17), 0, 13), "key": jax.random.key(2)}
+
+
+@functools.cache
+def _gpt_reference():
+    """remat="none"'s loss and gradients: compiled once for both modes."""
+    return _value_and_grad(_gpt("none"), _gpt_loss, _gpt_batch())
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_gpt_loss_and_gradients_equal_remat_none(mode):
-    batch = {"tokens": jax.random.randint(jax.random.key(1), (3, 17), 0, 13), "key": jax.random.key(2)}
-    _assert_same(_value_and_grad(_gpt(mode), _gpt_loss, batch), _value_and_grad(_gpt("none"), _gpt_loss, batch))
+    _assert_same(_value_and_grad(_gpt(mode), _gpt_loss, _gpt_batch()), _gpt_reference())
 
 
 def _image_loss(model, batch):
     return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
 
 
+def _image_batch():
+    kx, ky = jax.random.split(jax.random.key(0))
+    return {"x": jax.random.normal(kx, (4, 28, 28, 1)), "y": jax.random.randint(ky, (4,), 0, 10)}
+
+
+@functools.cache
+def _cnn_reference():
+    return _value_and_grad(CNN(rngs=nnx.Rngs(0)), _image_loss, _image_batch())
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_cnn_loss_and_gradients_equal_remat_none(mode):
-    kx, ky = jax.random.split(jax.random.key(0))
-    batch = {"x": jax.random.normal(kx, (4, 28, 28, 1)), "y": jax.random.randint(ky, (4,), 0, 10)}
-    want = _value_and_grad(CNN(rngs=nnx.Rngs(0)), _image_loss, batch)
-    _assert_same(_value_and_grad(CNN(remat=mode, rngs=nnx.Rngs(0)), _image_loss, batch), want)
+    _assert_same(_value_and_grad(CNN(remat=mode, rngs=nnx.Rngs(0)), _image_loss, _image_batch()), _cnn_reference())
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -184,15 +201,3 @@ def test_remat_trains_like_none_in_the_engine():
         _, metrics = jax.jit(lambda s, b: jax.lax.scan(step, s, b))(state, tokens)
         losses[mode] = np.asarray(metrics["loss"])
     np.testing.assert_allclose(losses["blocks"], losses["none"], rtol=0, atol=ATOL)
-
-
-def test_remat_benchmark_measures_a_tiny_workload():
-    from jaxtrain.tools.bench import remat as bench
-
-    workload = bench.Workload(
-        "tiny gpt", lambda m: _gpt(m, n_layer=1, dropout=0.0, block_size=8), bench._lm_loss,
-        {"tokens": jax.random.randint(jax.random.key(0), (2, 9), 0, 13)}, optax.adamw(1e-3),
-    )
-    rows = bench.measure(workload, repeats=1)
-    assert [r["variant"] for r in rows] == list(bench.VARIANTS)
-    assert all(r["max_grad_diff"] <= ATOL and r["temp_mib"] > 0 and r["ms"] > 0 for r in rows)

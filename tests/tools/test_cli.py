@@ -47,6 +47,7 @@ def test_default_run_dir_is_under_runs(tmp_path, monkeypatch, capsys):
     assert run.name.startswith("mlp-regression-") and (run / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_subprocess_has_no_traceback():
     """The one test through `python -m jaxtrain`: the entry point's exit code and stderr, whole."""
     command = [sys.executable, "-m", "jaxtrain", "train", "mlp-regression", "--optim.lr", "-0.5"]

@@ -15,6 +15,7 @@ from jaxtrain.tools.cli import USAGE
 from jaxtrain.tools.cli import main as cli_main
 
 
+@pytest.mark.slow
 def test_quick_run_passes_each_setting_its_own_flags(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")  # the user's: not given to the settings
     out = tmp_path / "xla"
@@ -48,6 +49,7 @@ def test_verdicts_need_every_repetition_beyond_the_baselines_spread():
     assert failed[1]["verdict"] == "failed" and failed[1]["error"] == "boom"
 
 
+@pytest.mark.slow
 def test_every_flag_named_exists_in_this_jaxlib():
     flags = " ".join(dict.fromkeys(f for v in xla_flags.SETTINGS.values() for f in v.split()))
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}

@@ -1,0 +1,40 @@
+"""Benchmarks of workloads run in quick mode: data (HDF5 streaming vs device-resident) and scan.
+
+(Apart from the frameworks benchmark in tests/tools/test_bench_workloads.py, so that
+`pytest -n 2 --dist loadfile` spreads the slow quick runs over both workers.)"""
+
+import json
+
+import pytest
+
+
+@pytest.mark.slow
+def test_data_benchmark_quick(tmp_path, capsys):
+    from jaxtrain.tools.bench.data import DataBenchConfig, main
+
+    assert main(DataBenchConfig(quick=True, dir=str(tmp_path))) == 0
+    from jaxtrain.tools.recipes import get_recipe
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["runs"]) == {"device (small file in memory)", "stream (large file)", "stream (small file)"}
+    trained = results["config"]["steps"] * get_recipe("mlp-regression").config.batch_size  # samples per run
+    for runs in results["runs"].values():
+        assert runs[0]["samples_per_s"] * runs[0]["train_time_s"] == pytest.approx(trained, rel=1e-9)
+        assert 100 < runs[0]["peak_rss_mib"] < 16_384  # MiB of a process that imported JAX (a unit check)
+    assert results["runs"]["device (small file in memory)"][0]["input_wait_fraction"] is None  # nothing streamed
+    for name in ("stream (large file)", "stream (small file)"):  # waited for the first batch, and trained too
+        assert 0 < results["runs"][name][0]["input_wait_fraction"] < 1
+    median = {name: runs[0] for name, runs in results["runs"].items()}  # one repeat: the median is the run
+    assert results["summary"]["stream_vs_device"] == pytest.approx(
+        median["stream (large file)"]["samples_per_s"] / median["device (small file in memory)"]["samples_per_s"])
+    assert results["inspect"]["rows_sampled"] == results["config"]["rows"]  # the whole 40,000-row file
+    assert set(results["generate_rows_per_s"]) == {"small", "large"} and not list(tmp_path.glob("*.h5"))  # removed
+
+
+@pytest.mark.slow
+def test_scan_benchmark_quick(capsys):
+    from jaxtrain.tools.bench.scan import ScanBenchConfig, main
+
+    assert main(ScanBenchConfig(quick=True)) == 0
+    out = capsys.readouterr().out
+    assert "lax.conv" in out and "im2col" in out and "char-gpt" in out and out.count("x │") == 3
