@@ -86,9 +86,9 @@ class StepsPerCall:
     costs, and K becomes the smallest length whose overhead is under `overhead_target` of its
     compute, never below K_a and never above an epoch. Epochs too short to measure use K_a; runs
     shorter than `short_run_calls` calls of K_b use K_b unmeasured (K_a if their first call of K_b
-    takes over `SLOW_CALL_S`). A
-    length beyond K_b means compiling one more program: given the run's `total_steps`, it is chosen
-    only when its saving over the steps left exceeds a compile's time (`record`'s `compile_s`).
+    takes over `SLOW_CALL_S`). A length beyond K_b means compiling one more program: given the
+    run's `total_steps`, it is chosen only when its saving over the steps left exceeds a compile's
+    time (`record`'s `compile_s`).
     """
 
     def __init__(self, fixed: int, steps_per_epoch: int, auto: AutoSteps = AutoSteps(),
