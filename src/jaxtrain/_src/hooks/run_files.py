@@ -4,6 +4,10 @@
 On resume, metrics.jsonl is cut back to the rows of steps up to the checkpoint: rows a killed run
 wrote after its last checkpoint are written again by the resumed run, so the log holds the rows of
 an uninterrupted run (timings aside) and the curves draw each step once.
+
+The loop places this hook before the checkpoints, so an epoch's row is on the disk (fsynced) before
+that epoch's checkpoint starts: a checkpoint never gets ahead of the log. Its summary is written
+last of all hooks' `on_end` (the loop's `_end`), once every hook has added to it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ class RunFilesHook(RunHook):
         self.writer.log(row)
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        self.writer.log({"kind": "epoch", **record, "elapsed_s": run.elapsed_s})
+        self.writer.log({"kind": "epoch", **record, "elapsed_s": run.elapsed_s}, sync=True)
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self.writer is None:  # stopped before on_start (a signal while compiling): write the status

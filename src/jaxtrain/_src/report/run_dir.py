@@ -1,4 +1,10 @@
-"""The run directory: config.json, metrics.jsonl and summary.json."""
+"""The run directory: config.json, metrics.jsonl and summary.json.
+
+Written the way a database writes its log: metrics rows are appended (flushed every row, fsynced at
+every epoch end), JSON files are replaced atomically, and no write follows a symbolic link (a run
+directory whose files are links is refused). A reader drops a torn or malformed line (a full disk,
+a power loss, a hand edit) with a note instead of failing.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from jaxtrain._src.errors import ConfigError, argument
+from jaxtrain._src.report.notes import note
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _jsonable(value: Any) -> Any:
@@ -21,8 +30,25 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def refuse_links(path: Path, names: Iterable[str]) -> None:
+    """Refuses a run directory where one of `names` is a symbolic link: a run's writes would land
+    in whatever file the link points at.
+
+    Raises:
+      ConfigError: naming the link and its target.
+    """
+    for name in names:
+        if (path / name).is_symlink():
+            raise ConfigError(f"{path / name} is a symbolic link (to {os.readlink(path / name)}); a run writes only "
+                              f"its own files: remove the link, or choose another {argument('run_dir')}",
+                              run_dir=path)
+
+
 class RunDir:
     """Writes a run's files. Every JSON file is replaced atomically; metrics are appended."""
+
+    FILES = ("config.json", "metrics.jsonl", "summary.json", ".config.json.tmp", ".summary.json.tmp",
+             ".metrics.jsonl.tmp")
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -32,37 +58,75 @@ class RunDir:
             probe.write_text("")
             probe.unlink()
         except OSError as e:
-            message = f"cannot write to run directory {self.path}: {e.strerror}; choose another {argument('run_dir')}"
-            raise ConfigError(message, run_dir=self.path) from None
-        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
+            raise self._error(e, "") from None
+        refuse_links(self.path, self.FILES)
+        self._metrics = self._open_metrics()
+
+    def _error(self, e: OSError, name: str) -> ConfigError:
+        where = self.path / name if name else self.path
+        return ConfigError(f"cannot write {where}: {e.strerror or e}; free space or choose another "
+                           f"{argument('run_dir')}", run_dir=self.path)
+
+    def _open_metrics(self) -> Any:
+        try:
+            fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError as e:
+            raise self._error(e, "metrics.jsonl") from None
+        return os.fdopen(fd, "a", encoding="utf-8")
+
+    def _write_new(self, tmp: Path, text: str) -> None:
+        """Writes `text` to a new file `tmp` (never an existing one, never through a link), synced."""
+        if tmp.exists() and not tmp.is_symlink():
+            tmp.unlink()  # left by a write that was killed
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
+        """Replaces `name` atomically: a new temporary file, synced, renamed over it.
+
+        Raises:
+          ConfigError: the file cannot be written (a full or read-only disk, a link in the way).
+        """
         tmp = self.path / f".{name}.tmp"
-        tmp.write_text(json.dumps(_jsonable(payload), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path / name)
+        try:
+            self._write_new(tmp, json.dumps(_jsonable(payload), indent=2) + "\n")
+            os.replace(tmp, self.path / name)
+        except OSError as e:
+            raise self._error(e, name) from None
 
     def keep_rows(self, keep: Callable[[dict[str, Any]], bool]) -> None:
         """Rewrites metrics.jsonl with only the rows `keep` accepts (atomically), then appends from there."""
         rows = [r for r in read_jsonl(self.path / "metrics.jsonl") if keep(r)]
         self._metrics.close()
-        tmp = self.path / ".metrics.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(_jsonable(r)) + "\n" for r in rows), encoding="utf-8")
-        os.replace(tmp, self.path / "metrics.jsonl")
-        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
+        try:
+            self._write_new(self.path / ".metrics.jsonl.tmp", "".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
+            os.replace(self.path / ".metrics.jsonl.tmp", self.path / "metrics.jsonl")
+        except OSError as e:
+            raise self._error(e, "metrics.jsonl") from None
+        self._metrics = self._open_metrics()
 
-    def log(self, record: dict[str, Any]) -> None:
+    def log(self, record: dict[str, Any], sync: bool = False) -> None:
+        """Appends one row; `sync` also waits until it is on the disk (epoch rows).
+
+        Raises:
+          ConfigError: the row cannot be written.
+        """
         try:
             self._metrics.write(json.dumps(_jsonable(record)) + "\n")
             self._metrics.flush()
+            if sync:
+                os.fsync(self._metrics.fileno())
         except OSError as e:
-            raise ConfigError(f"cannot write {self.path / 'metrics.jsonl'}: {e.strerror}; free space or choose "
-                              f"another {argument('run_dir')}", run_dir=self.path) from None
+            raise self._error(e, "metrics.jsonl") from None
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Writes summary.json and closes the metrics file; a full or read-only disk loses only them."""
         try:
             self.write_json("summary.json", summary)
-        except OSError:
+        except ConfigError:
             pass  # the error that stopped the run is what the user needs to see
         try:
             self._metrics.close()
@@ -70,7 +134,24 @@ class RunDir:
             pass
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path: str | os.PathLike, warn: Callable[[str], None] = note) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file; a line that is not a whole JSON object (a row torn by a
+    full disk or a crash, a hand edit) is dropped with a note to `warn`."""
+    rows, bad = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad.append(number)
+    if bad:
+        lines = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        warn(f"{path}: line{'s' if len(bad) > 1 else ''} {lines} {'are' if len(bad) > 1 else 'is'} not a whole JSON "
+             f"object (torn by a crash or a full disk, or edited); dropped")
+    return rows
