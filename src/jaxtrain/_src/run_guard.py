@@ -5,7 +5,10 @@ lives; the kernel drops the lock when the process ends however it ends, so a kil
 stale lock in the way of its resume. A directory that holds a run (its config.json) refuses a new
 run unless it is resumed or `overwrite` is asked for. A resume may change only the settings that
 leave the trained result alone (`RESUMABLE`, plus `epochs`); the others are refused by name.
-A resume of a run with no complete checkpoint yet (killed in its first seconds) starts it again.
+A resume of a run with no complete checkpoint yet (killed in its first seconds) starts it again,
+its earlier files moved aside to `RUN/previous-N/` (never deleted); a finished run with no
+checkpoint to continue from (checkpoints off, `checkpoints/` unreadable) is refused. A run
+directory whose files are symbolic links is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxtrain._src.errors import ConfigError, argument, resume_advice
+from jaxtrain._src.errors import ConfigError, argument, resume_advice, setting
 from jaxtrain._src.report.notes import note
+from jaxtrain._src.report.run_dir import refuse_links
 
 LOCK = ".lock"
 # What a run writes into its directory: all of it goes when a run overwrites it, nothing else does.
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.json", "curves.png", ".config.json.tmp",
              ".summary.json.tmp", ".metrics.jsonl.tmp")
 RUN_DIRS = ("checkpoints", "tensorboard")
+FINISHED = ("completed", "stopped early")  # summary.json's status of a run that a resume leaves as it is
 # Settings a resume may change: where and how it runs, what it prints and keeps; not what it computes.
 RESUMABLE = ("epochs", "quiet", "verbosity", "log_every", "eval_every", "eval_batch_size", "steps_per_call",
              "tensorboard", "on_nan", "mesh", "dist", "run_dir", "checkpoint.enabled", "checkpoint.every_steps",
@@ -41,8 +46,9 @@ class RunGuard:
 
     Use as a context manager around the run; `resume` is then what the run really does (False
     when a resume found no checkpoint to continue from), and `clear()` removes an earlier run's
-    files when the run starts from the beginning over one (after every check that could fail on
-    the user's input has passed, so a refused run loses nothing).
+    files when the run starts from the beginning over one, or moves them aside to `previous-N/`
+    when a resume found no checkpoint (after every check that could fail on the user's input has
+    passed, so a refused run loses nothing).
 
     Args:
       run_dir: the run directory (created if missing); None claims nothing.
@@ -69,6 +75,7 @@ class RunGuard:
         self.config, self.resume = config, resume
         self._overwrite, self._primary, self._note = overwrite, primary, note
         self._create, self._created, self._lock_file = create, False, None
+        self._aside = False  # clear() moves an unfinished run's files aside (a resume with nothing to resume)
 
     def __enter__(self) -> "RunGuard":
         if self.path is None:  # no run directory: nothing to claim
@@ -120,11 +127,11 @@ class RunGuard:
         return (self.path / "config.json").is_file()
 
     def _check(self) -> None:
+        if self._primary:
+            refuse_links(self.path, RUN_FILES + RUN_DIRS)
         if self.resume:
             if not has_checkpoint(self.path / "checkpoints"):
-                what = "no run" if not self.holds_run() else "no complete checkpoint"
-                self._note(f"{self.path} has {what} to resume yet; starting the run from the beginning")
-                self.resume, self._overwrite = False, True
+                self._start_again()
             else:
                 check_resumable(_read_json(self.path / "config.json"), self.config, self._note)
         elif self.holds_run() and not self._overwrite:
@@ -132,8 +139,58 @@ class RunGuard:
                               f"{resume_advice(self.path)}, choose another {argument('run_dir')}, or pass "
                               f"{_OVERWRITE} to start it again", run_dir=self.path)
 
+    def finished(self, step: int, more_epochs: bool) -> dict[str, Any] | None:
+        """The summary of the run a resume finds finished at the checkpoint `step`, else None:
+        summary.json says it completed at that step and the new `epochs` asks for no more
+        (`more_epochs` False), or it stopped early there and early stopping is set as it was.
+        Such a resume trains, compiles and rewrites nothing (one note says so)."""
+        try:
+            summary = json.loads((self.path / "summary.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(summary, dict) or summary.get("steps") != step:
+            return None
+        if summary.get("status") == "completed" and not more_epochs:
+            return summary  # the checkpoint's restore noted that there is nothing to train
+        saved = _flatten(_read_json(self.path / "config.json"))
+        new = _flatten(self.config)
+        same_stopping = all(saved.get(k) == v for k, v in new.items() if k.startswith("early_stopping."))
+        if summary.get("status") == "stopped early" and same_stopping:
+            self._note(f"the run stopped early at step {step} ({summary.get('stop_reason', 'a hook stopped it')}); "
+                       f"nothing to train (change {setting('early_stopping.patience')} to train further)")
+            return summary
+        return None
+
+    def _start_again(self) -> None:
+        """A resume with no checkpoint to continue from: a finished run is refused; an unfinished
+        one starts from the beginning with its files moved aside (a resume never deletes them)."""
+        if _finished_status(self.path):
+            raise ConfigError(f"{self.path} holds a finished run ({_describe(self.path)}) but no checkpoint to "
+                              f"resume from (checkpoints were off, or checkpoints/ is unreadable); it stays as it is: "
+                              f"start it again with {_OVERWRITE}, or choose another {argument('run_dir')}",
+                              run_dir=self.path)
+        self.resume = False
+        present = self.path.is_dir() and any((self.path / n).exists() for n in RUN_FILES + RUN_DIRS)
+        self._aside = self._primary and present
+        if not self._aside:
+            what = "no run" if not self.holds_run() else "no complete checkpoint"
+            self._note(f"{self.path} has {what} to resume yet; starting the run from the beginning")
+
+    def _move_aside(self) -> None:
+        """Moves the files of an unfinished run with nothing to resume to `RUN/previous-N/`."""
+        aside = next(p for p in (self.path / f"previous-{n}" for n in range(1, 10_000)) if not p.exists())
+        aside.mkdir()
+        for name in RUN_FILES + RUN_DIRS:
+            if (self.path / name).exists():
+                os.replace(self.path / name, aside / name)
+        self._note(f"{self.path} has no complete checkpoint to resume yet; starting the run from the beginning "
+                   f"(the earlier files are in {aside})")
+
     def clear(self) -> None:
-        """Removes the files of the run this one replaces (overwrite, or a resume with nothing to resume)."""
+        """Removes the files of the run this one replaces (overwrite), or moves them aside (a resume
+        with nothing to resume: a resume never deletes run files)."""
+        if self._aside:
+            self._move_aside()
         if self.path is None or not (self._overwrite and self._primary):
             return
         for name in RUN_FILES:
@@ -193,6 +250,15 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _finished_status(path: Path) -> str | None:
+    """summary.json's status when it says the run finished (completed, stopped early), else None."""
+    try:
+        status = json.loads((path / "summary.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if isinstance(status, str) and status.startswith(FINISHED) else None
 
 
 def _holder(text: str) -> str:
