@@ -236,6 +236,11 @@ def run_fit(
         if run_dir is not None and (config.checkpoint.enabled or resuming):
             checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name)
         loop = program.restore(checkpoints, config.epochs) if resuming else LoopState(feed=feed.get_state())
+        finished = guard.finished(int(program.state.step), loop.epoch <= config.epochs) if resuming else None
+        if finished is not None:  # a finished run stays finished: nothing trained, compiled or rewritten
+            feed.close()
+            nnx.update(model, program.state.params, program.state.model_state)
+            return FitResult(model, program.state, loop.history, finished, run_dir)
 
         progress = ProgressHook(console, bar=bar)
         calls = program.calls(config.steps_per_call or loop.steps_per_call, session.auto_steps, log=progress.message)
@@ -295,6 +300,9 @@ def run_fit(
         except JaxtrainError as e:
             status = _FAILURES.get(type(e), f"failed: {e}")
             raise
+        except Exception as e:  # a user's hook or loss that raised
+            status = f"failed: {type(e).__name__}: {e}"
+            raise
         finally:
             feed.close()
             nnx.update(model, run.state.params, run.state.model_state)
@@ -313,32 +321,38 @@ _FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped:
 
 
 def _end(run: Run, summary: dict[str, Any]) -> None:
-    """Hands the summary to every hook; once a run failed, errors of the hooks' clean-up are not
-    raised over the error that stopped it."""
+    """Hands the summary to every hook, the run files last (they write summary.json once every
+    hook has added to it). A hook's error at the end of a finished run (TensorBoard's files on a
+    full disk) fails it: the summary says "failed: ..." and the error is raised after every hook
+    ran; once a run failed, errors of the hooks' clean-up are not raised over the error that stopped it."""
     run.summary = summary
     run.calls.close()  # background compiles end (their seconds are in the profile)
-    for hook in run.hooks:
+    error = None
+    for hook in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook)):
         try:
             hook.on_end(run, summary)
-        except JaxtrainError:
-            if summary["status"] in ("completed", "stopped early"):
-                raise
+        except Exception as e:
+            if summary["status"] in ("completed", "stopped early") and error is None:
+                summary["status"], error = f"failed: {e}", e
+    if error is not None:
+        raise error
 
 
 def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
                progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState) -> list[Hook]:
     """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
-    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping,
-    checkpoints, run files in `run_dir` (None: this process writes none; `saved` is config.json),
-    TensorBoard, plots, progress; each restored from `loop` when it has saved state."""
+    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, run
+    files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
+    plots, TensorBoard, progress; each restored from `loop` when it has saved state."""
     ordered = [
         MetricsHook(config.log_every, config.on_nan),
         *([evaluation] if evaluation else []),
         *hooks,
         *([] if any(isinstance(h, ProfileHook) for h in hooks) else [ProfileHook()]),
         *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
+        *([RunFilesHook(run_dir, saved)] if run_dir else []),  # an epoch's row is written before its checkpoint
         *([checkpoints] if checkpoints else []),
-        *([RunFilesHook(run_dir, saved), PlotHook()] if run_dir else []),
+        *([PlotHook()] if run_dir else []),
         *([TensorBoard()] if run_dir and config.tensorboard else []),
         progress,
     ]

@@ -12,8 +12,10 @@ The loop announces events; hooks react (Keras callbacks, Lightning callbacks, CL
     on_end(run, summary)               training ended (`summary["status"]` says how); hooks may add keys
 
 Hooks run in list order for every event. `fit` orders its own around the user's: metrics and
-evaluation first (they fill the epoch record), then the user's hooks, then early stopping,
-checkpoints, run files, TensorBoard, plots and the progress display.
+evaluation first (they fill the epoch record), then the user's hooks, then early stopping, run
+files (an epoch's row is on the disk before its checkpoint starts), checkpoints, plots,
+TensorBoard and the progress display. `on_end` reaches the run files last, so summary.json holds
+what every hook added.
 
 A user's hook (a `Hook`) is handed a `RunView`: the step, epoch, train state, history, config and
 run directory, read-only, and `stop(reason)` to end training after the current epoch. The
