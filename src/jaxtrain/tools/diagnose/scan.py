@@ -680,9 +680,18 @@ def _check(rule: str) -> Callable[[CheckFn], CheckFn]:
 @_check("unjitted-grad")
 def _unjitted_grad(m: _Module) -> Iterator[Finding]:
     for node in ast.walk(m.tree):
-        if not (isinstance(node, ast.Call) and m.grad_application(node)) or m.in_context(node) == "traced":
+        if not (isinstance(node, ast.Call) and m.grad_application(node)):
             continue
         code, f = m.snippet(node), m.function(node)
+        if m.in_context(node) == "traced":  # jitted as `step = jax.jit(f)`, yet a loop may call `f` itself
+            if isinstance(f, ast.FunctionDef) and not any(map(m.is_jit, f.decorator_list)):
+                plain = [c for c in ast.walk(m.tree) if isinstance(c, ast.Call) and f in m.resolve_defs(c.func)
+                         and m.jitted_function(c) is None and m.in_context(c) != "traced"
+                         and any(isinstance(lp, LOOPS) for lp in m.loops_of(c))]
+                if plain:
+                    yield m.finding("unjitted-grad", node, f"`{code}`: `{f.name}` is jitted elsewhere but the loop at "
+                                    f"line {plain[0].lineno} calls it plain, so it runs eagerly", confidence="medium")
+            continue
         loops = [lp for lp in m.loops_of(node) if isinstance(lp, LOOPS)]
         if loops:  # even in a function passed on (`app.run(main)`): nobody jits a loop over batches
             yield m.finding("unjitted-grad", node, f"`{code}` computes a gradient eagerly every iteration of the "
