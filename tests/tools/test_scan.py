@@ -391,3 +391,113 @@ def test_the_fixed_script_runs(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["case_study_fixed.py", "--samples", "256", "--batch-size", "64"])
     runpy.run_path(str(FIXED), run_name="__main__")
     assert "final train loss" in capsys.readouterr().out
+
+
+# Shapes found in public training scripts (docs/scan_corpus.json); the snippets are written here, not copied.
+def _rules_at(source: str) -> dict[int, set[str]]:
+    found: dict[int, set[str]] = {}
+    for f in scan_source(textwrap.dedent(source)):
+        if f.severity in ("high", "medium"):
+            found.setdefault(f.line, set()).add(f.rule)
+    return found
+
+
+def test_a_step_jitted_in_one_place_and_called_plain_in_a_loop_is_found():
+    source = HEADER + """
+def sgd_step(w, xb, yb):
+    g = jax.grad(loss_fn)(w, xb, yb)
+    return w - 0.01 * g
+
+fast_step = jax.jit(sgd_step)
+
+def warmup(w, pairs):
+    for xb, yb in pairs:
+        w = sgd_step(w, xb, yb)
+    return w
+"""
+    line = source.splitlines().index("    g = jax.grad(loss_fn)(w, xb, yb)") + 1
+    assert "unjitted-grad" in _rules_at(source).get(line, set())
+
+
+def test_numpy_preprocessing_in_a_helper_the_loop_calls_is_found():
+    source = HEADER + """
+@jax.jit
+def update_step(w, xb, yb):
+    return w - 0.01 * jax.grad(loss_fn)(w, xb, yb)
+
+def standardise(raw):
+    return np.clip(raw, -3.0, 3.0)
+
+def prepare(raw):
+    return standardise(raw)
+
+def run(w, stream):
+    for raw, yb in stream:
+        w = update_step(w, prepare(raw), yb)
+    return w
+"""
+    line = source.splitlines().index("    return np.clip(raw, -3.0, 3.0)") + 1
+    assert "numpy-in-loop" in _rules_at(source).get(line, set())
+
+
+def test_jnp_array_of_each_batch_in_a_batch_generator_is_found():
+    source = HEADER + """
+@jax.jit
+def train_step(w, batch):
+    return w - 0.01 * jax.grad(loss_fn)(w, batch["x"], batch["y"])
+
+class Feeder:
+    def __init__(self, xs, ys):
+        self.xs, self.ys = xs, ys
+
+    def batches(self, n):
+        order = np.random.permutation(len(self.xs))
+        for start in range(0, len(self.xs), n):
+            rows = order[start:start + n]
+            yield {"x": jnp.array(self.xs[rows]), "y": jnp.array(self.ys[rows])}
+
+def run(w, feeder):
+    for batch in feeder.batches(64):
+        w = train_step(w, batch)
+    return w
+"""
+    lines = source.splitlines()
+    found = _rules_at(source)
+    yield_line = next(i for i, t in enumerate(lines, 1) if t.strip().startswith("yield {"))
+    perm_line = next(i for i, t in enumerate(lines, 1) if "np.random.permutation" in t)
+    assert "per-batch-transfer" in found.get(yield_line, set())
+    assert not found.get(perm_line)  # once per epoch, before the loop that yields
+
+
+def test_float_of_the_loss_every_step_is_a_host_sync():
+    source = HEADER + """
+def run(w, pairs):
+    history = []
+    for xb, yb in pairs:
+        value, g = jax.value_and_grad(loss_fn)(w, xb, yb)
+        w = w - 0.01 * g
+        history.append(float(value))
+    return w, history
+"""
+    line = source.splitlines().index("        history.append(float(value))") + 1
+    assert "host-sync" in _rules_at(source).get(line, set())
+
+
+def test_float_of_the_loss_once_per_epoch_after_a_scanned_epoch_is_not_medium():
+    source = HEADER + """
+@functools.partial(jax.jit, donate_argnums=0)
+def run_epoch(w, xs, ys):
+    def body(w, xy):
+        value, g = jax.value_and_grad(loss_fn)(w, *xy)
+        return w - 0.01 * g, value
+    w, values = jax.lax.scan(body, w, (xs, ys))
+    return w, values.mean()
+
+def train(w, xs, ys, epochs):
+    for epoch in range(epochs):
+        w, value = run_epoch(w, xs, ys)
+        print(f"epoch {epoch}: {float(value):.4f}")
+    return w
+"""
+    line = next(i for i, t in enumerate(source.splitlines(), 1) if "float(value)" in t)
+    assert not _rules_at(source).get(line)

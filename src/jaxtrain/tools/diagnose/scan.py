@@ -195,6 +195,7 @@ BATCH_SIZE_NAME = re.compile(r"^(b|bs|batch_size|batch|n_?rows|num_samples|n_sam
 PER_SAMPLE_CALLEE = re.compile(r"model|net|forward|apply|predict|mlp|loss|logits|score", re.IGNORECASE)
 STEP_NAME = re.compile(r"^(train|training|update|learn|learner|optim\w*|sgd|fit)_?step$|^train_(on_)?batch$",
                        re.IGNORECASE)  # a step defined elsewhere: `state = train_step(state, batch)`
+STATE_ARG = re.compile(r"^(params|state|opt_state|train_state|model_state)$")  # learner.update(params, opt_state, b)
 TRAINING_NAME = re.compile(r"train|update|learn|optim|sgd|grad|fit", re.IGNORECASE)
 SUPPRESS = re.compile(r"#\s*jaxtrain:\s*ignore(\[(?P<ids>[^\]]*)\])?")
 
@@ -440,7 +441,10 @@ class _Module:
         if defs and any(d in (self.step_defs if steps is None else steps) for d in defs):
             return "eager-step"
         name = self.qualname(call.func) or ""
-        if not defs and steps is None and self.uses_jax and STEP_NAME.search(name.rsplit(".", 1)[-1]):
+        last = name.rsplit(".", 1)[-1]
+        if not defs and steps is None and self.uses_jax and (STEP_NAME.search(last) or (
+                last == "update" and isinstance(call.func, ast.Attribute) and any(
+                    isinstance(a, ast.Name) and STATE_ARG.match(a.id) for a in call.args))):
             return "named"
         return ""
 
@@ -498,17 +502,47 @@ class _Module:
             body = [n for stmt in loop.body for n in _walk_local(stmt)]  # type: ignore[attr-defined]
             yield from ((n, loop, None) for n in body)
             frontier = [(n, 0) for n in body if isinstance(n, ast.Call)]
+            it = getattr(loop, "iter", None)  # `for batch in data.batches(n)`: its loop around `yield` runs per step
+            for d in self.callee_defs(it) if isinstance(it, ast.Call) else []:
+                if d in seen or isinstance(d, ast.Lambda) or self.context[d] == "traced":
+                    continue
+                seen.add(d)
+                inner = [n for lp in _walk_local_scope(d) if isinstance(lp, LOOPS) and any(
+                    isinstance(y, (ast.Yield, ast.YieldFrom)) for y in _walk_local(lp))
+                    for stmt in lp.body for n in _walk_local(stmt)]  # type: ignore[attr-defined]
+                yield from ((n, loop, it.lineno) for n in inner)  # type: ignore[union-attr]
+                frontier += [(n, 1) for n in inner if isinstance(n, ast.Call)]
             while frontier:
                 call, depth = frontier.pop()
                 if depth >= 2 or self.periodic(call, loop):
                     continue
-                for d in self.resolve_defs(call.func):  # type: ignore[attr-defined]
+                for d in self.callee_defs(call):  # type: ignore[arg-type]
                     if d in seen or isinstance(d, ast.Lambda) or self.context[d] == "traced":
                         continue
                     seen.add(d)
-                    inner = [n for stmt in d.body for n in _walk_local(stmt)]
+                    inner = [n for stmt in d.body for n in _walk_runs(stmt)]  # type: ignore[union-attr]
                     yield from ((n, loop, call.lineno) for n in inner)  # type: ignore[attr-defined]
                     frontier += [(n, depth + 1) for n in inner if isinstance(n, ast.Call)]
+
+    def callee_defs(self, call: ast.Call) -> list[FunctionNode]:
+        """The functions a call runs: `f(...)` through scopes, `obj.method(...)` when exactly one def of this
+        file has that name (a method of a class defined here)."""
+        if isinstance(call.func, ast.Attribute):
+            defs = [f for f in self.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and f.name == call.func.attr and isinstance(self.parent.get(f), ast.ClassDef)]
+            return defs if len(defs) == 1 else []
+        return self.resolve_defs(call.func)
+
+    def computes_with_jax(self, f: FunctionNode, depth: int = 0) -> bool:
+        """A local function whose body calls jax (directly or through local functions, 2 levels)."""
+        for n in ast.walk(f):
+            if isinstance(n, ast.Call):
+                if (self.qualname(n.func) or "").split(".")[0] in ("jax", "flax", "optax", "equinox"):
+                    return True
+                if depth < 2 and any(self.computes_with_jax(d, depth + 1) for d in self.resolve_defs(n.func)
+                                     if d is not f):
+                    return True
+        return False
 
     def device_names(self, scope: ast.AST) -> set[str]:
         """Names in `scope` bound to results of steps, gradients or jax calls (values on the device)."""
@@ -519,8 +553,10 @@ class _Module:
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
                 call = node.value
                 name = self.qualname(call.func) or ""
+                local = [d for d in self.resolve_defs(call.func) if not isinstance(d, ast.Lambda)]
                 if self.step_call_kind(call) or (name.split(".")[0] in ("jax", "flax", "optax")
-                                                 and name != "jax.device_get"):
+                                                 and name != "jax.device_get" and name not in TREE_MAP) or (
+                        local and all(self.computes_with_jax(d) for d in local)):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         return names
@@ -602,6 +638,17 @@ def _walk_local(node: ast.AST) -> Iterator[ast.AST]:
         yield from _walk_local(child)
 
 
+def _walk_runs(node: ast.AST) -> Iterator[ast.AST]:
+    """`_walk_local`, entering lambdas given to a call (`jax.tree.map(lambda *t: np.stack(t), *batch)` runs them)."""
+    yield node
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Lambda) and not (isinstance(node, ast.Call) and child in node.args):
+            continue
+        yield from _walk_runs(child)
+
+
 def _walk_local_scope(scope: ast.AST) -> Iterator[ast.AST]:
     for child in ast.iter_child_nodes(scope):
         yield from _walk_local(child)
@@ -633,9 +680,18 @@ def _check(rule: str) -> Callable[[CheckFn], CheckFn]:
 @_check("unjitted-grad")
 def _unjitted_grad(m: _Module) -> Iterator[Finding]:
     for node in ast.walk(m.tree):
-        if not (isinstance(node, ast.Call) and m.grad_application(node)) or m.in_context(node) == "traced":
+        if not (isinstance(node, ast.Call) and m.grad_application(node)):
             continue
         code, f = m.snippet(node), m.function(node)
+        if m.in_context(node) == "traced":  # jitted as `step = jax.jit(f)`, yet a loop may call `f` itself
+            if isinstance(f, ast.FunctionDef) and not any(map(m.is_jit, f.decorator_list)):
+                plain = [c for c in ast.walk(m.tree) if isinstance(c, ast.Call) and f in m.resolve_defs(c.func)
+                         and m.jitted_function(c) is None and m.in_context(c) != "traced"
+                         and any(isinstance(lp, LOOPS) for lp in m.loops_of(c))]
+                if plain:
+                    yield m.finding("unjitted-grad", node, f"`{code}`: `{f.name}` is jitted elsewhere but the loop at "
+                                    f"line {plain[0].lineno} calls it plain, so it runs eagerly", confidence="medium")
+            continue
         loops = [lp for lp in m.loops_of(node) if isinstance(lp, LOOPS)]
         if loops:  # even in a function passed on (`app.run(main)`): nobody jits a loop over batches
             yield m.finding("unjitted-grad", node, f"`{code}` computes a gradient eagerly every iteration of the "
@@ -651,7 +707,7 @@ def _unjitted_grad(m: _Module) -> Iterator[Finding]:
                             f", called every iteration of the loop at line {callers[0].lineno}", confidence="medium")
         elif f is None or m.function(f) is None:  # module level or a top-level def: nothing jits it here
             yield m.finding("unjitted-grad", node, f"`{code}` computes a gradient outside jit; nothing in this file "
-                            "jits the function around it", severity="medium", confidence="low")
+                            "jits the function around it, and no loop here calls it", severity="low", confidence="low")
 
 
 @_check("jit-in-loop")
@@ -758,9 +814,22 @@ SYNC_METHODS = {"item", "tolist"}
 LOG_CALLS = re.compile(r"^(print|.*\.(info|debug|warning|log))$")
 
 
+def _epoch_loop(m: _Module, loop: ast.AST) -> bool:
+    """A loop once per epoch: it holds a loop over steps, or every step it calls is a compiled call that loops
+    over many steps itself (`lax.scan` / `fori_loop` over the epoch's batches)."""
+    if any(inner is not loop and inner in m.step_loops for inner in ast.walk(loop)):
+        return True
+    calls = m.step_loops.get(loop, [])
+    return bool(calls) and all(kind == "jit" and any(
+        isinstance(n, ast.Call) and m.qualname(n.func) in FUSED_LOOPS
+        for d in (m.jitted_binding(call) or []) for n in ast.walk(d)) for call, kind in calls)
+
+
 @_check("host-sync")
 def _host_sync(m: _Module) -> Iterator[Finding]:
     for loop in m.step_loops:
+        if _epoch_loop(m, loop):
+            continue  # a read once per epoch costs one stall per epoch: fine
         device = m.device_names(m.scope(loop))
         for stmt in loop.body:  # type: ignore[attr-defined]
             for node in _walk_local(stmt):
