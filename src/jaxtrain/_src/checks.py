@@ -10,8 +10,10 @@ step applies to a batch — preprocess, augment, then `loss_fn` on the merged mo
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -20,10 +22,10 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain._src import data as data_lib
-from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError
+from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
-__all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_loss_fn", "check_same_rows"]
+__all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_loss_fn", "check_path_length", "check_same_rows"]
 
 FINITE_CHECK_ELEMENTS = 1 << 26  # elements of one array checked whole for NaN/Inf; larger arrays are sampled
 _SHAPE_ERROR = re.compile(r"shape|dimension", re.IGNORECASE)  # how JAX's shape mismatches read
@@ -90,6 +92,33 @@ def check_finite_arrays(data: Any, name: str = "data", max_elements: int = FINIT
                 sampled = " (rows sampled: the array is large)" if len(blocks) > 1 else ""
                 raise DataError(f"{name}{key} contains NaN/Inf, first bad row {lo + int(xp.argmax(bad)):,}{sampled}; "
                                 "clean the data or drop those rows")
+
+
+def check_path_length(path: Any, name: str = "run_dir") -> None:
+    """Raises ConfigError where `path` cannot be created because a name in it, or the whole path, is
+    longer than the filesystem allows (255 bytes a name on most), before anything is made."""
+    if path is None:
+        return
+    path = Path(path).absolute()
+    existing = next((p for p in path.parents if _exists(p)), Path("/"))
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    long = max(path.parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(long)) > name_max:
+        raise ConfigError(f"{argument(name)} holds a name of {len(os.fsencode(long)):,} bytes ({long[:24]}…); "
+                          f"the filesystem allows {name_max} a name: choose a shorter {argument(name)}")
+    if len(os.fsencode(str(path))) >= path_max:
+        raise ConfigError(f"{argument(name)} is {len(os.fsencode(str(path))):,} bytes long; the filesystem allows "
+                          f"{path_max - 1}: choose a shorter {argument(name)}")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to look up
+        return False
 
 
 def check_same_rows(train: Batch, val: Batch) -> None:
