@@ -69,3 +69,40 @@ def test_hdf5_statistics_that_cannot_normalise_are_refused_and_a_zero_std_is_not
     from jaxtrain._src.data import normalize
     out = normalize("x", np.array([5.0, 0.0]), np.array([0.0, 2.0]))({"x": np.array([[5.5, 1.0]], np.float32)})
     np.testing.assert_allclose(out["x"], [[0.5, 0.5]], rtol=1e-5)  # a std of 0 counts as 1, not 1e-6
+
+
+def _sequences(path, tokens, labels, targets):
+    with h5py.File(path, "w") as f:
+        f["input_sequences"], f["labels"], f["targets"] = tokens, labels, targets
+        f.attrs.update(alphabet_size=20, num_classes=4)
+    return str(path)
+
+
+def _seq_argv(path, task, run_dir):
+    return ["train", "hdf5-sequence", "--data.path", path, "--data.val-samples", "50", "--data.task", task,
+            "--epochs", "1", "--batch-size", "16", "--eval-batch-size", "50", "--model.channels", "8",
+            "--model.embed", "8", "--model.layers", "1", "--verbosity", "silent", "--run-dir", str(run_dir)]
+
+
+@pytest.mark.parametrize("change, task, parts", [
+    (lambda t, lab, y: t.__setitem__((123, 5), 25), "regression",
+     ["'input_sequences' in", "holds token 25 at row 123, outside 0..19", "alphabet_size is 20"]),
+    (lambda t, lab, y: t.__setitem__((390, 0), -3), "regression", ["holds token -3 at row 390"]),  # in validation
+    (lambda t, lab, y: lab.__setitem__(7, 4), "classification",
+     ["'labels' in", "holds label 4 at row 7, outside 0..3", "num_classes is 4"]),  # was: "loss became nan"
+])
+def test_hdf5_sequence_tokens_and_labels_out_of_range_are_named(change, task, parts, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    tokens, labels = rng.integers(0, 20, (400, 16)).astype(np.int8), rng.integers(0, 4, 400).astype(np.int32)
+    targets = rng.normal(size=(400, 2)).astype(np.float32)
+    change(tokens, labels, targets)
+    path = _sequences(tmp_path / "s.h5", tokens, labels, targets)
+    _one_line_exit_2(_seq_argv(path, task, tmp_path / "run"), capsys, *parts)
+
+
+def test_hdf5_sequence_with_one_dimensional_targets_is_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    path = _sequences(tmp_path / "s.h5", rng.integers(0, 20, (400, 16)).astype(np.int8), np.zeros(400, np.int32),
+                      np.zeros(400, np.float32))
+    _one_line_exit_2(_seq_argv(path, "regression", tmp_path / "run"), capsys, "'targets' has rows ()",
+                     "(samples, 1)")
