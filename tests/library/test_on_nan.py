@@ -1,6 +1,6 @@
-"""`on_nan` may change on resume: the recovery the non-finite-loss message recommends (skip such
-steps) continues a run checkpointed with `on_nan="stop"`, and the other way round, although
-`optax.apply_if_finite` gives the optimizer state another structure."""
+"""on_nan: it may change on resume (the recovery the non-finite-loss message recommends continues a
+run checkpointed with on_nan="stop", and the other way round, although `optax.apply_if_finite` gives
+the optimizer state another structure); a run that skipped most of its updates says so."""
 
 import numpy as np
 import pytest
@@ -30,3 +30,16 @@ def test_a_run_stopped_by_a_non_finite_loss_resumes_with_skip_and_back(tmp_path,
     assert result.summary["status"] == "completed" and result.summary["skipped_steps"] >= (precision == "fp32")
     result = _run(tmp_path, clean, 3, "stop", precision, resume=True)  # a checkpoint of skip resumes under stop
     assert result.summary["epochs"] == 3 and np.isfinite(result.summary["final_train_loss"])
+
+
+def test_a_run_that_skipped_most_updates_says_so(tmp_path, capsys):
+    data = regression_data(160)
+    data["x"][::2, 0] = 1e30  # every batch has an overflowing row: every update is skipped
+    result = _run(tmp_path, data, 1, "skip")
+    err = capsys.readouterr().err
+    assert result.summary["skipped_steps"] == 10
+    assert "10 of 10 updates were skipped" in result.summary["warning"]
+    assert err.count("note: 10 of 10 updates were skipped") == 1 and "barely trained" in err
+
+    _run(tmp_path / "clean", regression_data(160), 1, "skip")
+    assert "updates were skipped" not in capsys.readouterr().err
