@@ -25,7 +25,8 @@ from jaxtrain._src import data as data_lib
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
-__all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_loss_fn", "check_path_length", "check_same_rows"]
+__all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_loss_fn", "check_path_length",
+           "check_same_rows"]
 
 FINITE_CHECK_ELEMENTS = 1 << 26  # elements of one array checked whole for NaN/Inf; larger arrays are sampled
 _SHAPE_ERROR = re.compile(r"shape|dimension", re.IGNORECASE)  # how JAX's shape mismatches read

@@ -124,7 +124,8 @@ def _check_layout(source: HDF5Source, d: SequenceDataConfig) -> None:
         wrong = f"{name['y']!r} has rows {shapes['y']}; regression needs (samples, targets): store 1-D targets as " \
                 "(samples, 1)"
     elif d.task == "classification" and (shapes["y"] != () or dtypes["y"].kind not in "iu"):
-        wrong = f"{name['y']!r} has rows {shapes['y']} of {dtypes['y']}; classification needs integer labels, (samples,)"
+        wrong = f"{name['y']!r} has rows {shapes['y']} of {dtypes['y']}; classification needs integer labels, " \
+                "(samples,)"
     if wrong:
         raise DataError(f"{wrong} (in {d.path})")
 
