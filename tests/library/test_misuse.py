@@ -8,7 +8,7 @@ from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import TrainConfig
-from jaxtrain._src.checks import abstract_batch, check_fit_inputs
+from jaxtrain._src.checks import abstract_batch, check_finite_arrays, check_fit_inputs
 from jaxtrain._src.data import ArraySource
 from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.loop import Session, run_fit
@@ -154,3 +154,37 @@ def test_legitimate_uses_pass_and_leave_the_model_alone():
     assert abstract_batch(source, B) == {"x": jax.ShapeDtypeStruct((B, 8), np.float32),
                                          "y": jax.ShapeDtypeStruct((B, 3), np.float32)}
     check_fit_inputs(small_mlp(), mse, source, {k: v.astype(np.float64) for k, v in data.items()}, B)
+
+
+def _with_nan(row: int, key: str = "x", bad: float = np.nan) -> dict:
+    out = {k: v.copy() for k, v in data.items()}
+    out[key][row, 1] = bad
+    return out
+
+
+@pytest.mark.parametrize("train, val, parts", [
+    (None, _with_nan(37), ["val_data['x'] contains NaN/Inf", "first bad row 37"]),  # was: val loss nan every epoch
+    (_with_nan(5, "y", np.inf), None, ["train_data['y'] contains NaN/Inf", "first bad row 5"]),
+    ({k: jnp.asarray(v) for k, v in _with_nan(9).items()}, None, ["train_data['x']", "first bad row 9"]),
+])
+def test_nan_in_array_data_is_named_where_it_enters_fit(train, val, parts, tmp_path):
+    with pytest.raises(DataError) as excinfo:
+        _fit(train=train, val=val, run_dir=tmp_path / "run")
+    _one_line(excinfo, *parts)
+    assert not (tmp_path / "run").exists()
+
+
+def test_nan_in_a_large_array_is_found_by_sampling():
+    x = np.ones((10_000, 3), np.float32)
+    x[-1, 0] = np.inf  # the last block is always among the sampled ones
+    with pytest.raises(DataError, match=r"train_data\['x'\] contains NaN/Inf, first bad row 9,999 \(rows sampled"):
+        check_finite_arrays({"x": x}, "train_data", max_elements=300)
+    check_finite_arrays({"x": np.arange(5), "y": x[:10]}, "train_data")  # integers and clean floats pass
+
+
+def test_a_list_of_row_dicts_is_one_short_line():
+    rows = [{"x": data["x"][i], "y": data["y"][i]} for i in range(64)]
+    with pytest.raises(DataError) as excinfo:
+        _fit(train=rows)
+    _one_line(excinfo, "train_data is a list of 64 dicts, one per sample", "np.stack")
+    assert len(str(excinfo.value)) < 300

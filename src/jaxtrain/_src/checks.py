@@ -10,8 +10,10 @@ step applies to a batch — preprocess, augment, then `loss_fn` on the merged mo
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -20,11 +22,13 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain._src import data as data_lib
-from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError
+from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
-__all__ = ["abstract_batch", "check_fit_inputs", "check_loss_fn", "check_same_rows"]
+__all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_loss_fn", "check_path_length",
+           "check_same_rows"]
 
+FINITE_CHECK_ELEMENTS = 1 << 26  # elements of one array checked whole for NaN/Inf; larger arrays are sampled
 _SHAPE_ERROR = re.compile(r"shape|dimension", re.IGNORECASE)  # how JAX's shape mismatches read
 
 
@@ -37,8 +41,10 @@ def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_da
       ConfigError: `loss_fn` does not return a float scalar loss and a dict of scalar metrics.
     """
     batch = abstract_batch(train_data, batch_size, "train_data")
+    check_finite_arrays(train_data, "train_data")
     if val_data is not None:
         check_same_rows(batch, abstract_batch(val_data, batch_size, "val_data"))
+        check_finite_arrays(val_data, "val_data")
     check_loss_fn(model, loss_fn, batch, preprocess, augment)
 
 
@@ -59,6 +65,61 @@ def abstract_batch(data: Any, batch_size: int, name: str = "data") -> Batch:
         return {k: jax.ShapeDtypeStruct((batch_size, *shapes[k]), np.dtype(dtypes[k])) for k in shapes}
     data_lib.num_samples(data, name)  # the same errors the feed would raise
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size, *np.shape(x)[1:]), _dtype(x)), data)
+
+
+def check_finite_arrays(data: Any, name: str = "data", max_elements: int = FINITE_CHECK_ELEMENTS) -> None:
+    """Raises DataError where a float array of the pytree `data` holds NaN or Inf, naming the array,
+    its key and the first bad row. Row sources check each block they read (`data.sources`); arrays
+    are checked here, where they enter `fit`: whole up to `max_elements` elements, beyond that
+    evenly spaced blocks of rows holding about `max_elements` in all (a device array is checked
+    on its device).
+    """
+    if hasattr(data, "abstract_batch") or data_lib.is_source(data):
+        return
+    for path, x in jax.tree.flatten_with_path(data)[0]:
+        if not jnp.issubdtype(_dtype(x), jnp.inexact) or np.ndim(x) == 0 or np.shape(x)[0] == 0:
+            continue
+        xp = jnp if isinstance(x, jax.Array) else np
+        n, row = np.shape(x)[0], max(1, int(np.prod(np.shape(x)[1:])))
+        blocks = [(0, n)]
+        if n * row > max_elements:  # sampled: 16 blocks spread over the rows, the first and last included
+            rows = max(1, max_elements // row // 16)
+            starts = np.linspace(0, n - rows, 16).astype(int)
+            blocks = [(int(a), int(a) + rows) for a in starts]
+        for lo, hi in blocks:
+            bad = ~xp.isfinite(xp.reshape(x[lo:hi], (hi - lo, -1))).all(axis=1)
+            if bool(bad.any()):
+                key = jax.tree_util.keystr(path)
+                sampled = " (rows sampled: the array is large)" if len(blocks) > 1 else ""
+                raise DataError(f"{name}{key} contains NaN/Inf, first bad row {lo + int(xp.argmax(bad)):,}{sampled}; "
+                                "clean the data or drop those rows")
+
+
+def check_path_length(path: Any, name: str = "run_dir") -> None:
+    """Raises ConfigError where `path` cannot be created because a name in it, or the whole path, is
+    longer than the filesystem allows (255 bytes a name on most), before anything is made."""
+    if path is None:
+        return
+    path = Path(path).absolute()
+    existing = next((p for p in path.parents if _exists(p)), Path("/"))
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    long = max(path.parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(long)) > name_max:
+        raise ConfigError(f"{argument(name)} holds a name of {len(os.fsencode(long)):,} bytes ({long[:24]}…); "
+                          f"the filesystem allows {name_max} a name: choose a shorter {argument(name)}")
+    if len(os.fsencode(str(path))) >= path_max:
+        raise ConfigError(f"{argument(name)} is {len(os.fsencode(str(path))):,} bytes long; the filesystem allows "
+                          f"{path_max - 1}: choose a shorter {argument(name)}")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long to look up
+        return False
 
 
 def check_same_rows(train: Batch, val: Batch) -> None:

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from jaxtrain._src.calls import AutoSteps
 from jaxtrain._src.checkpoint import CheckpointError
-from jaxtrain._src.checks import check_fit_inputs
+from jaxtrain._src.checks import check_fit_inputs, check_path_length
 from jaxtrain._src.config import TrainConfig, to_dict
 from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
 from jaxtrain._src.feeds import place_validation
@@ -392,3 +392,4 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
         raise ConfigError(f"resume={resume!r} must be False (a new run), True (continue) or 'overwrite'")
     if resume and run_dir is None:
         raise ConfigError("resume needs the run directory of the run to continue (run_dir=...)")
+    check_path_length(run_dir, "run_dir")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxtrain._src.config import OptimConfig, TrainConfig
-from jaxtrain._src.precision import policy_of
+from jaxtrain._src.precision import LossScaleState, policy_of
 
 
 def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -104,3 +104,22 @@ def learning_rate_fn(
     if schedule is not None:
         return lambda opt_state, step: jnp.asarray(schedule(step), jnp.float32)
     return None
+
+
+def toggle_skip(opt_state: Any, counters: Callable[[], tuple[Any, Any, Any]]) -> Any:
+    """`opt_state` (or a pytree shaped like it, such as its shardings) as `on_nan` the other way
+    would have made it: `optax.apply_if_finite`'s wrapper removed where `build_train_optimizer`
+    put it (inside fp16 loss scaling's state), else added there with `counters()`
+    (notfinite_count, last_finite, total_notfinite). The inner optimizer's state is kept, so a
+    checkpoint of either `on_nan` resumes under the other."""
+    if isinstance(opt_state, LossScaleState):
+        return opt_state._replace(inner=toggle_skip(opt_state.inner, counters))
+    if isinstance(opt_state, optax.ApplyIfFiniteState):
+        return opt_state.inner_state
+    return optax.ApplyIfFiniteState(*counters(), inner_state=opt_state)
+
+
+def fresh_skip_counters() -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`optax.apply_if_finite`'s counters as it initialises them: no update skipped yet."""
+    state = optax.apply_if_finite(optax.identity(), 1).init({})
+    return state.notfinite_count, state.last_finite, state.total_notfinite

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src import distributed
+from jaxtrain._src.checks import check_path_length
 from jaxtrain._src.config import from_dict, to_dict
 from jaxtrain._src.data.datasets import CharTokenizer
 from jaxtrain._src.errors import ConfigError
@@ -42,6 +43,7 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
         raise ConfigError("a job of several processes needs one run directory on a filesystem they share; "
                           "pass --run-dir DIR")
     run_dir = Path(run_dir or config.run_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_path_length(run_dir, "run_dir")  # before the guard makes anything
     with RunGuard(run_dir, {"recipe": recipe.name, **to_dict(config)}, resume=resume, overwrite=overwrite,
                   primary=jax.process_index() == 0, create=False, note=lambda text: None):
         pass  # refuse a directory in use or holding a run before the workload is built (fit claims it)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -10,6 +11,7 @@ import numpy as np
 
 from jaxtrain._src.errors import DataError
 
+MAX_LISTED = 8  # arrays named in an error message; a list of more dicts than this is a list of rows
 CPU_BUDGET_BYTES = 2 * 1024**3  # the CPU "device" is host RAM: keep a fixed, modest share
 
 
@@ -19,6 +21,9 @@ def num_samples(data: Any, name: str = "data") -> int:
     Raises:
       DataError: if `data` holds no arrays, a scalar, or arrays of different lengths.
     """
+    if isinstance(data, (list, tuple)) and len(data) > MAX_LISTED and all(isinstance(r, Mapping) for r in data):
+        raise DataError(f"{name} is a {type(data).__name__} of {len(data):,} dicts, one per sample; pass one dict of "
+                        "arrays with a leading sample axis, e.g. {k: np.stack([r[k] for r in rows]) for k in rows[0]}")
     leaves, _ = jax.tree.flatten_with_path(data)
     if not leaves:
         raise DataError(f"{name} holds no arrays; pass a dict (or tuple) of arrays with one row per sample")
@@ -30,7 +35,9 @@ def num_samples(data: Any, name: str = "data") -> int:
             raise DataError(f"{name}{key} is a scalar; every array needs a leading sample axis")
         lengths[key] = shape[0]
     if len(set(lengths.values())) > 1:
-        detail = ", ".join(f"{k}: {v}" for k, v in lengths.items())
+        shown = list(lengths.items())[:MAX_LISTED]
+        more = f", … {len(lengths) - len(shown):,} more" if len(lengths) > len(shown) else ""
+        detail = ", ".join(f"{k}: {v}" for k, v in shown) + more
         raise DataError(f"{name} arrays have different numbers of rows ({detail}); they must match")
     return next(iter(lengths.values()))
 

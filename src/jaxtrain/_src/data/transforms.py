@@ -16,12 +16,16 @@ import jax.numpy as jnp
 def normalize(field: str, mean: Any, std: Any, eps: float = 1e-6) -> Callable[[dict], dict]:
     """`batch[field] <- (batch[field] - mean) / (std + eps)`, with statistics fixed at build time.
 
+    A std below `eps` (a constant feature, or a statistic of 0) counts as 1: such a feature is
+    centred, not multiplied by 1/eps.
+
     Args:
       field: key of the array to normalise in a dict batch.
       mean, std: arrays broadcastable to one sample of `batch[field]` (e.g. shape (D,)).
     """
     mean = jnp.asarray(mean, jnp.float32)
-    scale = 1.0 / (jnp.asarray(std, jnp.float32) + eps)
+    std = jnp.asarray(std, jnp.float32)
+    scale = 1.0 / (jnp.where(std < eps, 1.0, std) + eps)
 
     def preprocess(batch: dict) -> dict:
         return {**batch, field: (batch[field] - mean) * scale}

@@ -16,6 +16,7 @@ from jaxtrain._src.errors import ConfigError, JaxtrainError, resume_advice, sett
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
+from jaxtrain._src.optim import fresh_skip_counters, toggle_skip
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.state import TrainState
 
@@ -38,7 +39,10 @@ class CheckpointHook(RunHook):
           ConfigError: `epochs` is fewer than the checkpoint has trained (or is in the middle of).
         """
         arrays = feed.arrays() if feed is not None else None
-        state, arrays, meta = self.ckpt.restore_with_feed(template, arrays, shardings=shardings)
+        try:
+            state, arrays, meta = self.ckpt.restore_with_feed(template, arrays, shardings=shardings)
+        except CheckpointError as e:
+            state, arrays, meta = self._restore_other_on_nan(template, arrays, shardings, e)
         try:
             loop = LoopState.from_meta(meta)
         except JaxtrainError as e:
@@ -56,6 +60,27 @@ class CheckpointHook(RunHook):
             note(f"the run has already trained its {done} epoch{'s' if done != 1 else ''}; nothing to train "
                  f"(pass {setting('epochs', done + 1)} or more to train further)")
         return state, loop
+
+    def _restore_other_on_nan(self, template: TrainState, arrays: Any, shardings: Any, error: CheckpointError
+                              ) -> tuple[TrainState, Any, dict[str, Any]]:
+        """A checkpoint written with the other `on_nan` (whose optimizer state has, or lacks,
+        `optax.apply_if_finite`'s counters), restored into that structure and brought to this
+        run's; `error` again where it is not that either."""
+        other = template._replace(opt_state=toggle_skip(template.opt_state, fresh_skip_counters))
+        other_shardings = None
+        if shardings is not None:
+            replicated = (shardings.step,) * 2 + (shardings.step,)
+            other_shardings = shardings._replace(opt_state=toggle_skip(shardings.opt_state, lambda: replicated))
+        try:
+            state, arrays, meta = self.ckpt.restore_with_feed(other, arrays, shardings=other_shardings)
+        except CheckpointError:
+            raise error from None
+
+        def counters() -> tuple:  # none skipped yet, placed as the step is
+            fresh = fresh_skip_counters()
+            return tuple(jax.device_put(c, shardings.step) for c in fresh) if shardings is not None else fresh
+
+        return state._replace(opt_state=toggle_skip(state.opt_state, counters)), arrays, meta
 
     def on_start(self, run: Run) -> None:
         self._last_save = run.step

@@ -8,8 +8,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxtrain._src.errors import NonFiniteLossError
+from jaxtrain._src.errors import NonFiniteLossError, render, setting
 from jaxtrain._src.hooks.base import Run, RunHook
+from jaxtrain._src.report.notes import note
+
+MOSTLY_SKIPPED = 0.5  # a run that skipped more than this share of its updates ends with a warning
 
 LAST_VALUE = ("lr", "loss_scale", "scale_skips")  # per-step values a row reports at its last step, not averaged
 
@@ -97,7 +100,13 @@ class MetricsHook(RunHook):
         self._epoch = Sums()
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
-        summary["skipped_steps"] = self._skipped_before + self._epoch.skipped
+        skipped = summary["skipped_steps"] = self._skipped_before + self._epoch.skipped
+        if run.step and skipped > MOSTLY_SKIPPED * run.step:  # "completed" alone would hide it
+            warning = (f"{skipped:,} of {run.step:,} updates were skipped for a non-finite loss or gradient "
+                       f"({setting('on_nan', 'skip')}): the model has barely trained; check the data for NaN/Inf "
+                       f"values or lower the learning rate ({setting('optim.lr')})")
+            summary["warning"] = render(warning, "python")
+            note(warning)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self._epoch.to_json(), "window": self._window.to_json(), "skipped_total": self._skipped_before}

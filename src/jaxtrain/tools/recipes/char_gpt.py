@@ -49,6 +49,8 @@ class TextDataConfig(DataConfig):
             raise ConfigError(f"data.eval_batches={self.eval_batches} must be an integer >= 1")
         if self.limit < 0:
             raise ConfigError(f"data.limit={self.limit} must be an integer >= 0")
+        if self.seed < 0:
+            raise ConfigError(f"data.seed={self.seed} must be an integer >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

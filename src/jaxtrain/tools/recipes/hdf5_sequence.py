@@ -17,12 +17,13 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from jaxtrain._src.config import DataConfig, OptimConfig
 from jaxtrain._src.data.sources import HDF5Source
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.models import SequenceCNN, compiled_init
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
 
@@ -99,11 +100,67 @@ def build(config: HDF5SequenceConfig) -> Workload:
     keys = {"x": "input_sequences", "y": "targets" if d.task == "regression" else "labels"}
     train = HDF5Source(d.path, keys, 0, -d.val_samples if d.val_samples else None)
     val = HDF5Source(d.path, keys, -d.val_samples) if d.val_samples else None
+    _check_layout(train, d)
     vocab = int(train.attrs.get("alphabet_size", 256))
     outputs = train.row_shapes["y"][0] if d.task == "regression" else int(train.attrs.get("num_classes", 4))
     info = {"vocab": vocab, "outputs": int(outputs)}
+    # Tokens index the embedding and labels the logits: out of range, JAX clamps or yields NaN silently.
+    ranges = {"x": ("token", vocab, "alphabet_size")}
+    if d.task == "classification":
+        ranges["y"] = ("label", int(outputs), "num_classes")
+    train, val = InRange(train, ranges), InRange(val, ranges) if val is not None else None
     loss = regression_loss if d.task == "regression" else classification_loss
     return Workload(build_model(config, info), loss, train, val, info=info)
+
+
+def _check_layout(source: HDF5Source, d: SequenceDataConfig) -> None:
+    """Integer token rows (L,); float target rows (T,) for regression, integer labels () for classification."""
+    shapes, dtypes = source.row_shapes, source.dtypes
+    name = source.keys
+    wrong = None
+    if len(shapes["x"]) != 1 or dtypes["x"].kind not in "iu":
+        wrong = f"{name['x']!r} has rows {shapes['x']} of {dtypes['x']}; it must hold integer tokens, (samples, length)"
+    elif d.task == "regression" and len(shapes["y"]) != 1:
+        wrong = f"{name['y']!r} has rows {shapes['y']}; regression needs (samples, targets): store 1-D targets as " \
+                "(samples, 1)"
+    elif d.task == "classification" and (shapes["y"] != () or dtypes["y"].kind not in "iu"):
+        wrong = f"{name['y']!r} has rows {shapes['y']} of {dtypes['y']}; classification needs integer labels, " \
+                "(samples,)"
+    if wrong:
+        raise DataError(f"{wrong} (in {d.path})")
+
+
+class InRange:
+    """A row source whose integer arrays are checked, on every read, to lie in [0, limit).
+
+    Args:
+      source: the source to read (its other attributes pass through).
+      ranges: batch name -> (what a value is, limit, the file attribute that sets the limit).
+    """
+
+    def __init__(self, source: HDF5Source, ranges: dict[str, tuple[str, int, str]]):
+        self._source, self._ranges = source, ranges
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # not yet set (copy, pickle): no recursion through self._source
+            raise AttributeError(name)
+        return getattr(self._source, name)
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def read(self, start: int, stop: int) -> dict:
+        rows = self._source.read(start, stop)
+        for key, (what, limit, attr) in self._ranges.items():
+            block = rows[key]
+            if len(block) and (block.min() < 0 or block.max() >= limit):
+                bad = ((block < 0) | (block >= limit)).reshape(len(block), -1).any(axis=1)
+                row = self._source.start + start + int(np.argmax(bad))
+                value = block[(block < 0) | (block >= limit)][0]  # row-major: in the first bad row
+                raise DataError(f"{self._source.keys[key]!r} in {self._source.path} holds {what} {int(value)} at row "
+                                f"{row:,}, outside 0..{limit - 1} (the file's {attr} is {limit}); fix the file or "
+                                f"its {attr} attribute")
+        return rows
 
 
 def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:

@@ -12,6 +12,8 @@ any size: `--data.placement auto` holds it on the device when it fits the budget
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +24,8 @@ from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import DataConfig
 from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.data.synthetic import regression_rows
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.memory import format_bytes
 from jaxtrain._src.models import MLP, compiled_init
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
 
@@ -59,8 +62,11 @@ class RegressionDataConfig(DataConfig):
                 raise ConfigError(f"data.{field}={getattr(self, field)} must be an integer >= 1")
         if not 0 <= self.val_samples < self.samples:
             raise ConfigError(f"data.val_samples={self.val_samples} must be >= 0 and below data.samples={self.samples}")
-        if self.label_noise < 0 or self.input_noise < 0:
-            raise ConfigError("data.label_noise and data.input_noise must be >= 0")
+        for field in ("label_noise", "input_noise"):
+            if not (math.isfinite(getattr(self, field)) and getattr(self, field) >= 0):
+                raise ConfigError(f"data.{field}={getattr(self, field)} must be a finite number >= 0")
+        if self.seed < 0:
+            raise ConfigError(f"data.seed={self.seed} must be an integer >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +75,12 @@ class MLPConfig:
 
     hidden: tuple[int, ...] = (512, 512)
     """Hidden layer widths."""
+
+    def __post_init__(self) -> None:
+        for width in self.hidden:
+            if not isinstance(width, int) or width < 1:
+                raise ConfigError(f"model.hidden={' '.join(map(str, self.hidden))}: every width must be an integer "
+                                  f">= 1, not {width!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +121,20 @@ def open_hdf5(config: RegressionDataConfig) -> tuple[HDF5Source, HDF5Source | No
     val_rows = config.val_samples
     train = HDF5Source(config.path, HDF5_KEYS, 0, -val_rows if val_rows else None)
     val = HDF5Source(config.path, HDF5_KEYS, -val_rows) if val_rows else None
+    for key, name in HDF5_KEYS.items():
+        if len(train.row_shapes[key]) != 1:
+            shape = (len(train) + val_rows, *train.row_shapes[key])
+            raise DataError(f"{name!r} in {config.path} has shape {shape}; mlp-regression needs rows of one axis, "
+                            f"(samples, {name}): store 1-D {name} as (samples, 1)")
     if "feature_mean" in train.attrs and "feature_std" in train.attrs:
         mean, std = np.asarray(train.attrs["feature_mean"]), np.asarray(train.attrs["feature_std"])
+        for name, value in (("feature_mean", mean), ("feature_std", std)):
+            wrong = (f"has shape {value.shape}" if value.shape != train.row_shapes["x"] else "holds NaN/Inf"
+                     if not np.isfinite(value).all() else "holds negative values"
+                     if name == "feature_std" and (value < 0).any() else "")
+            if wrong:
+                raise DataError(f"the {name} attribute of {config.path} {wrong}; it must be finite, of shape "
+                                f"{train.row_shapes['x']}{' and >= 0' * (name == 'feature_std')}: fix or delete it")
     else:
         x = train.read(0, min(len(train), STATS_ROWS))["x"]
         mean, std = x.mean(0), x.std(0)
@@ -123,8 +147,27 @@ def _check_no_remat(config: MLPRegressionConfig) -> None:
                           "--remat works with char-gpt, mnist-cnn, fashion-mnist-cnn and hdf5-sequence")
 
 
+def host_memory_bytes() -> int:
+    """Physical memory of this machine (where the data are made and, on CPU, trained)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 1 << 60  # unknown: refuse nothing
+
+
+def _check_fits(what: str, nbytes: int, advice: str) -> None:
+    if nbytes > host_memory_bytes():
+        raise ConfigError(f"{what} would take about {format_bytes(nbytes)}, more than this machine's "
+                          f"{format_bytes(host_memory_bytes())} of memory; {advice}")
+
+
 def build(config: MLPRegressionConfig) -> Workload:
     _check_no_remat(config)  # before any data is made or opened
+    d = config.data
+    if not d.path:  # float32 features and targets, a copy of each while made, and the teacher
+        _check_fits(f"data.samples={d.samples:,} rows of {d.features:,} features and {d.targets:,} targets",
+                    4 * (2 * d.samples * (d.features + d.targets) + d.teacher_width * (d.features + d.targets)),
+                    "lower data.samples, data.features or data.targets")
     if config.data.path:
         train, val, mean, std = open_hdf5(config.data)
         features, targets = train.row_shapes["x"][0], train.row_shapes["y"][0]
@@ -148,6 +191,9 @@ def build(config: MLPRegressionConfig) -> Workload:
 def build_model(config: MLPRegressionConfig, info: dict) -> MLP:
     _check_no_remat(config)
     sizes = (info["features"], *config.model.hidden, info["targets"])
+    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))  # weights and biases
+    _check_fits(f"an MLP {'→'.join(f'{n:,}' for n in sizes)} ({params:,} parameters, with gradients and Adam's "
+                "two moments)", 16 * params, "lower model.hidden")
     return compiled_init(lambda: MLP(sizes, rngs=nnx.Rngs(config.seed)))
 
 
