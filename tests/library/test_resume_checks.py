@@ -75,6 +75,7 @@ def test_a_regenerated_file_is_refused_unless_accepted_and_then_noted(tmp_path, 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     noted = [r for r in rows if r.get("kind") == "note"]
     assert len(noted) == 1 and noted[0]["step"] == 10 and str(path) in noted[0]["note"], noted
+    assert noted[0]["note"].endswith("as DataConfig(accept_changed=True) allows"), noted  # rendered, no token
     assert rows_before.splitlines()[0] == (run_dir / "metrics.jsonl").read_text().splitlines()[0]
 
     # the same data again (rewritten with the same contents): no refusal, no note

@@ -19,7 +19,7 @@ import jax
 from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
 from jaxtrain._src.config import CheckpointConfig
 from jaxtrain._src.data.fingerprint import data_change, describe
-from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, resume_advice, setting
+from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, render, resume_advice, setting
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
@@ -85,7 +85,7 @@ class CheckpointHook(RunHook):
     def on_start(self, run: Run) -> None:
         if self._accepted is not None and jax.process_index() == 0:  # kept by run files' cut to the resumed step
             with open(self.ckpt.directory.parent / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({"kind": "note", "step": run.step, "note": self._accepted}) + "\n")
+                f.write(json.dumps({"kind": "note", "step": run.step, "note": render(self._accepted)}) + "\n")
         self._last_save = run.step
         run.last_checkpoint = self._describe_last
         run_dir = self.ckpt.directory.parent
