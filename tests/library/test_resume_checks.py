@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import h5py
-import numpy as np
 import pytest
 from conftest import mse, regression_data, silent, small_mlp
 

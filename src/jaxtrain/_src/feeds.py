@@ -48,7 +48,7 @@ class Feed(Protocol):
     dropped: int  # samples a full pass leaves out (the last partial batch)
     device_bytes: int  # device memory the feed holds for the whole run
     timing: dict[str, float]  # cumulative seconds of the run's input work (optional; see `hooks.profile`)
-    fingerprint: dict[str, Any] | None  # the training data's (`data.fingerprint`; optional: None for data made in the run)
+    fingerprint: dict[str, Any] | None  # of the training data (`data.fingerprint`); None: data made in the run
 
     def setup(self, compile: Compile) -> None:
         """Places what must live on the device and compiles helpers (compile time is counted)."""
