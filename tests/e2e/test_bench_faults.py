@@ -27,6 +27,17 @@ def test_quick_faults_benchmark_resumes_an_async_save_kill_to_an_equal_run(tmp_p
     assert trial["completed"] and trial["equal"] and trial["error"] is None
 
 
+@pytest.mark.slow
+def test_quick_faults_benchmark_resumes_past_a_bit_flipped_checkpoint(tmp_path, capsys):
+    out = tmp_path / "faults.json"
+    assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("bit-flip",), out=str(out))) == 0
+    assert capsys.readouterr().out.rstrip().endswith("1/1 resumed runs equal the uninterrupted run")
+    results = json.loads(out.read_text())
+    assert results["moments"]["bit-flip"] == {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "attempts": [1]}
+    (trial,) = results["trials"]
+    assert trial["killed_at"].startswith(f"mid-epoch #{trial['nth']}: ") and "one bit flipped" in trial["killed_at"]
+
+
 def _final(rows, step=100, scale=1.0):
     return faults.Final(step, {"['params']['w']": np.arange(4, dtype=np.float32) * scale}, rows)
 

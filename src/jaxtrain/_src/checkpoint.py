@@ -13,6 +13,12 @@ wrong moment, a bad copy). Reading "the latest" or "the best" then falls back to
 that reads, with a note naming the step skipped and why; a writer moves the skipped step
 directory aside (`<step>.unreadable-<unix time>`, a name orbax neither lists nor deletes) so that
 it can save that step number again.
+
+A step can also read without error and still hold other values than were saved (a flipped bit
+on disk or in a copy that the compression does not catch). Each save stores a checksum of every
+array in the metadata (`checksums`: computed on the device, where the arrays are, so a save
+copies nothing more to the host); every read recomputes them and treats a mismatch like an
+unreadable file: the step is skipped with one note. Steps saved before checksums read unchecked.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -85,6 +92,47 @@ def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
     raw = template._replace(rng=jax.random.key_data(template.rng))
     restored = _unflatten_checked(raw, _flatten(raw), flat)
     return restored._replace(rng=jax.random.wrap_key_data(restored.rng, impl=jax.random.key_impl(template.rng)))
+
+
+def _mix(h: jax.Array) -> jax.Array:
+    """MurmurHash3's finaliser: a bijection of uint32 in which every input bit moves every output bit."""
+    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _checksum_one(x: jax.Array) -> jax.Array:
+    """Two uint32 sums of a mix of each element's bits with its position: any changed element, or
+    values moved to other positions, change both (one pass over the array: ~35 ms for 48 MiB on
+    a CPU, microseconds on a GPU). Integer sums wrap and
+    commute, so the result is exact whatever the sharding or reduction order."""
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    size = x.dtype.itemsize
+    bits = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[size])
+    bits = bits.astype(jnp.uint32)
+    index = jnp.zeros(bits.shape, jnp.uint32)
+    for axis in range(bits.ndim):  # the flat position, built per axis (no reshape of a sharded array)
+        stride = int(np.prod(bits.shape[axis + 1:], dtype=np.int64)) & 0xFFFFFFFF
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis) * jnp.uint32(stride)
+    mixed = _mix(bits ^ (index * jnp.uint32(0x9E3779B9)))  # for each position, a bijection of the bits
+    # A changed element changes `mixed` there, so both sums (the second weighted by an odd number).
+    sums = [jnp.sum(mixed, dtype=jnp.uint32), jnp.sum(mixed * (2 * index + 1), dtype=jnp.uint32)]
+    return jnp.stack(sums)
+
+
+@jax.jit
+def _checksums_on_device(flat: dict[str, Any]) -> dict[str, jax.Array]:
+    return {k: _checksum_one(v) for k, v in flat.items()}
+
+
+def checksums(flat: dict[str, Any]) -> dict[str, str]:
+    """`{path: 16 hex digits}`: a checksum of each array's values (see `_checksum_one`), computed
+    where the arrays live; only the checksums come to the host."""
+    if not flat:
+        return {}
+    sums = jax.device_get(_checksums_on_device(flat))
+    return {k: f"{int(v[0]):08x}{int(v[1]):08x}" for k, v in sums.items()}
 
 
 class _StderrSilencer:
@@ -192,6 +240,19 @@ def _check_values(step_dir: Path) -> None:
         raise _Unreadable(_os_reason(e, step_dir)) from None
 
 
+def _verify(flat: dict[str, Any], saved: dict[str, str] | None) -> None:
+    """Raises _Unreadable when an array read differs from the checksum saved with it (None: a step
+    saved before checksums, read unchecked)."""
+    if not saved:
+        return
+    read = checksums(flat)
+    bad = sorted(k for k in saved.keys() & read.keys() if saved[k] != read[k])
+    if bad:
+        more = f" and {len(bad) - 1} other array{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
+        raise _Unreadable(f"array {bad[0]}{more} read other values than were saved (checksum mismatch): "
+                          "its data files are corrupt")
+
+
 class _Unreadable(Exception):
     """A complete checkpoint step whose files cannot be read; the message is the short reason."""
 
@@ -292,7 +353,8 @@ class Checkpointer:
         """
         flat = flatten_state(state) | flatten_feed(feed)
         # A deep copy: the save is asynchronous and the caller keeps changing its dicts and lists.
-        meta_json = json.dumps({"format": FORMAT_VERSION, **meta, "step": step, "metrics": metrics or {}})
+        meta_json = json.dumps({"format": FORMAT_VERSION, **meta, "step": step, "metrics": metrics or {},
+                                "checksums": checksums(flat)})
         meta = json.loads(meta_json)
         self._preflight(sum(x.nbytes for x in flat.values()), len(flat), len(meta_json))
         import orbax.checkpoint as ocp
@@ -436,7 +498,9 @@ class Checkpointer:
             restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
         except Exception as e:  # noqa: BLE001 - orbax raises many types for unreadable data
             raise _Unreadable(_os_reason(e, step_dir)) from None
-        return dict(restored["state"]), meta
+        flat = dict(restored["state"])
+        _verify(flat, meta.get("checksums"))
+        return flat, meta
 
     def _skip(self, skipped: list[tuple[int, str]], used: int) -> None:
         """Notes each skipped step; a writer moves them aside first, so that a later save of the

@@ -110,6 +110,9 @@ class DataConfig:
     device while the current call runs."""
     shuffle_window_mb: int = 32
     """Streaming: MiB of rows shuffled together (the shuffle buffer); blocks of ~1 MiB are read whole."""
+    accept_changed: bool = False
+    """Resume: continue even though the training data differ from those the checkpoint was trained
+    on (refused by default; noted in metrics.jsonl when accepted)."""
 
     def __post_init__(self) -> None:
         _check_choice("data.placement", self.placement, Placement)

@@ -29,6 +29,7 @@ import numpy as np
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.data.arrays import Placement
+from jaxtrain._src.data.fingerprint import fingerprint
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.stream import BackgroundIterator, DevicePrefetcher, StreamLoader
 from jaxtrain._src.errors import ConfigError, DataError, setting
@@ -47,6 +48,7 @@ class Feed(Protocol):
     dropped: int  # samples a full pass leaves out (the last partial batch)
     device_bytes: int  # device memory the feed holds for the whole run
     timing: dict[str, float]  # cumulative seconds of the run's input work (optional; see `hooks.profile`)
+    fingerprint: dict[str, Any] | None  # of the training data (`data.fingerprint`); None: data made in the run
 
     def setup(self, compile: Compile) -> None:
         """Places what must live on the device and compiles helpers (compile time is counted)."""
@@ -317,12 +319,16 @@ def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout:
     if not data_lib.is_source(train_data):
         data_lib.num_samples(train_data, "train_data")
     placement = _placement(config, _bytes(train_data), layout)
+    taken = fingerprint(train_data)  # saved in each checkpoint: a resume checks it is the same data
     if placement.where == "stream":
         source, treedef = as_source(train_data, "train_data")
-        return StreamFeed(source, config, placement, layout, treedef)
-    if data_lib.is_source(train_data):
-        train_data = train_data.read(0, len(train_data))  # fits the budget: read it whole, once
-    return DeviceFeed(train_data, config, placement, data_key, layout)
+        feed: Feed = StreamFeed(source, config, placement, layout, treedef)
+    else:
+        if data_lib.is_source(train_data):
+            train_data = train_data.read(0, len(train_data))  # fits the budget: read it whole, once
+        feed = DeviceFeed(train_data, config, placement, data_key, layout)
+    feed.fingerprint = taken
+    return feed
 
 
 def place_validation(val_data: Any, config: TrainConfig, feed: Feed) -> tuple[Any, bool]:

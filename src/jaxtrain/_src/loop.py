@@ -234,7 +234,7 @@ def run_fit(
         checkpoints = None
         guard.clear()  # the files of a run this one replaces (resume="overwrite")
         if run_dir is not None and (config.checkpoint.enabled or resuming):
-            checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name)
+            checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name, saved)
         loop = program.restore(checkpoints, config.epochs) if resuming else LoopState(feed=feed.get_state())
         finished = guard.finished(int(program.state.step), loop.epoch <= config.epochs) if resuming else None
         if finished is not None:  # a finished run stays finished: nothing trained, compiled or rewritten

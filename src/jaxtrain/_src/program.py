@@ -88,8 +88,10 @@ class Program:
     def restore(self, checkpoints: Any, epochs: int | None = None) -> LoopState:
         """Continues from the newest complete checkpoint of `checkpoints` (a `CheckpointHook`):
         the state (placed on this program's mesh, whatever mesh wrote it), the feed's position and
-        arrays; returns the loop state."""
-        self.state, loop = checkpoints.restore(self.state, self.state_shardings, epochs, self.feed)
+        arrays; returns the loop state. The training data must be those the checkpoint was trained
+        on, unless `config.data.accept_changed`."""
+        self.state, loop = checkpoints.restore(self.state, self.state_shardings, epochs, self.feed,
+                                               self.config.data.accept_changed)
         return loop
 
 

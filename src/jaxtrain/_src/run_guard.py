@@ -4,7 +4,9 @@ One process at a time: a run holds an exclusive lock on `RUN/.lock` (`fcntl.floc
 lives; the kernel drops the lock when the process ends however it ends, so a killed run leaves no
 stale lock in the way of its resume. A directory that holds a run (its config.json) refuses a new
 run unless it is resumed or `overwrite` is asked for. A resume may change only the settings that
-leave the trained result alone (`RESUMABLE`, plus `epochs`); the others are refused by name.
+leave the trained result alone (`RESUMABLE`, plus `epochs`); the others are refused by name. The
+settings a resume is checked against are those saved in the newest checkpoint (which travel with
+the state it continues from), else config.json's: a deleted or edited config.json changes nothing.
 A resume of a run with no complete checkpoint yet (killed in its first seconds) starts it again,
 its earlier files moved aside to `RUN/previous-N/` (never deleted); a finished run with no
 checkpoint to continue from (checkpoints off, `checkpoints/` unreadable) is refused. A run
@@ -35,7 +37,8 @@ FINISHED = ("completed", "stopped early")  # summary.json's status of a run that
 # Settings a resume may change: where and how it runs, what it prints and keeps; not what it computes.
 RESUMABLE = ("epochs", "quiet", "verbosity", "log_every", "eval_every", "eval_batch_size", "steps_per_call",
              "tensorboard", "on_nan", "mesh", "dist", "run_dir", "checkpoint.enabled", "checkpoint.every_steps",
-             "checkpoint.keep_last", "checkpoint.keep_best", "early_stopping", "data.prefetch")
+             "checkpoint.keep_last", "checkpoint.keep_best", "early_stopping", "data.prefetch",
+             "data.accept_changed")
 
 
 # `fit`'s resume="overwrite", which the command line spells as its overwrite flag
@@ -133,7 +136,9 @@ class RunGuard:
             if not has_checkpoint(self.path / "checkpoints"):
                 self._start_again()
             else:
-                check_resumable(_read_json(self.path / "config.json"), self.config, self._note)
+                saved = checkpoint_config(self.path / "checkpoints")
+                check_resumable(saved if saved is not None else _read_json(self.path / "config.json"), self.config,
+                                self._note)
         elif self.holds_run() and not self._overwrite:
             raise ConfigError(f"{self.path} already holds a run ({_describe(self.path)}); continue it with "
                               f"{resume_advice(self.path)}, choose another {argument('run_dir')}, or pass "
@@ -208,6 +213,25 @@ def has_checkpoint(directory: Path) -> bool:
     ckpt = Checkpointer(directory, read_only=True)
     try:
         return bool(ckpt.steps())
+    finally:
+        ckpt.close()
+
+
+def checkpoint_config(directory: Path) -> dict[str, Any] | None:
+    """The run's settings as saved in its newest checkpoint whose metadata reads (None: no step
+    holds them, e.g. checkpoints written before they were saved there)."""
+    from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
+
+    ckpt = Checkpointer(directory, read_only=True)
+    try:
+        for step in reversed(ckpt.steps()):
+            try:
+                config = ckpt.read_meta(step).get("config")
+            except CheckpointError:
+                continue  # the restore notes the unreadable step
+            if isinstance(config, dict):
+                return config
+        return None
     finally:
         ckpt.close()
 

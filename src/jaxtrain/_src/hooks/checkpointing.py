@@ -1,9 +1,15 @@
 """Orbax checkpoints of the train state and the loop state: at every epoch end, every
 `every_steps` steps (at the next call boundary) and when SIGINT/SIGTERM arrives; the newest
-`keep_last` and the `keep_best` best by `best_metric` are kept."""
+`keep_last` and the `keep_best` best by `best_metric` are kept.
+
+Each checkpoint also holds the run's settings (`config`, as config.json has them: the reference a
+resume is checked against, config.json or not) and the training data's fingerprint (`data`): a
+resume on other data is refused unless `data.accept_changed` is set, which is then noted on stderr
+and in metrics.jsonl."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,7 +18,8 @@ import jax
 
 from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
 from jaxtrain._src.config import CheckpointConfig
-from jaxtrain._src.errors import ConfigError, JaxtrainError, resume_advice, setting
+from jaxtrain._src.data.fingerprint import data_change, describe
+from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, render, resume_advice, setting
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
@@ -24,25 +31,29 @@ from jaxtrain._src.state import TrainState
 class CheckpointHook(RunHook):
     """Saves checkpoints into `directory` (`<run dir>/checkpoints`); `restore` resumes from one."""
 
-    def __init__(self, directory: str | os.PathLike, config: CheckpointConfig, name: str = "fit"):
-        self.config, self._name = config, name
+    def __init__(self, directory: str | os.PathLike, config: CheckpointConfig, name: str = "fit",
+                 run_config: dict[str, Any] | None = None):
+        self.config, self._name, self._run_config = config, name, run_config
         self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode)
         self._last_save = 0
+        self._accepted: str | None = None  # the note of a resume on changed data, for metrics.jsonl
 
-    def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None, feed: Any = None
-                ) -> tuple[TrainState, LoopState]:
+    def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None, feed: Any = None,
+                accept_changed: bool = False) -> tuple[TrainState, LoopState]:
         """The newest complete checkpoint's train state (checked against `template`, placed with
         `shardings`, whatever mesh wrote it) and loop state; `feed` (a `feeds.Feed`) is set to
         its saved position and arrays.
 
         Raises:
           ConfigError: `epochs` is fewer than the checkpoint has trained (or is in the middle of).
+          DataError: the training data differ from the checkpoint's and `accept_changed` is False.
         """
         arrays = feed.arrays() if feed is not None else None
         try:
             state, arrays, meta = self.ckpt.restore_with_feed(template, arrays, shardings=shardings)
         except CheckpointError as e:
             state, arrays, meta = self._restore_other_on_nan(template, arrays, shardings, e)
+        self._check_data(meta, getattr(feed, "fingerprint", None), accept_changed)
         try:
             loop = LoopState.from_meta(meta)
         except JaxtrainError as e:
@@ -82,7 +93,26 @@ class CheckpointHook(RunHook):
 
         return state._replace(opt_state=toggle_skip(state.opt_state, counters)), arrays, meta
 
+    def _check_data(self, meta: dict[str, Any], now: dict[str, Any] | None, accept: bool) -> None:
+        change = data_change(meta.get("data"), now)
+        if change is None:
+            return
+        step, where = meta.get("step"), describe(now)
+        if not accept:
+            raise DataError(f"the training data changed since checkpoint step {step} was saved ({where}: {change}); "
+                            "a resume would continue on other data: restore the data, start a new run, or pass "
+                            f"{setting('data.accept_changed', True)} to continue on these",
+                            run_dir=self.ckpt.directory.parent, file=now.get("file"))
+        self._accepted = (f"resumed on changed training data ({where}: {change}) from checkpoint step {step}, "
+                          f"as {setting('data.accept_changed', True)} allows")
+        note(self._accepted)
+
     def on_start(self, run: Run) -> None:
+        if self._accepted is not None and jax.process_index() == 0:  # kept by run files' cut to the resumed step
+            path = self.ckpt.directory.parent / "metrics.jsonl"  # appended, never through a link
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"kind": "note", "step": run.step, "note": render(self._accepted)}) + "\n")
         self._last_save = run.step
         run.last_checkpoint = self._describe_last
         run_dir = self.ckpt.directory.parent
@@ -105,7 +135,9 @@ class CheckpointHook(RunHook):
             self.ckpt.wait()  # a failed final save is an error of the run
 
     def _save(self, run: Run, metrics: dict[str, Any] | None, kind: str) -> None:
-        self.ckpt.save(run.step, run.state, run.snapshot().to_meta(), metrics, feed=run.feed.arrays())
+        meta = {**run.snapshot().to_meta(), "config": self._run_config,
+                "data": getattr(run.feed, "fingerprint", None)}
+        self.ckpt.save(run.step, run.state, meta, metrics, feed=run.feed.arrays())
         announce("checkpoint saved", step=run.step, kind=kind)
         self._last_save = run.step
 

@@ -19,6 +19,9 @@ kills itself there; no function is patched):
   mid-epoch          at a call boundary after a step checkpoint was written completely
   async-save         right after `Checkpointer.save` returned, while Orbax writes in the background
   evaluation         at an epoch end, before or after the validation pass (before the epoch's save)
+  bit-flip           as mid-epoch (a later half occurrence: older checkpoints exist), then one bit of the
+                     newest checkpoint's largest data file is flipped: the resume must notice (the
+                     arrays' checksums), fall back to the previous checkpoint and still equal the reference
 
 Which occurrence of its moment a trial kills at (which compile, call boundary, save, evaluation)
 is drawn with a seeded RNG from the occurrences the reference run counted, distinct per trial
@@ -46,9 +49,11 @@ from rich.table import Table
 
 from jaxtrain.tools.bench.child import CHILD_FLAG
 
-Moment = Literal["start-up", "compilation", "before-checkpoint", "mid-epoch", "async-save", "evaluation"]
+Moment = Literal["start-up", "compilation", "before-checkpoint", "mid-epoch", "async-save", "evaluation",
+                 "bit-flip"]
 MOMENTS: tuple[Moment, ...] = ("start-up", "compilation", "before-checkpoint", "mid-epoch", "async-save",
-                               "evaluation")
+                               "evaluation", "bit-flip")
+KILLED_AT = {"bit-flip": "mid-epoch"}  # cases that kill at another moment's occurrences, then damage the run
 QUICK_MOMENTS: tuple[Moment, ...] = ("mid-epoch", "async-save")
 KILL_MARK = "faults: SIGKILL at"  # the child's last stdout line before it kills itself
 
@@ -60,7 +65,7 @@ class FaultsBenchConfig:
     trials: int = 3
     """Killed runs per moment."""
     moments: tuple[Moment, ...] = MOMENTS
-    """The moments to kill at (default all six)."""
+    """The moments to kill at (default all seven)."""
     samples: int = 6_000
     """Dataset size (train + validation) of every run."""
     val_samples: int = 1_000
@@ -271,7 +276,10 @@ def differences(final: Final, reference: Final) -> list[str]:
 def run_trial(trial: Trial, args: list[str], run_dir: Path, reference: Final, config: FaultsBenchConfig) -> Trial:
     """Kills a run at `trial.moment`, resumes it until a resume exits 0, and compares it with `reference`."""
     t0 = time.perf_counter()
-    code, said, _ = run_probed([*args, "--run-dir", str(run_dir)], trial.moment, trial.nth, config.timeout_s)
+    moment = KILLED_AT.get(trial.moment, trial.moment)
+    code, said, _ = run_probed([*args, "--run-dir", str(run_dir)], moment, trial.nth, config.timeout_s)
+    if code == -signal.SIGKILL and trial.moment == "bit-flip":
+        said += f"; {flip_a_bit(run_dir)}"
     if code != -signal.SIGKILL:
         reason = "the kill point was never reached (the run finished)" if code == 0 else f"exit code {code}: {said}"
         trial.error = f"not killed: {reason}"
@@ -299,11 +307,22 @@ def run_trial(trial: Trial, args: list[str], run_dir: Path, reference: Final, co
     return trial
 
 
-def _kill_points(rng: random.Random, count: int, trials: int) -> list[int]:
-    """Occurrences to kill at: distinct while there are enough, then repeated."""
+def flip_a_bit(run_dir: Path) -> str:
+    """Flips one bit in the middle of the newest checkpoint's largest data file (an array's stored
+    values); says which."""
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    data = max((run_dir / "checkpoints" / str(steps[-1])).glob("state/**/d/*"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    data.write_bytes(bytes(raw))
+    return f"one bit flipped in checkpoint step {steps[-1]}'s largest data file"
+
+
+def _kill_points(rng: random.Random, count: int, trials: int, first: int = 1) -> list[int]:
+    """Occurrences to kill at, from `first` to `count`: distinct while there are enough, then repeated."""
     points: list[int] = []
     while len(points) < trials:
-        points += rng.sample(range(1, count + 1), min(count, trials - len(points)))
+        points += rng.sample(range(first, count + 1), min(count - first + 1, trials - len(points)))
     return points
 
 
@@ -353,6 +372,7 @@ def main(config: FaultsBenchConfig) -> int:
             console.print(f"error: the uninterrupted reference run failed (exit code {code}): {error}")
             return 1
         reference, counts = read_final(Path(tmp, "reference")), result["counts"]
+        counts = {**counts, **{m: counts[k] for m, k in KILLED_AT.items()}}
         console.print(f"  reference: {reference.step} steps; occurrences of each moment: "
                       + ", ".join(f"{m} {counts[m]}" for m in config.moments))
         rng = random.Random(config.seed)
@@ -361,7 +381,8 @@ def main(config: FaultsBenchConfig) -> int:
                 trials += [Trial(moment, i + 1, 0, error="the uninterrupted run never reaches this moment")
                            for i in range(config.trials)]
                 continue
-            for i, nth in enumerate(_kill_points(rng, counts[moment], config.trials)):
+            first = counts[moment] // 2 + 1 if moment == "bit-flip" else 1  # an older checkpoint to fall back to
+            for i, nth in enumerate(_kill_points(rng, counts[moment], config.trials, first)):
                 t = run_trial(Trial(moment, i + 1, nth), args, Path(tmp, f"{moment}-{i + 1}"), reference, config)
                 trials.append(t)
                 outcome = "equal" if t.equal else "NOT EQUAL"
