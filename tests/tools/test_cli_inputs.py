@@ -33,11 +33,24 @@ def _one_line_exit_2(argv, capsys, *parts):
     (["--data.label-noise", "nan"], ["data.label_noise=nan must be a finite number"]),
     (["--data.input-noise", "nan"], ["data.input_noise=nan must be a finite number"]),
     (["--data.input-noise", "inf"], ["data.input_noise=inf must be a finite number"]),
-    (["--data.memory-budget-gb", "1e-12"], ["data.memory_budget_gb=1e-12 is below 1 MiB", "0 for the default"]),
 ])
 def test_out_of_range_flags_are_one_line(flags, parts, tmp_path, capsys):
     _one_line_exit_2([*SMALL, "--run-dir", str(tmp_path / "run"), *flags], capsys, *parts)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tiny_memory_budget_is_honoured_not_replaced_by_the_default():
+    """0 means the default; any positive budget is used as given (1e-12 GB is one byte: stream)."""
+    import jax
+
+    from jaxtrain import DataConfig, TrainConfig
+    from jaxtrain._src.data import default_budget_bytes
+    from jaxtrain._src.feeds import budget_bytes
+
+    device = jax.local_devices()[0]
+    assert budget_bytes(TrainConfig(data=DataConfig(memory_budget_gb=1e-12)), device) == 1
+    assert budget_bytes(TrainConfig(data=DataConfig(memory_budget_gb=0.5)), device) == 2**29
+    assert budget_bytes(TrainConfig(), device) == default_budget_bytes(device)
 
 
 def test_a_run_dir_name_too_long_is_one_line(tmp_path, capsys):

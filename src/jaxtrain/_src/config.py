@@ -23,7 +23,6 @@ BestMode = Literal["min", "max"]
 
 
 MAX_SEED = 2**32 - 1  # jax.random.key keeps the low 32 bits: 2**32 would be seed 0 again
-MIN_BUDGET_GB = 2**-10  # 1 MiB: a smaller budget would round to 0 bytes, which means the default
 
 
 def _check(ok: bool, message: str) -> None:
@@ -117,9 +116,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check_choice("data.placement", self.placement, Placement)
         _check_non_negative("data.memory_budget_gb", self.memory_budget_gb)
-        _check(self.memory_budget_gb == 0 or self.memory_budget_gb >= MIN_BUDGET_GB,
-               f"data.memory_budget_gb={self.memory_budget_gb!r} is below 1 MiB ({MIN_BUDGET_GB:.6f}); give at least "
-               "that, or 0 for the default (a quarter of device memory)")
         _check(isinstance(self.prefetch, int) and self.prefetch >= 1, f"data.prefetch={self.prefetch!r} must be >= 1")
         _check(isinstance(self.shuffle_window_mb, int) and self.shuffle_window_mb >= 1,
                f"data.shuffle_window_mb={self.shuffle_window_mb!r} must be an integer >= 1")

@@ -286,7 +286,9 @@ def as_source(data: Any, name: str) -> tuple[Any, Any]:
 
 def budget_bytes(config: TrainConfig, device: jax.Device) -> int:
     """Device memory the datasets may take on each device (`config.data.memory_budget_gb`, else a default)."""
-    return int(config.data.memory_budget_gb * 1024**3) or data_lib.default_budget_bytes(device)
+    if config.data.memory_budget_gb > 0:  # as given, however small (a budget under a byte is one byte)
+        return max(1, int(config.data.memory_budget_gb * 1024**3))
+    return data_lib.default_budget_bytes(device)
 
 
 def _bytes(data: Any) -> int:
