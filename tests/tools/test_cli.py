@@ -138,6 +138,16 @@ def test_unknown_preset_and_preset_with_resume_are_one_line_errors(capsys):
     assert "presets: none" in capsys.readouterr().err
 
 
+def test_resume_with_another_run_dir_is_one_line_and_records_nothing(tmp_path, capsys):
+    """`--resume A --run-dir B` named two directories: refused before anything is read or written
+    (it used to resume A and record B in A's config.json)."""
+    run_a = tmp_path / "a"
+    assert main(["train", "mlp-regression", "--resume", str(run_a), "--run-dir", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --resume {run_a} and --run-dir name the run's directory twice") and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sample_on_a_run_that_is_not_a_text_model_is_one_line_error(tmp_path, capsys):
     assert main(["sample", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"error: run directory {tmp_path / 'nope'} does not exist"

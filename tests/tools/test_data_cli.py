@@ -196,3 +196,27 @@ def test_inspect_of_a_corrupt_file_is_one_line(tmp_path, capsys):
     (tmp_path / "junk.h5").write_bytes(bytes(range(256)) * 10)
     assert main(["data", "inspect", str(tmp_path / "junk.h5")]) == 2
     _one_line(capsys, f"error: cannot open {tmp_path / 'junk.h5'} as HDF5 (file signature not found)")
+
+
+def test_sigterm_during_generate_removes_the_partial_file(tmp_path, monkeypatch):
+    """SIGTERM (a scheduler's stop) while rows are written: the process ends 143 as it would, and
+    no `OUT.h5.partial` is left behind (it was left whole before)."""
+    import os
+    import signal
+
+    calls = []
+
+    def terminated(*args, **kwargs):  # the second block of rows: SIGTERM arrives
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return make_rows(*args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "make_rows", terminated)
+    monkeypatch.setattr(generate_module, "WRITE_ROWS", 8192)
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        generate_dataset("sequence", tmp_path / "d.h5", 20000)
+    assert e.value.code == 143
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is previous  # the handler is put back

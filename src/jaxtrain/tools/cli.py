@@ -156,6 +156,9 @@ def _train(args: Sequence[str]) -> int:
     if resume:
         if has_preset:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
+        if run_dir and any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest):
+            raise ConfigError(f"--resume {run_dir} and --run-dir name the run's directory twice; a resumed run "
+                              "stays where it is: give only --resume RUN_DIR")
         run_dir = run_dir or str(runs.latest_run(recipe.name))
         if (Path(run_dir) / "config.json").is_file():
             _, saved = runs.load_config(run_dir, recipe.name)

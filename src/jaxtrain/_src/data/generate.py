@@ -13,9 +13,11 @@ import contextlib
 import dataclasses
 import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -109,7 +111,7 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
     tmp = out.with_name(out.name + ".partial")
     t0 = time.perf_counter()
     try:
-        with _create(tmp, chunk_rows * widest) as f:
+        with _term_raises(), _create(tmp, chunk_rows * widest) as f:
             _write(f, workload, samples, seq_len, min(chunk_rows, samples), compression, seed, layout, on_rows)
         os.replace(tmp, out)
     except BaseException as e:
@@ -120,6 +122,24 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
                             "has space") from None
         raise
     return GenerateResult(out, samples, time.perf_counter() - t0, out.stat().st_size)
+
+
+@contextlib.contextmanager
+def _term_raises() -> Iterator[None]:
+    """SIGTERM ends the process as it would anyway (exit 128 + 15), but as an exception, so the
+    partial file is removed on the way out (in the main thread; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_arguments(workload: str, out: str | os.PathLike, samples: int, seq_len: int, chunk_rows: int | None,
