@@ -140,6 +140,16 @@ def _preset_config(recipe: Any, rest: list[str], prog: str) -> tuple[Any, str | 
     return parse_config(type(recipe.config), default, rest, prog), preset
 
 
+def _option_value(args: Sequence[str], flag: str) -> str | None:
+    """The value given to `flag` (as `FLAG VALUE` or `FLAG=VALUE`), or None."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1:]
+    return None
+
+
 def _train(args: Sequence[str]) -> int:
     from jaxtrain.tools import runs
     from jaxtrain.tools.recipes import get_recipe
@@ -156,8 +166,9 @@ def _train(args: Sequence[str]) -> int:
     if resume:
         if has_preset:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
-        if run_dir and any(a == "--run-dir" or a.startswith("--run-dir=") for a in rest):
-            raise ConfigError(f"--resume {run_dir} and --run-dir name the run's directory twice; a resumed run "
+        other = _option_value(rest, "--run-dir")
+        if run_dir and other is not None and Path(other).resolve() != Path(run_dir).resolve():
+            raise ConfigError(f"--resume {run_dir} and --run-dir {other} name two directories; a resumed run "
                               "stays where it is: give only --resume RUN_DIR")
         run_dir = run_dir or str(runs.latest_run(recipe.name))
         if (Path(run_dir) / "config.json").is_file():
