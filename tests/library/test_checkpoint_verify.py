@@ -7,6 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import optax
+import pytest
 from conftest import small_mlp
 
 from jaxtrain._src.checkpoint import Checkpointer, checksums, flatten_state
@@ -40,11 +41,12 @@ def _same(a, b) -> bool:
     return all(np.array_equal(np.asarray(fa[k]), np.asarray(fb[k])) for k in fa)
 
 
-def test_checksums_see_one_flipped_bit_in_any_dtype():
+@pytest.mark.parametrize("on_host", [True, False], ids=["crc32 on the host", "program on the device"])
+def test_checksums_see_one_flipped_bit_in_any_dtype(on_host):
     arrays = {"f32": np.linspace(-1, 1, 300, dtype=np.float32).reshape(10, 30),
               "bf16": jax.numpy.ones((7, 5), jax.numpy.bfloat16), "i32": np.arange(12, dtype=np.int32),
               "u8": np.arange(9, dtype=np.uint8), "bool": np.array([True, False, True]), "scalar": np.int32(3)}
-    before = checksums(arrays)
+    before = checksums(arrays, on_host=on_host)
     for name, x in arrays.items():
         raw = np.array(x).reshape(-1).view(np.uint8).copy() if name != "bf16" else None
         if raw is None:
@@ -55,10 +57,10 @@ def test_checksums_see_one_flipped_bit_in_any_dtype():
         else:
             raw.reshape(-1)[-1] ^= 0x10
             flipped = raw.view(np.asarray(x).dtype).reshape(np.shape(x))
-        after = checksums({**arrays, name: flipped})
+        after = checksums({**arrays, name: flipped}, on_host=on_host)
         assert after[name] != before[name], name
         assert {k: v for k, v in after.items() if k != name} == {k: v for k, v in before.items() if k != name}
-    swapped = checksums({"f32": arrays["f32"][::-1]})  # the same values at other positions
+    swapped = checksums({"f32": arrays["f32"][::-1]}, on_host=on_host)  # the same values at other positions
     assert swapped["f32"] != before["f32"]
 
 

@@ -16,7 +16,15 @@ from typing import Any
 
 import jax
 
-from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
+from jaxtrain._src.calls import shapes_of
+from jaxtrain._src.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    is_on_host,
+    checksum_program,
+    flatten_feed,
+    flatten_state,
+)
 from jaxtrain._src.config import CheckpointConfig
 from jaxtrain._src.data.fingerprint import data_change, describe
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, render, resume_advice, setting
@@ -108,6 +116,12 @@ class CheckpointHook(RunHook):
         note(self._accepted)
 
     def on_start(self, run: Run) -> None:
+        # arrays off the host are checksummed by a program: compiled beside training (about a second
+        # on a CPU), not at the first save; arrays on the host take a CRC-32 and need none
+        flat = flatten_state(run.state) | flatten_feed(run.feed.arrays())
+        if not all(is_on_host(x) for x in flat.values()):
+            self.ckpt.checksum_program = run.calls.compile(checksum_program(), shapes_of(flat), background=True,
+                                                           what="checkpoint checksums")
         if self._accepted is not None and jax.process_index() == 0:  # kept by run files' cut to the resumed step
             path = self.ckpt.directory.parent / "metrics.jsonl"  # appended, never through a link
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
