@@ -109,7 +109,14 @@ def test_resume_advice_names_fit_arguments_from_python_and_the_flag_from_the_com
 
     run_dir = tmp_path / "run"
     hook = CheckpointHook(run_dir / "checkpoints", CheckpointConfig(), name="mlp-regression")
-    run = SimpleNamespace(step=0)
+    import jax
+    import optax
+    from conftest import small_mlp
+
+    from jaxtrain._src.state import init_state
+
+    state = init_state(small_mlp(), optax.sgd(0.1), jax.random.key(0))[1]
+    run = SimpleNamespace(step=0, state=state, feed=SimpleNamespace(arrays=lambda: None))
     hook.on_start(run)
     hook.ckpt.close()
     stopped = TrainingStopped(signal.SIGTERM, 5, run.resume_hint)

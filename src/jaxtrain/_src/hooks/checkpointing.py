@@ -20,10 +20,10 @@ from jaxtrain._src.calls import shapes_of
 from jaxtrain._src.checkpoint import (
     Checkpointer,
     CheckpointError,
-    is_on_host,
     checksum_program,
     flatten_feed,
     flatten_state,
+    is_on_host,
 )
 from jaxtrain._src.config import CheckpointConfig
 from jaxtrain._src.data.fingerprint import data_change, describe
