@@ -559,7 +559,8 @@ def print_report(trials: list[Trial], moments: tuple[str, ...], console: Console
         console.print(f"{sum(t.handled for t in ran)}/{len(ran)} faults handled"
                       + (f" ({len(trials) - len(ran)} skipped)" if len(ran) < len(trials) else ""))
     compared = [t for t in ran if t.moment not in NOT_COMPARED]
-    console.print(f"{sum(t.equal for t in compared)}/{len(compared)} resumed runs equal the uninterrupted run")
+    if compared or not trials:
+        console.print(f"{sum(t.equal for t in compared)}/{len(compared)} resumed runs equal the uninterrupted run")
 
 
 def main(config: FaultsBenchConfig) -> int:
@@ -580,7 +581,7 @@ def main(config: FaultsBenchConfig) -> int:
         reference, counts = read_final(Path(tmp, "reference")), result["counts"]
         ckpt_bytes = checkpoint_bytes(Path(tmp, "reference"))
         counts = {**counts, **{m: counts[k] for m, k in KILLED_AT.items()}}
-        counts["disk-full"] = max(0, min(FITTING, counts["disk-full"] - 1))  # checkpoints that fit; a later one does not
+        counts["disk-full"] = max(0, min(FITTING, counts["disk-full"] - 1))  # checkpoints that fit, not a later one
         console.print(f"  reference: {reference.step} steps; occurrences of each moment: "
                       + ", ".join(f"{m} {counts[m]}" for m in config.moments))
         rng = random.Random(config.seed)
