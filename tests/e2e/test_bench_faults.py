@@ -144,3 +144,12 @@ def test_report_counts_handled_faults_apart_from_equal_runs_and_skipped_ones(cap
     assert printed.rstrip().endswith("1/2 faults handled (1 skipped)")
     assert faults.summarize(trials, ("disk-full", "changed-data"))["changed-data"] == {
         "trials": 2, "killed": 2, "completed": 2, "equal": None, "handled": 1, "skipped": 0, "attempts": [2, 2]}
+
+
+def test_disk_full_is_skipped_with_its_reason_where_no_tmpfs_can_be_mounted(tmp_path, monkeypatch):
+    monkeypatch.setattr(faults, "_mount", lambda path, options: "mount: only root can use \"--options\" option")
+    reference = _final([])
+    trial = faults.run_disk_full(faults.Trial("disk-full", 1, 2), [], tmp_path / "disk", reference, 4 << 20,
+                                 faults.FaultsBenchConfig())
+    assert trial.skipped and not trial.handled and trial.killed_at is None
+    assert trial.error == 'skipped: cannot mount a tmpfs here (needs root): mount: only root can use "--options" option'
