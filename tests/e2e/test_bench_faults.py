@@ -18,7 +18,7 @@ def test_quick_faults_benchmark_resumes_an_async_save_kill_to_an_equal_run(tmp_p
     assert printed.rstrip().endswith("1/1 resumed runs equal the uninterrupted run")
     results = json.loads(out.read_text())
     assert results["moments"] == {"async-save": {"trials": 1, "killed": 1, "completed": 1, "equal": 1,
-                                                 "attempts": [1]}}
+                                                 "handled": 1, "skipped": 0, "attempts": [1]}}
     assert results["equal"] == results["total"] == 1
     # The quick run saves at steps 20, 40, 50 (epoch end), 70, 90, 100 (epoch end): six kill points.
     assert results["reference"] == {"step": 100, "counts": {**results["reference"]["counts"], "async-save": 6}}
@@ -33,9 +33,58 @@ def test_quick_faults_benchmark_resumes_past_a_bit_flipped_checkpoint(tmp_path, 
     assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("bit-flip",), out=str(out))) == 0
     assert capsys.readouterr().out.rstrip().endswith("1/1 resumed runs equal the uninterrupted run")
     results = json.loads(out.read_text())
-    assert results["moments"]["bit-flip"] == {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "attempts": [1]}
+    assert results["moments"]["bit-flip"] == {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1,
+                                              "skipped": 0, "attempts": [1]}
     (trial,) = results["trials"]
     assert trial["killed_at"].startswith(f"mid-epoch #{trial['nth']}: ") and "one bit flipped" in trial["killed_at"]
+
+
+@pytest.mark.slow
+def test_quick_faults_benchmark_fails_cleanly_on_a_full_disk_and_resumes_once_space_is_freed(tmp_path, capsys):
+    out = tmp_path / "faults.json"
+    code = faults.main(faults.FaultsBenchConfig(quick=True, moments=("disk-full",), out=str(out)))
+    results = json.loads(out.read_text())
+    (trial,) = results["trials"]
+    if trial["skipped"]:
+        pytest.skip(trial["error"])  # no tmpfs without root
+    assert code == 0, trial["error"]
+    printed = capsys.readouterr().out.rstrip()
+    assert printed.endswith("1/1 faults handled\n1/1 resumed runs equal the uninterrupted run")
+    assert results["moments"]["disk-full"] == {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1,
+                                               "skipped": 0, "attempts": [1]}
+    assert trial["killed_at"].startswith("disk full (") and "error: cannot write a checkpoint to " in trial["killed_at"]
+
+
+@pytest.mark.slow
+def test_quick_faults_benchmark_refuses_a_resume_on_changed_data_until_accepted(tmp_path, capsys):
+    out = tmp_path / "faults.json"
+    assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("changed-data",), out=str(out))) == 0
+    printed = capsys.readouterr().out.rstrip()
+    assert printed.endswith("1/1 faults handled")
+    results = json.loads(out.read_text())
+    # the refused resume, then the accepted one; not compared with the reference (other data)
+    assert results["moments"]["changed-data"] == {"trials": 1, "killed": 1, "completed": 1, "equal": None,
+                                                  "handled": 1, "skipped": 0, "attempts": [2]}
+    (trial,) = results["trials"]
+    assert trial["killed_at"].endswith("the file regenerated with --seed 1") and trial["error"] is None
+
+
+def test_a_failure_is_handled_only_as_exit_2_and_one_error_line_naming_the_file():
+    line = "error: the training data changed since checkpoint step 50 was saved (/d/data.h5: other values)"
+    assert faults.one_error_line(2, line + "\n", naming="/d/data.h5") == []
+    assert faults.one_error_line(2, line, naming="/e/other.h5") == [f"the error line does not name /e/other.h5: {line}"]
+    assert faults.one_error_line(1, "Traceback (most recent call last):\n  ...\nOSError: [Errno 28]") == [
+        "exit code 1, not 2", "a traceback on stderr",
+        "3 lines on stderr, not one `error:` line (last: OSError: [Errno 28])"]
+    assert faults.one_error_line(2, "note: something\n" + line) == [
+        f"2 lines on stderr, not one `error:` line (last: {line})"]
+
+
+def test_hdf5_args_train_from_the_file_instead_of_generated_data(tmp_path):
+    args = faults.train_args(faults.FaultsBenchConfig(samples=2_000, val_samples=400))
+    h5 = faults.hdf5_args(args, tmp_path / "d.h5")
+    assert "--data.samples" not in h5 and h5[h5.index("--data.path") + 1] == str(tmp_path / "d.h5")
+    assert h5[h5.index("--data.val-samples") + 1] == "400" and len(h5) == len(args)
 
 
 def _final(rows, step=100, scale=1.0):
@@ -62,7 +111,7 @@ def test_report_lists_each_failed_resume_with_its_error_line(capsys):
     trials = [faults.Trial("start-up", 1, 2, killed_at="start-up #2: making the feed", attempts=2,
                            error="resume attempt 2 failed (exit code 2): error: run directory /x does not exist"),
               faults.Trial("mid-epoch", 1, 5, killed_at="mid-epoch #5: step 85", attempts=1, completed=True,
-                           equal=True),
+                           equal=True, handled=True),
               faults.Trial("evaluation", 1, 1, error="not killed: the kill point was never reached (the run finished)")]
     faults.print_report(trials, ("start-up", "mid-epoch", "evaluation"), Console(width=200))
     printed = capsys.readouterr().out
@@ -72,7 +121,35 @@ def test_report_lists_each_failed_resume_with_its_error_line(capsys):
     assert "mid-epoch trial" not in printed
     assert printed.rstrip().endswith("1/3 resumed runs equal the uninterrupted run")
     assert faults.summarize(trials, ("start-up", "mid-epoch", "evaluation")) == {
-        "start-up": {"trials": 1, "killed": 1, "completed": 0, "equal": 0, "attempts": [2]},
-        "mid-epoch": {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "attempts": [1]},
-        "evaluation": {"trials": 1, "killed": 0, "completed": 0, "equal": 0, "attempts": [0]},
+        "start-up": {"trials": 1, "killed": 1, "completed": 0, "equal": 0, "handled": 0, "skipped": 0, "attempts": [2]},
+        "mid-epoch": {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1, "skipped": 0,
+                      "attempts": [1]},
+        "evaluation": {"trials": 1, "killed": 0, "completed": 0, "equal": 0, "handled": 0, "skipped": 0,
+                       "attempts": [0]},
     }
+
+
+def test_report_counts_handled_faults_apart_from_equal_runs_and_skipped_ones(capsys):
+    from rich.console import Console
+
+    trials = [faults.Trial("disk-full", 1, 1, skipped=True, error="skipped: cannot mount a tmpfs here (needs root)"),
+              faults.Trial("changed-data", 1, 3, killed_at="mid-epoch #3: step 45", attempts=2, completed=True,
+                           handled=True),
+              faults.Trial("changed-data", 2, 5, killed_at="mid-epoch #5: step 65", attempts=2, completed=True,
+                           error="metrics.jsonl has no note row naming the changed file")]
+    faults.print_report(trials, ("disk-full", "changed-data"), Console(width=200))
+    printed = capsys.readouterr().out
+    assert "disk-full trial 1: skipped: cannot mount a tmpfs here (needs root)" in printed
+    assert "changed-data trial 2 (killed at mid-epoch #5: step 65): metrics.jsonl has no note row" in printed
+    assert printed.rstrip().endswith("1/2 faults handled (1 skipped)")
+    assert faults.summarize(trials, ("disk-full", "changed-data"))["changed-data"] == {
+        "trials": 2, "killed": 2, "completed": 2, "equal": None, "handled": 1, "skipped": 0, "attempts": [2, 2]}
+
+
+def test_disk_full_is_skipped_with_its_reason_where_no_tmpfs_can_be_mounted(tmp_path, monkeypatch):
+    monkeypatch.setattr(faults, "_mount", lambda path, options: "mount: only root can use \"--options\" option")
+    reference = _final([])
+    trial = faults.run_disk_full(faults.Trial("disk-full", 1, 2), [], tmp_path / "disk", reference, 4 << 20,
+                                 faults.FaultsBenchConfig())
+    assert trial.skipped and not trial.handled and trial.killed_at is None
+    assert trial.error == 'skipped: cannot mount a tmpfs here (needs root): mount: only root can use "--options" option'
