@@ -31,8 +31,8 @@ of "handled":
                      checkpoints (drawn per trial) and half of one more, so that a later save finds
                      the disk full. Handled: the training process exits 2 with a single `error:` line
                      on stderr and no traceback, summary.json's status is "failed: ...", the newest
-                     complete checkpoint still loads (`jaxtrain.load(run_dir, STEP)`); then the tmpfs
-                     is grown (`mount -o remount,size=1g`: the space is freed) and `--resume RUN_DIR`
+                     complete checkpoint still loads (`jaxtrain.tools.runs.load(run_dir, STEP)`); then the
+                     tmpfs is grown (`mount -o remount,size=1g`: the space is freed) and `--resume RUN_DIR`
                      completes and equals the reference.
   changed-data       the run trains from an HDF5 file (`jaxtrain data generate mlp-regression` with
                      the same sample count, `--data.path`), is killed as at mid-epoch, the file is
