@@ -604,12 +604,12 @@ class Checkpointer:
         try:
             return action()
         except Exception as e:  # noqa: BLE001 - orbax wraps OSErrors from its writer threads
-            # After a failed write, orbax's storage threads print tracebacks of it from native
-            # callbacks until the manager is closed; this error reports it once, in one line.
-            self._silencer = self._silencer or _StderrSilencer()
-            self._fail(_os_reason(e))
+            self._fail(_os_reason(e))  # reported once, in one line
 
     def _fail(self, reason: str) -> None:
+        # A save refused or failed for want of space: orbax's storage threads may print tracebacks
+        # of the earlier step's write from native callbacks until the manager is closed.
+        self._silencer = self._silencer or _StderrSilencer()
         last = self.latest_step()
         raise CheckpointError(
             f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another "
