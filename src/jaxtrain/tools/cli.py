@@ -67,6 +67,7 @@ commands:
   bench preprocess [OPTIONS]  dataset loading with the preprocessing cache off, cold and warm
   bench selfplay [OPTIONS]  AlphaZero self-play: plain Python MCTS vs jitted network vs batched mctx; training updates/s
   bench xla-flags [OPTIONS]  XLA:CPU options (XNNPACK/YNNPACK, oneDNN, threads, scheduler, ISA, fast math) vs none
+  bench scan-corpus [--corpus FILE] [--cache DIR]  jaxtrain scan's recall and precision on labelled public scripts
   data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 
