@@ -163,6 +163,24 @@ def checksums(flat: dict[str, Any], program: Callable | None = None, on_host: bo
     return out
 
 
+def _ignore_closed_loop_callbacks() -> None:
+    """After a failed save, tensorstore's threads still complete orbax's futures into event loops
+    orbax has closed, and each prints `RuntimeError: Event loop is closed` through `sys.excepthook`
+    (seen after a full disk, even after the manager is closed): those, and only those, are dropped
+    for the rest of the process, so the failure stays one line."""
+    previous = sys.excepthook
+    if getattr(previous, "_jaxtrain_closed_loop", False):
+        return
+
+    def hook(kind: type, value: BaseException, tb: Any) -> None:
+        if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+            return
+        previous(kind, value, tb)
+
+    hook._jaxtrain_closed_loop = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 class _StderrSilencer:
     """Points file descriptor 2 at /dev/null until `restore` (native code writes there directly)."""
 
@@ -610,6 +628,7 @@ class Checkpointer:
         # A save refused or failed for want of space: orbax's storage threads may print tracebacks
         # of the earlier step's write from native callbacks until the manager is closed.
         self._silencer = self._silencer or _StderrSilencer()
+        _ignore_closed_loop_callbacks()
         last = self.latest_step()
         raise CheckpointError(
             f"cannot write a checkpoint to {self.directory}: {reason}; free space or choose another "
