@@ -73,6 +73,10 @@ def test_resuming_an_early_stopped_run_trains_nothing_every_time(tmp_path, capsy
         assert lowered == [] and _files(run_dir) == before and again.summary["steps"] == 8
     err = capsys.readouterr().err
     assert err.count("note:") == 2 and "stopped early at step 8" in err and "nothing to train" in err
+    # Without config.json the checkpoint's settings are the reference: still nothing to train.
+    (run_dir / "config.json").unlink()
+    again = _fit(run_dir, config=config, resume=True)
+    assert again.summary["steps"] == 8 and "stopped early at step 8" in capsys.readouterr().err
     # Other early-stopping settings continue the run.
     more = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, tensorboard=False)
     assert _fit(run_dir, config=more, resume=True).summary["steps"] == 12

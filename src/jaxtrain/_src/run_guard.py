@@ -79,6 +79,7 @@ class RunGuard:
         self._overwrite, self._primary, self._note = overwrite, primary, note
         self._create, self._created, self._lock_file = create, False, None
         self._aside = False  # clear() moves an unfinished run's files aside (a resume with nothing to resume)
+        self._reference: dict[str, Any] = {}  # the settings a resume is checked against (the checkpoint's)
 
     def __enter__(self) -> "RunGuard":
         if self.path is None:  # no run directory: nothing to claim
@@ -137,8 +138,8 @@ class RunGuard:
                 self._start_again()
             else:
                 saved = checkpoint_config(self.path / "checkpoints")
-                check_resumable(saved if saved is not None else _read_json(self.path / "config.json"), self.config,
-                                self._note)
+                self._reference = saved if saved is not None else _read_json(self.path / "config.json")
+                check_resumable(self._reference, self.config, self._note)
         elif self.holds_run() and not self._overwrite:
             raise ConfigError(f"{self.path} already holds a run ({_describe(self.path)}); continue it with "
                               f"{resume_advice(self.path)}, choose another {argument('run_dir')}, or pass "
@@ -157,7 +158,7 @@ class RunGuard:
             return None
         if summary.get("status") == "completed" and not more_epochs:
             return summary  # the checkpoint's restore noted that there is nothing to train
-        saved = _flatten(_read_json(self.path / "config.json"))
+        saved = _flatten(self._reference)  # the checkpoint's settings: config.json may be gone
         new = _flatten(self.config)
         same_stopping = all(saved.get(k) == v for k, v in new.items() if k.startswith("early_stopping."))
         if summary.get("status") == "stopped early" and same_stopping:
