@@ -80,10 +80,16 @@ def test_large_mlp_with_long_calls_is_compute_bound(tmp_path, monkeypatch):
     data = {"x": rng.normal(size=(4096, 256)).astype(np.float32), "y": rng.normal(size=(4096, 64)).astype(np.float32)}
     model = MLP((256, 1024, 1024, 64), rngs=nnx.Rngs(0))
     config = TrainConfig(epochs=1, batch_size=256, steps_per_call=8, steps_per_epoch=16)
-    result = fit(model, mse, data, None, config, **NO_FILES)
-    p = result.summary["profile"]
-    _check(p)
-    assert p["verdict"] == "compute-bound", p["loop_shares"]
+    # Two calls: once in many CI runs on a busy 2-core machine, the loop's thread was held off the CPU
+    # while both ran and so never waited for them (compute 0.01%). One more run tells that from a misreading.
+    readings = []
+    for _ in range(2):
+        p = fit(model, mse, data, None, config, **NO_FILES).summary["profile"]
+        _check(p)
+        readings.append(p["loop_shares"])
+        if p["verdict"] == "compute-bound":
+            break
+    assert p["verdict"] == "compute-bound", readings
     assert p["loop_shares"]["compute"] > 0.75
     # XLA's FLOPs of a step: forward + backward of the three matmuls, about 6 * params * batch
     matmul_flops = 6 * 256 * (256 * 1024 + 1024 * 1024 + 1024 * 64)
