@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.memory import compiled_memory
+from jaxtrain._src.memory import compiled_memory, release_free_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.sharding import Layout
 from jaxtrain._src.state import TrainState
@@ -297,6 +297,7 @@ class CompiledCalls:
             lowered = jitted.lower(*args)
             announce("lowered", what=entry["what"])
             compiled = lowered.compile()
+            release_free_heap()  # the compiler's freed memory, back to the system
             entry["seconds"] = time.perf_counter() - t0
             with self._lock:
                 self.compiles.append(entry)

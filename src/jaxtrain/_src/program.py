@@ -21,6 +21,7 @@ from jaxtrain._src.calls import AutoSteps, CallSource, CompiledCalls, StepsPerCa
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.feeds import Feed, make_feed
 from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.memory import release_free_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
 from jaxtrain._src.precision import Policy, policy_of
@@ -129,6 +130,7 @@ def build_program(
     The seed splits into the step key (dropout and other per-step randomness) and the data key
     (the epoch permutations), so neither depends on the other's use.
     """
+    release_free_heap()  # what building the model and data freed (an eager init compiles every op)
     layout = layout if layout is not None else make_layout(config.mesh)
     step_key, data_key = jax.random.split(jax.random.key(config.seed))
     feed = make_feed(train_data, config, data_key, layout) if train_data is not None else None

@@ -45,7 +45,10 @@ class MNISTConfig(RecipeConfig):
 
     epochs: int = 3
     batch_size: int = 128
-    eval_batch_size: int = 1000
+    # Evaluation in training-sized batches (0): batches of 1000 took the peak RSS of a 1-epoch run
+    # from about 690 to 1,230 MiB (XLA:CPU's convolution temporaries) and evaluated slower (1.8 s
+    # against 1.2 s for the 10,000 test images on 2 cores).
+    eval_batch_size: int = 0
     # Decaying the rate to 0 over the run took 3-epoch test accuracy from 98.9% (constant) to 99.1%.
     optim: OptimConfig = OptimConfig(name="adam", lr=1e-3, schedule="warmup-cosine", warmup_steps=100)
     data: ImageDataConfig = ImageDataConfig()
