@@ -12,6 +12,7 @@ from flax import nnx
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.memory import process_memory
 from jaxtrain._src.models import MLP
 from jaxtrain._src.report.profile_report import BOUND_SHARE, LOOP_PARTS, PARTS, build_profile, profile_lines
 from jaxtrain.tools.cli import main
@@ -157,6 +158,8 @@ def test_profile_command_prints_the_verdict_and_writes_a_trace(tmp_path, capsys,
     assert code == 0
     assert "PROFILE: where the" in out and "50 steps in 5 calls" in out
     assert "Verdict:  " in out and "Try:      1. " in out
+    if process_memory() is not None:  # and where the process's memory went
+        assert "MEMORY: peak resident" in out and "setup & compile" in out
     assert any(p.suffix == ".pb" for p in trace.rglob("*")), list(trace.rglob("*"))
     assert f"files under {trace}" in out
     assert (tmp_path / "cache" / "jaxtrain" / "machine.json").is_file()  # later runs' profiles read it

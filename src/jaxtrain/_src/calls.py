@@ -299,6 +299,7 @@ class CompiledCalls:
             compiled = lowered.compile()
             release_free_heap()  # the compiler's freed memory, back to the system
             entry["seconds"] = time.perf_counter() - t0
+            entry["temp_bytes"] = (compiled_memory(compiled) or {}).get("temp_bytes")
             with self._lock:
                 self.compiles.append(entry)
             return compiled

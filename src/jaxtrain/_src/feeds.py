@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import TrainConfig
-from jaxtrain._src.data.arrays import Placement
+from jaxtrain._src.data.arrays import Placement, bytes_used_in_place
 from jaxtrain._src.data.fingerprint import fingerprint
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.stream import BackgroundIterator, DevicePrefetcher, StreamLoader
@@ -112,6 +112,7 @@ class DeviceFeed:
         self.num_samples = data_lib.num_samples(data, "train_data")
         self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
         self.device_bytes = data_lib.nbytes(data) // (layout.num_devices if placement.split else 1)
+        self.in_place_bytes = 0  # of those, the host arrays themselves (a CPU device, aligned arrays)
         self._B, self._key = config.samples_per_step, data_key
         self._data = self._permute = self._perm = None
         self._position = 0
@@ -126,12 +127,15 @@ class DeviceFeed:
         sharding = layout.batch if self.placement.split else layout.replicated
         self._data = jax.block_until_ready(layout.put(host, jax.tree.map(lambda _: sharding, host)))
         self.timing["setup_copy_s"] = time.perf_counter() - t0
+        self.in_place_bytes = bytes_used_in_place(host, self._data)  # no second copy of these
         self._host = None  # the device copy is the one used from here
         self._key = layout.put(self._key, layout.replicated)
         n = self.num_samples
         # first used when the first epoch starts: compiled meanwhile, beside the training call
-        self._permute = compile(lambda key, epoch: epoch_permutation(key, epoch, n), self._key, np.int32(1),
-                                background=True)
+        def permutation(key: jax.Array, epoch: jax.Array) -> jax.Array:
+            return epoch_permutation(key, epoch, n)
+
+        self._permute = compile(permutation, self._key, np.int32(1), background=True)
 
     def make_call(self, train_step: Callable, k: int) -> Callable:
         return make_multi_step(train_step, self._B, k, constrain=self._layout.constrain_batch)

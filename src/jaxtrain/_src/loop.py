@@ -33,6 +33,7 @@ from jaxtrain._src.hooks import (
     EarlyStopping,
     EvalHook,
     Hook,
+    MemoryHook,
     MetricsHook,
     PlotHook,
     ProfileHook,
@@ -214,7 +215,7 @@ def run_fit(
     session: Session = Session(),
 ) -> FitResult:
     """`fit`, with what a tool adds (`Session`): the run's name, the config to save, the console."""
-    t_start = time.perf_counter()
+    t_start, memory = time.perf_counter(), MemoryHook()  # the memory the caller brought
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
     check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)  # eval_shape
     primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
@@ -251,8 +252,8 @@ def run_fit(
         run = Run(name, config, console, run_dir, jax.local_devices()[0], program.layout, feed, calls, state,
                   int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
                   resumed_step=int(state.step) if resuming else None, t_start=t_start)
-        run.hooks = _run_hooks(config, hooks, evaluation, checkpoints, progress, run_dir if primary else None, saved,
-                               loop)
+        run.hooks = [memory, *_run_hooks(config, hooks, evaluation, checkpoints, progress,
+                                         run_dir if primary else None, saved, loop)]
 
         status = "interrupted"
         try:

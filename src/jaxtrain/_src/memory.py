@@ -1,5 +1,6 @@
-"""The memory a compiled call needs, from XLA's compiled memory analysis (no profiler, no run), and
-giving the heap that compilation freed back to the operating system (`release_free_heap`)."""
+"""Memory: what a compiled call needs (XLA's compiled memory analysis: no profiler, no run), the
+process's resident memory (`process_memory`), and giving the heap that compilation freed back to
+the operating system (`release_free_heap`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ def compiled_memory(compiled: Any) -> dict[str, int] | None:
     alias, temp = int(stats.alias_size_in_bytes), int(stats.temp_size_in_bytes)
     return {"argument_bytes": arg, "output_bytes": out, "alias_bytes": alias, "temp_bytes": temp,
             "peak_bytes": arg + out - alias + temp}
+
+
+def process_memory() -> dict[str, int] | None:
+    """`{"rss": bytes, "peak": bytes}`: this process's resident memory now and its high-water mark
+    (Linux's VmRSS and VmHWM, what `getrusage` reports as the peak), or None where /proc has neither."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f if line.startswith((b"VmRSS:", b"VmHWM:")))
+        return {"rss": int(fields[b"VmRSS"].split()[0]) * 1024, "peak": int(fields[b"VmHWM"].split()[0]) * 1024}
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 @functools.cache

@@ -385,6 +385,7 @@ PROFILE_USAGE = "usage: jaxtrain profile RECIPE [--preset NAME] [OPTIONS] [--sec
 def _profile(args: Sequence[str]) -> int:
     from rich.console import Console
 
+    from jaxtrain._src.report.memory_report import memory_lines
     from jaxtrain._src.report.profile_report import profile_lines
     from jaxtrain.tools.diagnose.profile import DEFAULT_SECONDS, profile_recipe
     from jaxtrain.tools.recipes import get_recipe
@@ -414,7 +415,7 @@ def _profile(args: Sequence[str]) -> int:
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"profiling {recipe.name}: one epoch or {seconds:g} s of training, no validation ...")
     profile = profile_recipe(recipe, config, seconds, trace)
-    for line in profile_lines(profile):
+    for line in [*profile_lines(profile), *(["", *memory_lines(profile["memory"])] if profile["memory"] else [])]:
         console.print(line, markup=False)
     if trace:
         files = [p for p in Path(trace).rglob("*") if p.is_file()]

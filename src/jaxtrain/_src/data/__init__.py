@@ -1,9 +1,12 @@
 """Datasets, placement, in-graph preprocessing, and HDF5 streaming in bounded memory."""
 
 from jaxtrain._src.data.arrays import (
+    ALIGNMENT,
     Placement,
+    aligned_empty,
     choose_placement,
     default_budget_bytes,
+    is_aligned,
     is_source,
     nbytes,
     num_rows,
@@ -18,12 +21,14 @@ from jaxtrain._src.data.synthetic import make_rows
 from jaxtrain._src.data.transforms import compose, gaussian_noise, normalize
 
 __all__ = [
+    "ALIGNMENT",
     "ArraySource",
     "CharTokenizer",
     "DevicePrefetcher",
     "HDF5Source",
     "Placement",
     "StreamLoader",
+    "aligned_empty",
     "choose_placement",
     "compose",
     "default_budget_bytes",
@@ -31,6 +36,7 @@ __all__ = [
     "gaussian_noise",
     "generate_dataset",
     "inspect_file",
+    "is_aligned",
     "is_source",
     "load_mnist",
     "load_tinyshakespeare",

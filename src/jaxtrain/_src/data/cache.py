@@ -16,6 +16,7 @@ note on stderr.
 from __future__ import annotations
 
 import hashlib
+import io
 import mmap
 import os
 import re
@@ -24,9 +25,11 @@ import tempfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from jaxtrain._src.data.arrays import ALIGNMENT, is_aligned
 
 CACHE_DIR_ENV = "JAXTRAIN_CACHE_DIR"  # where entries go (default: the download cache's preprocessed/)
 CACHE_ENV = "JAXTRAIN_CACHE"  # 0, false, off or no: compute every time, read and write nothing
@@ -109,8 +112,8 @@ def cached(
     path = root / f"{name}-{cache_key(name, version, digests)[:32]}.npz"  # 128 bits of the key
     try:
         return _read(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass  # not cached yet
+    except (FileNotFoundError, NotADirectoryError, _Unaligned):
+        pass  # not cached yet, or written before members were aligned: written again
     except Exception as e:  # any damage (truncation, bad zip, bad header, bad CRC) means: rebuild
         _note(f"the cached {name} in {path} is unreadable ({type(e).__name__}: {e}); rebuilding it")
     arrays = _checked(build(), name)
@@ -162,9 +165,14 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             if dtype.hasobject or offset + dtype.itemsize * int(np.prod(shape)) != info.file_size:
                 raise ValueError(f"{info.filename}: its header does not match its size")
             array = member[offset:].view(dtype).reshape(shape, order="F" if fortran_order else "C")
-            # Members start at arbitrary offsets in the zip; NumPy is slow on misaligned arrays.
-            arrays[info.filename[:-4]] = array if array.flags.aligned else array.copy()
+            if not is_aligned(array):  # a CPU device would copy it (`aligned_empty`)
+                raise _Unaligned(info.filename)
+            arrays[info.filename[:-4]] = array
     return arrays
+
+
+class _Unaligned(Exception):
+    """An entry whose arrays do not start on `ALIGNMENT`-byte boundaries (written by an older version)."""
 
 
 def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -175,11 +183,34 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, allow_pickle=False, **arrays)
+            _write_zip(f, arrays)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_zip(f: Any, arrays: dict[str, np.ndarray]) -> None:
+    """The arrays as an uncompressed .npz (what `np.savez` writes) whose array data start on
+    `ALIGNMENT`-byte boundaries of the file, so that `_read`'s views of the mapping are aligned too."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
+        for key, value in arrays.items():
+            value = value if value.flags.c_contiguous else value.copy(order="C")
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.file_size = _npy_header_size(value) + value.nbytes
+            # Padding in the local header's extra field (id 0xD935, as Android's zipalign) puts the
+            # member on an ALIGNMENT boundary; the .npy header is a multiple of 64 bytes long.
+            end = f.tell() + 30 + len(info.filename.encode()) + 4
+            info.extra = struct.pack("<HH", 0xD935, -end % ALIGNMENT) + bytes(-end % ALIGNMENT)
+            with zf.open(info, "w") as member:
+                np.lib.format.write_array(member, value, allow_pickle=False)
+
+
+def _npy_header_size(array: np.ndarray) -> int:
+    """Bytes of the .npy header (magic included) `np.lib.format.write_array` writes before `array`'s data."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    return header.tell()
 
 
 def _note(text: str) -> None:

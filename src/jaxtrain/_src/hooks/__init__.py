@@ -4,6 +4,7 @@ from jaxtrain._src.hooks.base import Hook, LambdaHook, Run, RunHook, RunView
 from jaxtrain._src.hooks.checkpointing import CheckpointHook
 from jaxtrain._src.hooks.early_stopping import EarlyStopping
 from jaxtrain._src.hooks.evaluation import EvalHook
+from jaxtrain._src.hooks.memory import MemoryHook
 from jaxtrain._src.hooks.metrics import MetricsHook
 from jaxtrain._src.hooks.profile import ProfileBudgetReached, ProfileHook
 from jaxtrain._src.hooks.progress import PlotHook, ProgressHook
@@ -16,6 +17,7 @@ __all__ = [
     "EvalHook",
     "Hook",
     "LambdaHook",
+    "MemoryHook",
     "MetricsHook",
     "PlotHook",
     "ProfileBudgetReached",

@@ -75,6 +75,7 @@ class ProfileHook(RunHook):
                  peak_flop_s: float | None = None):
         self.budget_s, self.trace_dir, self.peak_flop_s = budget_s, trace_dir, peak_flop_s
         self.profile: dict[str, Any] | None = None
+        self.memory: dict[str, Any] | None = None
         self.budget_reached = False
         self._train_s = self._epoch_compile_s = 0.0
         self._calls = self._steps = 0
@@ -133,6 +134,7 @@ class ProfileHook(RunHook):
             return  # a failed run's state may be gone: no profile
         self.profile = build_profile(self._measurements(run, summary))
         summary["profile"] = self.profile
+        self.memory = summary.get("memory")  # the run's memory section (`MemoryHook`), for `jaxtrain profile`
 
     def _open_s(self) -> float:
         """Seconds trained in the open epoch, up to the last call announced (compilation left out)."""

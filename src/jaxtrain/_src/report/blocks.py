@@ -10,6 +10,7 @@ import jax
 
 from jaxtrain._src import memory
 from jaxtrain._src.errors import render, setting
+from jaxtrain._src.report.memory_report import memory_lines
 from jaxtrain._src.report.profile_report import profile_lines
 
 if TYPE_CHECKING:
@@ -179,6 +180,7 @@ def final_block(summary: dict[str, Any]) -> str:
         f"  Throughput:           {summary['samples_per_s']:,.0f} samples/s, {summary['steps_per_s']:,.1f} steps/s",
         f"  Device:               {summary['device']}",
         *(["", *profile_lines(summary["profile"])] if summary.get("profile") else []),
+        *(["", *memory_lines(summary["memory"])] if summary.get("memory") else []),
         RULE,
     ]
     return "\n".join(lines)

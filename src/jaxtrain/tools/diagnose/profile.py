@@ -28,7 +28,8 @@ DEFAULT_SECONDS = 20.0  # training profiled at most: long enough for steady stat
 def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DEFAULT_SECONDS,
                    trace_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Trains `recipe` with `config` for one epoch or `seconds` of training, whichever ends first,
-    and returns its profile (`summary["profile"]`: shares, FLOP/s, verdict, advice).
+    and returns its profile (`summary["profile"]`: shares, FLOP/s, verdict, advice), with the run's
+    memory section under "memory" (`summary["memory"]`; None where the process's memory is unknown).
 
     Raises:
       ConfigError: `seconds` is not positive.
@@ -56,4 +57,4 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
         pass  # the time budget ended training mid-epoch; the profile is complete
     finally:
         w.close()
-    return hook.profile
+    return {**hook.profile, "memory": hook.memory}

@@ -26,6 +26,7 @@ import optax
 from flax import nnx
 
 from jaxtrain._src.config import DataConfig, OptimConfig
+from jaxtrain._src.data.arrays import aligned_empty
 from jaxtrain._src.data.datasets import load_tinyshakespeare
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.models.gpt import GPT, GPTConfig
@@ -108,7 +109,10 @@ def windows(ids: np.ndarray, length: int) -> np.ndarray:
     """Every run of `length` consecutive tokens of `ids`: (len(ids) - length + 1, length) uint8."""
     if len(ids) < length:
         raise ConfigError(f"the text has {len(ids)} tokens, fewer than one window of {length}; raise data.limit")
-    return np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(ids.astype(np.uint8), length))
+    view = np.lib.stride_tricks.sliding_window_view(ids.astype(np.uint8), length)
+    out = aligned_empty(view.shape, np.uint8)  # on a CPU, the device uses it in place: no second copy
+    out[...] = view
+    return out
 
 
 def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
@@ -128,7 +132,8 @@ def build(config: CharGPTConfig) -> Workload:
     val = windows(val_ids, T + 1)
     rng = np.random.default_rng(config.data.seed)
     n_val = min(config.data.eval_batches * config.batch_size, len(val))
-    val = val[np.sort(rng.choice(len(val), n_val, replace=False))]
+    chosen = np.sort(rng.choice(len(val), n_val, replace=False))
+    val = np.take(val, chosen, axis=0, out=aligned_empty((n_val, T + 1), np.uint8))
     info = {"vocabulary": tokenizer.chars}
     return Workload(build_model(config, info), lm_loss, {"tokens": train}, {"tokens": val}, tokenizer=tokenizer,
                     info=info)

@@ -1,0 +1,88 @@
+"""The process's memory: arrays a CPU device uses in place, the heap handed back after compiling, and
+the memory section of every run (`summary["memory"]`, the final block)."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import mse, regression_data, silent, small_mlp
+
+from jaxtrain import TrainConfig
+from jaxtrain._src.data.arrays import ALIGNMENT, aligned_empty, bytes_used_in_place, is_aligned
+from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.memory import process_memory, release_free_heap
+from jaxtrain._src.report.memory_report import IN_PLACE_HINT, PHASES, memory_lines
+
+on_linux = pytest.mark.skipif(process_memory() is None, reason="no /proc/self/status")
+on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu", reason="in-place use is a CPU device's")
+
+
+def misaligned(x: np.ndarray) -> np.ndarray:
+    """A copy of `x` whose data start 16 bytes past an `ALIGNMENT` boundary (NumPy's own alignment)."""
+    buffer = aligned_empty((x.nbytes + ALIGNMENT,), np.uint8)
+    out = buffer[16 : 16 + x.nbytes].view(x.dtype).reshape(x.shape)
+    out[...] = x
+    return out
+
+
+def test_aligned_empty_gives_aligned_arrays_of_the_asked_shape():
+    for shape, dtype in [((3, 5), np.float32), ((0,), np.int32), ((1000, 65), np.uint8), ((), np.float64)]:
+        x = aligned_empty(shape, dtype)
+        assert x.shape == shape and x.dtype == dtype and x.flags.c_contiguous and x.flags.writeable
+        assert is_aligned(x) and (x.size == 0 or x.ctypes.data % ALIGNMENT == 0)
+    assert not is_aligned(misaligned(np.ones((4, 4), np.float32)))
+    assert not is_aligned(aligned_empty((4, 4), np.float32).T)  # not C-contiguous
+
+
+@on_cpu
+def test_a_cpu_device_uses_aligned_arrays_in_place_and_copies_others():
+    data = {"x": aligned_empty((256, 8), np.float32), "y": misaligned(np.ones((256, 3), np.float32))}
+    data["x"][...] = 1.5
+    placed = jax.device_put(data)
+    assert bytes_used_in_place(data, placed) == data["x"].nbytes
+    np.testing.assert_array_equal(np.asarray(placed["x"]), data["x"])
+    np.testing.assert_array_equal(np.asarray(placed["y"]), data["y"])
+
+
+@on_linux
+def test_process_memory_reads_the_resident_set_and_its_peak():
+    before = process_memory()
+    block = np.ones(64 << 20, np.uint8)  # 64 MiB, touched
+    after = process_memory()
+    assert 0 < before["rss"] <= before["peak"] and after["rss"] <= after["peak"]
+    assert after["peak"] >= before["rss"] + 32 * 2**20  # most of the block is resident
+    del block
+    release_free_heap()  # safe to call any time; no effect where the C library has no malloc_trim
+    # the high-water mark does not fall (Linux's per-thread RSS counters are batched: a few pages' slack)
+    assert process_memory()["peak"] >= after["peak"] - 2**20
+
+
+@on_linux
+@on_cpu
+@pytest.mark.parametrize("aligned", [True, False])
+def test_every_run_reports_what_raised_its_peak_memory(aligned):
+    data = regression_data(512)
+    data = {k: _aligned_copy(v) if aligned else misaligned(v) for k, v in data.items()}
+    console = silent()
+    result = run_fit(small_mlp(), mse, data, regression_data(64, seed=1), TrainConfig(epochs=2, batch_size=32),
+                     session=Session(console=console))
+    m = result.summary["memory"]
+    assert set(m["raised_bytes"]) == set(PHASES) and all(v >= 0 for v in m["raised_bytes"].values())
+    assert m["peak_rss_bytes"] == m["start_peak_bytes"] + sum(m["raised_bytes"].values())
+    assert m["peak_rss_bytes"] <= process_memory()["peak"]
+    assert m["data_device_bytes"] == sum(v.nbytes for v in data.values())
+    assert m["data_in_place_bytes"] == (m["data_device_bytes"] if aligned else 0)
+    assert m["state_bytes"] > 0
+    assert any(name.startswith("train call") for name in m["program_temp_bytes"])
+    assert "evaluate_sums" in m["program_temp_bytes"]
+    lines = memory_lines(m)
+    assert lines[0].startswith("MEMORY: peak resident") and any(line.startswith("  temporaries: ") for line in lines)
+    assert [line.split()[0] for line in lines[1:5]] == ["before", "setup", "training", "evaluation"]
+    assert (("(the host arrays, used in place)" in lines[2]) == aligned
+            and (f"  * a copy of the host arrays: {IN_PLACE_HINT}" in lines) != aligned)
+    assert "MEMORY: peak resident" in console.file.getvalue()  # in the final block
+
+
+def _aligned_copy(x: np.ndarray) -> np.ndarray:
+    out = aligned_empty(x.shape, x.dtype)
+    out[...] = x
+    return out
