@@ -84,6 +84,26 @@ def test_frameworks_config_rejects_unknown_names():
         FrameworksConfig(torch_compile_mode="fastest")
 
 
+def test_frameworks_baseline_is_another_checkouts_jaxtrain_and_is_compared(tmp_path):
+    from pathlib import Path
+
+    import jaxtrain
+    from jaxtrain._src.errors import ConfigError
+    from jaxtrain.tools.bench import frameworks
+
+    with pytest.raises(ConfigError, match="holds no jaxtrain package.*git worktree add"):
+        frameworks.FrameworksConfig(baseline_src=str(tmp_path))
+    src = str(Path(jaxtrain.__file__).parents[1])  # this checkout's src/, as another's would be given
+    config = frameworks.FrameworksConfig(workloads="mnist-cnn", variants="jaxtrain,torch-eager", baseline_src=src)
+    rows = [{"workload": "mnist-cnn", "variant": v, "median_ms_per_step": ms, "median_peak_rss_mib": rss,
+             "vs_torch_eager": 40.0 / ms, "vs_torch_compile": None}
+            for v, ms, rss in (("jaxtrain", 36.0, 600.0), (frameworks.BASELINE, 36.0 / 1.01, 1200.0),
+                               ("torch-eager", 40.0, 575.0))]
+    notes = " | ".join(frameworks._notes([], rows, {}, 300.0, config))
+    assert "jaxtrain's median peak RSS is 1.04x PyTorch eager's, 0.50x the baseline's" in notes
+    assert f"jaxtrain's median ms/step is 1.010x the baseline's (jaxtrain-baseline: jaxtrain from {src})" in notes
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline MNIST and Shakespeare files")
 def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):

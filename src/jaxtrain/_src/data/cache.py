@@ -122,7 +122,11 @@ def cached(
     except OSError as e:
         _note(f"cannot write the preprocessing cache in {root} ({e.strerror or e}); computing {name} "
               f"without it (set {CACHE_DIR_ENV} to a writable directory or {CACHE_ENV}=0)")
-    return arrays
+        return arrays
+    try:  # the entry's mapped, aligned arrays rather than the built ones: one copy, usable in place
+        return _read(path)
+    except Exception:  # noqa: BLE001 - replaced or damaged meanwhile: the built arrays are as good
+        return arrays
 
 
 def _checked(arrays: Mapping[str, np.ndarray], name: str) -> dict[str, np.ndarray]:

@@ -79,8 +79,16 @@ def child_main(fn: Callable[[Any], dict[str, Any]]) -> None:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far, in bytes."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    """This process's peak resident set size so far, in bytes: Linux's VmHWM.
+
+    Not `getrusage`'s ru_maxrss: Linux carries it across `exec`, so a child started by a large
+    process reports at least its parent's resident size at the fork (a torch child of `bench
+    frameworks` read 568 MiB, the parent's size, in every run). Elsewhere ru_maxrss is all there is."""
+    try:  # standard library only here (see torch_models); `jaxtrain._src.memory.process_memory` reads the same
+        with open("/proc/self/status", "rb") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(b"VmHWM:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def peak_rss_mib() -> float:

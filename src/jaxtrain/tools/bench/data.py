@@ -7,7 +7,7 @@
    memory and placed on the device; (b) streamed from the large file; (c) streamed from the small
    file. Samples/s excludes compilation (fit's train_time_s); the streamed runs also report the
    share of time the step waited for input.
-3. Peak RSS (ru_maxrss) of each training process: flat across file sizes means host memory does
+3. Peak RSS (VmHWM) of each training process: flat across file sizes means host memory does
    not grow with the dataset.
 4. Readers (when `grain` is installed): rows/s of StreamLoader against Grain pipelines.
 """

@@ -33,6 +33,7 @@ from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child, torc
 
 WORKLOADS = ("mnist-cnn", "char-gpt")
 VARIANTS = ("jaxtrain", "torch-eager", "torch-compile")
+BASELINE = "jaxtrain-baseline"  # jaxtrain from another checkout (`--baseline-src`)
 TORCH_SCRIPT = Path(__file__).with_name("torch_models.py")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CHECK_BATCH = {"mnist-cnn": 16, "char-gpt": 4}  # samples in the torch-vs-JAX forward check
@@ -63,6 +64,10 @@ class FrameworksConfig:
     """Directory for results.json, results.md and frameworks.png."""
     quick: bool = False
     """A cut-down run for smoke tests: 2 × 3 steps on a data slice, 1 run, no torch-compile."""
+    baseline_src: str = ""
+    """Also run jaxtrain from another checkout's src/ directory (a git worktree of an earlier commit) as the
+    variant jaxtrain-baseline, interleaved with the others and with this checkout's recipe settings: what a
+    change did to step time and peak memory."""
 
     def __post_init__(self) -> None:
         for field, allowed in (("workloads", WORKLOADS), ("variants", VARIANTS)):
@@ -76,6 +81,9 @@ class FrameworksConfig:
                               f"{', '.join(COMPILE_MODES)}")
         if not isinstance(self.runs, int) or self.runs < 1:
             raise ConfigError(f"runs={self.runs!r} must be an integer >= 1")
+        if self.baseline_src and not (Path(self.baseline_src) / "jaxtrain" / "__init__.py").is_file():
+            raise ConfigError(f"baseline_src={self.baseline_src!r} holds no jaxtrain package; give the src/ "
+                              "directory of another checkout (e.g. `git worktree add DIR COMMIT`, then DIR/src)")
         if not isinstance(self.steps, int) or self.steps < 0:
             raise ConfigError(f"steps={self.steps!r} must be an integer >= 1, or 0 for the workload's default")
 
@@ -243,10 +251,12 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
             "device": s["device"], "jax_version": s["jax_version"]}
 
 
-def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default") -> dict[str, Any]:
-    if variant == "jaxtrain":
+def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default",
+               baseline_src: str = "") -> dict[str, Any]:
+    if variant in ("jaxtrain", BASELINE):
         return run_child("jaxtrain.tools.bench.frameworks",
-                         {"workload": prepared.workload, "config": prepared.recipe_config})
+                         {"workload": prepared.workload, "config": prepared.recipe_config},
+                         env={"PYTHONPATH": str(Path(baseline_src).resolve())} if variant == BASELINE else None)
     return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant, "mode": compile_mode})
 
 
@@ -326,6 +336,8 @@ def main(config: FrameworksConfig) -> int:
             if v in variants:
                 skipped.setdefault(v, "torch is not installed (pip install 'jaxtrain[bench]', or torch==2.13.0 on CPU)")
     active = [v for v in variants if v not in skipped]
+    if config.baseline_src:
+        active.insert(active.index("jaxtrain") + 1 if "jaxtrain" in active else 0, BASELINE)
     workloads = list(_names(config.workloads))
     console = Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 180)
     out = Path(config.out)
@@ -352,7 +364,7 @@ def main(config: FrameworksConfig) -> int:
                 for variant in active:
                     if variant in failed:
                         continue
-                    measured = _run_child(prepared, variant, config.torch_compile_mode)
+                    measured = _run_child(prepared, variant, config.torch_compile_mode, config.baseline_src)
                     r = {"workload": workload, "variant": variant, "run": run, **measured}
                     runs.append(r)
                     if "error" in r:
@@ -456,6 +468,16 @@ def _notes(runs: list[dict[str, Any]], rows: list[dict[str, Any]], skipped: dict
             if parts:
                 notes.append(f"{workload}: jaxtrain speedup (torch median ms/step / jaxtrain median) "
                              + ", ".join(parts))
+            mine = by["jaxtrain"]["median_peak_rss_mib"]
+            others = [(name, by[v]) for v, name in (("torch-eager", "PyTorch eager's"), ("torch-compile",
+                      "torch.compile's"), (BASELINE, "the baseline's")) if v in by]
+            if others:
+                notes.append(f"{workload}: jaxtrain's median peak RSS is " + ", ".join(
+                    f"{mine / row['median_peak_rss_mib']:.2f}x {name}" for name, row in others))
+            if BASELINE in by:
+                notes.append(f"{workload}: jaxtrain's median ms/step is "
+                             f"{by['jaxtrain']['median_ms_per_step'] / by[BASELINE]['median_ms_per_step']:.3f}x "
+                             f"the baseline's ({BASELINE}: jaxtrain from {config.baseline_src})")
     notes += [
         "first table: medians over runs; 'vs eager' and 'vs compile' are that variant's median ms/step divided by "
         "the row's (above 1: the row is faster); 'acc / to target': mnist-cnn test accuracy, char-gpt time to target.",
@@ -524,7 +546,7 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
 
     workloads = list(dict.fromkeys(r["workload"] for r in rows)) or ["(nothing ran)"]
     fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
-    colors = {"jaxtrain": "#4c72b0", "torch-eager": "#dd8452", "torch-compile": "#55a868"}
+    colors = {"jaxtrain": "#4c72b0", BASELINE: "#8c8c8c", "torch-eager": "#dd8452", "torch-compile": "#55a868"}
     for ax, workload in zip(axes[0], workloads):
         mine = [r for r in rows if r["workload"] == workload]
         medians = [r["median_ms_per_step"] for r in mine]
