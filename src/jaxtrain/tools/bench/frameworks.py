@@ -178,6 +178,7 @@ def prepare(workload: str, config: FrameworksConfig, directory: Path) -> Prepare
     from jaxtrain._src.feeds import epoch_steps
     from jaxtrain._src.models.gpt import num_params, train_flops_per_token
     from jaxtrain._src.optim import build_schedule
+    from jaxtrain.tools.recipes.char_gpt import text_ids
     from jaxtrain.tools.recipes.mnist_cnn import NORMALISATION
 
     recipe, rconfig = _recipe_config(workload, config)
@@ -211,10 +212,11 @@ def prepare(workload: str, config: FrameworksConfig, directory: Path) -> Prepare
         spec["normalisation"] = NORMALISATION[rconfig.data.dataset]
         flops = cnn_train_flops_per_sample() * B
     else:
-        windows = w.train["tokens"]  # (N, T + 1): window r is ids[r : r + T + 1]
-        ids = np.concatenate([windows[:, 0], windows[-1, 1:]])
-        arrays.update(train_ids=ids, val_tokens=w.val["tokens"], check_input=windows[:k, :-1])
-        arrays["check_logits"] = np.asarray(forward(state, jnp.asarray(windows[:k, :-1], jnp.int32)), np.float64)
+        train_ids, _, _ = text_ids(rconfig)  # window r of the training set is ids[r : r + T + 1]
+        windows = lambda starts: np.asarray(w.preprocess({"start": starts})["tokens"])  # noqa: E731 - as fit's step
+        check = windows(w.train["start"][:k])[:, :-1]
+        arrays.update(train_ids=train_ids.astype(np.uint8), val_tokens=windows(w.val["start"]), check_input=check)
+        arrays["check_logits"] = np.asarray(forward(state, jnp.asarray(check, jnp.int32)), np.float64)
         spec.update(vocab_size=w.tokenizer.vocab_size, model=dataclasses.asdict(rconfig.model))
         flops = train_flops_per_token(rconfig.model, num_params(w.model)) * B * rconfig.model.block_size
     spec["arrays"] = str(directory / f"{workload}.npz")

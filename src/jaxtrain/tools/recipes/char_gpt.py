@@ -9,15 +9,17 @@ Presets (`--preset`):
         5000 steps at lr 1e-4 (it overfits; the loss plot shows where).
   long: the baby model at long context — block 1024 (see `LONG`); what `--remat` is for.
 
-Samples are all windows of block_size + 1 characters of the training text, stored as uint8 on
-the device (about 65 MB). An "epoch" is `steps_per_epoch` (250) iterations on windows drawn
-without replacement; validation loss is then estimated on a fixed set of `eval_batches` batches
-of validation windows, like nanoGPT's `estimate_loss` (which draws new random batches each time).
+Samples are all windows of block_size + 1 characters of the training text, held as their start
+positions (4 MB) and gathered from the text inside the compiled step (`window_tokens`). An
+"epoch" is `steps_per_epoch` (250) iterations on windows drawn without replacement; validation
+loss is then estimated on a fixed set of `eval_batches` batches of validation windows, like
+nanoGPT's `estimate_loss` (which draws new random batches each time).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +29,7 @@ from flax import nnx
 
 from jaxtrain._src.config import DataConfig, OptimConfig
 from jaxtrain._src.data.arrays import aligned_empty
-from jaxtrain._src.data.datasets import load_tinyshakespeare
+from jaxtrain._src.data.datasets import CharTokenizer, load_tinyshakespeare
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.models.gpt import GPT, GPTConfig
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
@@ -100,19 +102,40 @@ memory (1028 MiB of temporaries per step; 276 MiB with `--remat blocks`, `jaxtra
 A step takes about 3 s on a busy 2-core CPU, so 1000 steps (4 epochs of 250; 4.1M tokens, 2.7× the
 baby's 2000 × 768) with the baby's learning rate schedule, its cosine over those 1000 steps.
 Evaluation: 50 batches of 4 windows (200 windows, 205k tokens, like the baby's 154k), 16 windows
-per evaluation call (the baby's 48 would hold 0.8 GiB of scores per layer). The training windows,
-stored whole on the device, take 1 GB at this length (1025 bytes for each of ~1M start positions).
+per evaluation call (the baby's 48 would hold 0.8 GiB of scores per layer). The training windows
+are gathered from the text in the step: stored whole they would take 1 GB at this length.
 """
 
 
-def windows(ids: np.ndarray, length: int) -> np.ndarray:
-    """Every run of `length` consecutive tokens of `ids`: (len(ids) - length + 1, length) uint8."""
-    if len(ids) < length:
-        raise ConfigError(f"the text has {len(ids)} tokens, fewer than one window of {length}; raise data.limit")
-    view = np.lib.stride_tricks.sliding_window_view(ids.astype(np.uint8), length)
-    out = aligned_empty(view.shape, np.uint8)  # on a CPU, the device uses it in place: no second copy
-    out[...] = view
-    return out
+def text_ids(config: CharGPTConfig) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
+    """(train ids, validation ids, tokenizer): the first 90% of the text and the rest, cut to
+    `data.limit` characters in the same proportion when it is set."""
+    train_ids, val_ids, tokenizer = load_tinyshakespeare()
+    if config.data.limit:
+        cut = int(len(train_ids) * config.data.limit / (len(train_ids) + len(val_ids)))
+        train_ids, val_ids = train_ids[:cut], val_ids[: config.data.limit - cut]
+    length = config.model.block_size + 1
+    if min(len(train_ids), len(val_ids)) < length:
+        raise ConfigError(f"the text has {len(train_ids)} training and {len(val_ids)} validation tokens, fewer than "
+                          f"one window of {length}; raise data.limit")
+    return train_ids, val_ids, tokenizer
+
+
+def window_tokens(ids: np.ndarray, length: int) -> Callable[[dict], dict]:
+    """The `preprocess` that turns a batch of window starts into windows: `{"start": (B,)}` ->
+    `{"tokens": (B, length)}`, `ids[start : start + length]` each, gathered inside the compiled step.
+
+    The samples are start positions (4 bytes each) and the text is a constant of the program (1.1 MB),
+    rather than every window stored whole: 65 MB at the baby's block of 64, 1 GB at the long
+    preset's 1024 (PyTorch's twin takes the same windows as views of the text).
+    """
+    text = np.asarray(ids, np.uint8)  # a host constant: the same program on any device or mesh
+    offsets = np.arange(length, dtype=np.int32)
+
+    def preprocess(batch: dict) -> dict:
+        return {"tokens": jnp.asarray(text)[batch["start"][:, None] + offsets]}
+
+    return preprocess
 
 
 def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
@@ -123,20 +146,23 @@ def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> t
 
 
 def build(config: CharGPTConfig) -> Workload:
-    train_ids, val_ids, tokenizer = load_tinyshakespeare()
-    if config.data.limit:
-        cut = int(len(train_ids) * config.data.limit / (len(train_ids) + len(val_ids)))
-        train_ids, val_ids = train_ids[:cut], val_ids[: config.data.limit - cut]
-    T = config.model.block_size
-    train = windows(train_ids, T + 1)
-    val = windows(val_ids, T + 1)
+    train_ids, val_ids, tokenizer = text_ids(config)
+    length = config.model.block_size + 1
+    train = {"start": _starts(np.arange(len(train_ids) - length + 1))}  # every window of the training text
     rng = np.random.default_rng(config.data.seed)
-    n_val = min(config.data.eval_batches * config.batch_size, len(val))
-    chosen = np.sort(rng.choice(len(val), n_val, replace=False))
-    val = np.take(val, chosen, axis=0, out=aligned_empty((n_val, T + 1), np.uint8))
+    n_windows = len(val_ids) - length + 1
+    n_val = min(config.data.eval_batches * config.batch_size, n_windows)
+    val = {"start": _starts(len(train_ids) + np.sort(rng.choice(n_windows, n_val, replace=False)))}
     info = {"vocabulary": tokenizer.chars}
-    return Workload(build_model(config, info), lm_loss, {"tokens": train}, {"tokens": val}, tokenizer=tokenizer,
+    return Workload(build_model(config, info), lm_loss, train, val,
+                    preprocess=window_tokens(np.concatenate([train_ids, val_ids]), length), tokenizer=tokenizer,
                     info=info)
+
+
+def _starts(positions: np.ndarray) -> np.ndarray:
+    out = aligned_empty(positions.shape, np.int32)  # on a CPU, the device uses it in place: no second copy
+    out[...] = positions
+    return out
 
 
 def build_model(config: CharGPTConfig, info: dict) -> GPT:
