@@ -57,8 +57,10 @@ def release_free_heap() -> None:
 
     XLA's compiler frees 100-200 MiB of small allocations after each program it compiles; glibc
     keeps them in the heap, so they stay in the process's resident memory and add to every peak
-    after it. Called after each compile: a mnist-cnn run's peak RSS went from about 690 to 590 MiB
-    (a few milliseconds per call). Does nothing where the C library has no `malloc_trim`.
+    after it. Called after the model's initialiser, before the program is built and after each
+    compile, background ones included: a mnist-cnn run's peak RSS went from about 690 to 590 MiB;
+    a few milliseconds per call (docs/benchmarks.md has what it costs in step time). Does nothing
+    where the C library has no `malloc_trim`.
     """
     trim = _malloc_trim()
     if trim is not None:
