@@ -57,4 +57,4 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
         pass  # the time budget ended training mid-epoch; the profile is complete
     finally:
         w.close()
-    return {**hook.profile, "memory": hook.memory}
+    return None if hook.profile is None else {**hook.profile, "memory": hook.memory}
