@@ -18,12 +18,15 @@ from jaxtrain._src.config import (
     TrainConfig,
 )
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
+from jaxtrain._src.export import export
 from jaxtrain._src.hooks.base import Hook, LambdaHook, RunView
 from jaxtrain._src.load import load
 from jaxtrain._src.loop import FitResult, TrainingStopped, fit
 from jaxtrain._src.optim import build_optimizer, build_schedule
+from jaxtrain._src.predict import predict
 from jaxtrain._src.run_guard import RESUMABLE
 from jaxtrain._src.state import TrainState
+from jaxtrain._src.weights import load_weights, save_weights
 
 __version__ = "0.1.0"
 
@@ -50,9 +53,13 @@ __all__ = [
     "build_schedule",
     "data",
     "distributed",
+    "export",
     "fit",
     "hooks",
     "load",
+    "load_weights",
     "models",
+    "predict",
     "remat",
+    "save_weights",
 ]

@@ -29,6 +29,13 @@ commands:
                            start again in a directory that holds a run (its files are replaced)
   eval RUN_DIR [--checkpoint best|latest|STEP]
                            evaluate a run's checkpoint on its validation data
+  predict RUN_DIR --input FILE --output FILE [--batch-size N] [--checkpoint best|latest|STEP]
+                           a trained run's outputs for raw inputs (.npy, .npz, HDF5), with the run's own
+                           preprocessing, in batches: one compiled forward, bounded memory
+  export RUN_DIR --out DIR [--checkpoint best|latest|STEP] [--platforms cpu,cuda]
+                           the trained model as an artifact that runs with JAX alone: StableHLO with the
+                           weights inside and the preprocessing folded in (raw inputs, any batch size),
+                           signature.json, weights.safetensors, and a README saying how to call it
   plot RUN_DIR [--out FILE.png]
                            draw a run's loss curves (default RUN_DIR/curves.png)
   compare RUN_DIR... [--out FILE.png]
@@ -222,6 +229,60 @@ def _sample(args: Sequence[str]) -> int:
         raise ConfigError("usage: jaxtrain sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K]")
     c = parse_config(SampleConfig, SampleConfig(), args[1:], "jaxtrain sample RUN_DIR")
     print(runs.sample_text(args[0], c.prompt, c.length, c.temperature, c.top_k, c.seed, c.checkpoint))
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictConfig:
+    """jaxtrain predict RUN_DIR --input FILE --output FILE: a trained run's outputs for raw inputs."""
+
+    input: str = ""
+    """Raw inputs, as the training data's samples: .npy, .npz or HDF5 (the array named as the model's
+    input field, or the file's only array); read a batch at a time."""
+    output: str = ""
+    """Where the outputs go: .npy (one output), .npz or HDF5; written whole or not at all."""
+    batch_size: int = 0
+    """Rows per compiled call (0: 256, or the inputs' rows if fewer)."""
+    checkpoint: str = "best"
+    """best (by the run's best metric), latest, or a step number."""
+
+
+def _predict(args: Sequence[str]) -> int:
+    from jaxtrain.tools import runs
+
+    if not args or args[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain predict RUN_DIR --input FILE --output FILE [--batch-size N] "
+                          "[--checkpoint best|latest|STEP]")
+    c = parse_config(PredictConfig, PredictConfig(), args[1:], "jaxtrain predict RUN_DIR")
+    if not c.input or not c.output:
+        raise ConfigError("jaxtrain predict needs --input FILE (.npy, .npz, .h5) and --output FILE")
+    print(runs.predict_files(args[0], c.input, c.output, c.batch_size or None, c.checkpoint))
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+    """jaxtrain export RUN_DIR --out DIR: a trained run as an artifact that runs without its code."""
+
+    out: str = ""
+    """Directory for model.jax_export, signature.json, weights.safetensors and README.md."""
+    checkpoint: str = "best"
+    """best (by the run's best metric), latest, or a step number."""
+    platforms: str = ""
+    """Comma-separated platforms the artifact may run on, e.g. cpu,cuda (default: this machine's)."""
+
+
+def _export(args: Sequence[str]) -> int:
+    from jaxtrain.tools import runs
+
+    if not args or args[0].startswith("-"):
+        raise ConfigError("usage: jaxtrain export RUN_DIR --out DIR [--checkpoint best|latest|STEP] "
+                          "[--platforms cpu,cuda]")
+    c = parse_config(ExportConfig, ExportConfig(), args[1:], "jaxtrain export RUN_DIR")
+    if not c.out:
+        raise ConfigError("jaxtrain export needs --out DIR")
+    platforms = tuple(p.strip() for p in c.platforms.split(",") if p.strip())
+    print(runs.export_run(args[0], c.out, c.checkpoint, platforms))
     return 0
 
 
@@ -530,7 +591,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Enable tracemalloc")
 
     commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "plot": lambda: _plot(rest),
-                "sample": lambda: _sample(rest),
+                "sample": lambda: _sample(rest), "predict": lambda: _predict(rest),
+                "export": lambda: _export(rest),
                 "compare": lambda: _compare(rest), "doctor": lambda: _doctor(rest),
                 "recipes": _recipes, "tune": lambda: _tune(rest),
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),

@@ -20,18 +20,22 @@ from jaxtrain._src import distributed
 from jaxtrain._src.checks import check_path_length
 from jaxtrain._src.config import from_dict, to_dict
 from jaxtrain._src.data.datasets import CharTokenizer
+from jaxtrain._src.data.transforms import to_spec
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks import LambdaHook
 from jaxtrain._src.load import load_with_step, read_config
 from jaxtrain._src.loop import FitResult, Session, run_fit
+from jaxtrain._src.predict import Forward
 from jaxtrain._src.program import build_program
 from jaxtrain._src.report import device_description
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.sharding import make_layout
 from jaxtrain._src.step import make_evaluate
 from jaxtrain.tools.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
+from jaxtrain.tools.recipes.base import Workload
 
 MODEL_INFO = "model.json"  # the workload's `info`: what rebuilds the model without reading data
+PREDICT_INFO = "predict.json"  # what prediction feeds the model: its input field, shape, preprocessing
 
 
 def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | None = None, resume: bool = False,
@@ -56,6 +60,8 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
+        if w.inputs is not None:
+            (run_dir / PREDICT_INFO).write_text(json.dumps(predict_info(w), indent=2) + "\n")
 
     try:
         verbosity = "summary" if config.quiet and config.verbosity == "progress" else config.verbosity
@@ -65,6 +71,23 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
                        session=Session(name=recipe.name, saved_config=config, console=console))
     finally:
         w.close()
+
+
+def predict_info(w: Workload) -> dict[str, Any]:
+    """What `predict` and `export` need to feed a run's model raw inputs, without its data: the
+    input field, one raw input's shape and dtype, and the preprocessing (its statistics included;
+    None when the raw inputs go to the model as they are)."""
+    preprocess = w.preprocess if w.predict_preprocess else None
+    spec = to_spec(preprocess)
+    if preprocess is not None and spec is None:
+        raise ConfigError(f"the model's preprocessing ({type(preprocess).__name__}) cannot be saved with the run; "
+                          "build it from jaxtrain.data.normalize, standardize_images and compose")
+    if w.input_sample is not None:
+        shape, dtype = w.input_sample
+    else:
+        first = w.train.read(0, 1) if data_lib.is_source(w.train) else {k: v[:1] for k, v in w.train.items()}
+        shape, dtype = first[w.inputs].shape[1:], str(first[w.inputs].dtype)
+    return {"inputs": w.inputs, "shape": list(shape), "dtype": dtype, "preprocess": spec}
 
 
 def _import_in_background(module: str) -> None:
@@ -204,3 +227,68 @@ def sample_text(
     tokenizer = CharTokenizer(vocabulary)
     out = sample(model, jax.numpy.asarray(tokenizer.encode(prompt)), length, jax.random.key(seed), temperature, top_k)
     return tokenizer.decode(jax.device_get(out))
+
+
+def read_predict_info(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """A recipe run's predict.json (see `predict_info`).
+
+    Raises:
+      ConfigError: the run has none (its model has no forward on one input, as AlphaZero's
+        network, or it was trained before jaxtrain saved one).
+    """
+    path = Path(run_dir) / PREDICT_INFO
+    if not path.is_file():
+        read_config(Path(run_dir))  # not a run directory at all: that line first
+        raise ConfigError(f"{run_dir} has no {PREDICT_INFO}: its model takes no single input to predict from, or "
+                          "the run was trained before jaxtrain saved what prediction needs; train it again")
+    return json.loads(path.read_text())
+
+
+def run_forward(run_dir: str | os.PathLike, checkpoint: str = "best") -> tuple[Forward, dict[str, Any], int]:
+    """`(forward, info, step)`: the evaluation-mode forward of a recipe run's checkpoint with the
+    run's saved preprocessing, on the run's mesh; `info` is its predict.json."""
+    from jaxtrain._src.data.transforms import from_spec
+
+    info = read_predict_info(run_dir)
+    _, config = load_config(run_dir)
+    model, step = restore_model(run_dir, checkpoint)
+    preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
+    return Forward(model, preprocess, info["inputs"], make_layout(config.mesh)), info, step
+
+
+def predict_files(run_dir: str | os.PathLike, input_path: str | os.PathLike, output_path: str | os.PathLike,
+                  batch_size: int | None = None, checkpoint: str = "best") -> str:
+    """`jaxtrain predict`: the outputs of a recipe run's checkpoint for the raw inputs in
+    `input_path`, written to `output_path` batch by batch; returns a one-line account."""
+    from jaxtrain._src.predict import predict_batches
+    from jaxtrain.tools.array_files import read_inputs, write_outputs
+
+    forward, info, step = run_forward(run_dir, checkpoint)
+    data = read_inputs(input_path, info["inputs"], tuple(info["shape"]), info["dtype"])
+    n = data_lib.num_rows(data)
+    t0 = time.perf_counter()
+    shapes = write_outputs(output_path, predict_batches(forward, data, batch_size=batch_size), n)
+    seconds = time.perf_counter() - t0
+    outputs = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+    return (f"{output_path}: {outputs} from {n:,} rows of {input_path} (checkpoint of step {step:,}, "
+            f"{n / max(seconds, 1e-9):,.0f} rows/s)")
+
+
+def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: str = "best",
+               platforms: tuple[str, ...] = ()) -> str:
+    """`jaxtrain export`: a recipe run's checkpoint as a self-contained artifact in `out` (see
+    `jaxtrain._src.export`), its saved preprocessing folded in; returns a one-line account."""
+    from jaxtrain._src.data.transforms import from_spec
+    from jaxtrain._src.export import export
+
+    info = read_predict_info(run_dir)
+    recipe, _ = load_config(run_dir)
+    model, step = restore_model(run_dir, checkpoint)
+    preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
+    example = jax.ShapeDtypeStruct((1, *info["shape"]), info["dtype"])
+    signature = export(model, example, out, preprocess=preprocess, inputs=info["inputs"], platforms=platforms,
+                       metadata={"recipe": recipe.name, "run_dir": str(run_dir), "step": step})
+    outputs = ", ".join(f"{o['name']} ({', '.join(map(str, o['shape']))}) {o['dtype']}" for o in signature["outputs"])
+    return (f"{out}: model.jax_export (raw {info['inputs']} ({', '.join(map(str, ['batch', *info['shape']]))}) "
+            f"{info['dtype']} -> {outputs}), signature.json, weights.safetensors, README.md; checkpoint of step "
+            f"{step:,}, for {', '.join(signature['platforms'])}")

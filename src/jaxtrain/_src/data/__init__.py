@@ -18,7 +18,7 @@ from jaxtrain._src.data.inspect import inspect_file
 from jaxtrain._src.data.sources import ArraySource, HDF5Source
 from jaxtrain._src.data.stream import DevicePrefetcher, StreamLoader
 from jaxtrain._src.data.synthetic import make_rows
-from jaxtrain._src.data.transforms import compose, gaussian_noise, normalize
+from jaxtrain._src.data.transforms import compose, gaussian_noise, normalize, standardize_images
 
 __all__ = [
     "ALIGNMENT",
@@ -46,4 +46,5 @@ __all__ = [
     "num_rows",
     "num_samples",
     "read_idx",
+    "standardize_images",
 ]

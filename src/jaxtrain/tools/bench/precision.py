@@ -21,6 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from jaxtrain._src.data.transforms import standardize_images
 from jaxtrain._src.memory import compiled_memory, format_bytes
 from jaxtrain._src.program import build_program
 from jaxtrain._src.sharding import make_layout
@@ -50,7 +51,7 @@ def _workloads(quick: bool) -> list[tuple[str, object, object, object, dict[str,
     workloads = [
         ("char-gpt", gpt, lambda c: char_gpt.build_model(c, {"vocabulary": "x" * 65}), char_gpt.lm_loss, None, text),
         ("mnist-cnn", cnn, lambda c: mnist_cnn.build_model(c, {}), mnist_cnn.cross_entropy,
-         mnist_cnn._preprocess(*mnist_cnn.NORMALISATION["mnist"]), images),
+         standardize_images("image", *mnist_cnn.NORMALISATION["mnist"]), images),
     ]
     return workloads[:1] if quick else workloads
 

@@ -45,6 +45,14 @@ class Workload:
     """Text recipes: the tokenizer that maps text to the model's token ids and back."""
     hooks: tuple[Any, ...] = ()
     """Hooks the workload needs in its loop (e.g. self-play and evaluation matches)."""
+    inputs: str | None = None
+    """The field of a batch the model is called on, after `preprocess` (`model(batch[inputs])`):
+    what `jaxtrain predict` and `export` feed it; None for a model without such a forward."""
+    predict_preprocess: bool = True
+    """Whether raw inputs for prediction go through `preprocess` (False where `preprocess` makes the
+    model's input from something else, as char-gpt's windows from start positions)."""
+    input_sample: tuple[tuple[int, ...], str] | None = None
+    """One raw input's shape and dtype for prediction; None: those of the training data's `inputs`."""
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     """JSON-ready facts the model's shape depends on besides the config (sizes read from the data,
     a vocabulary), saved as the run's model.json so that `Recipe.model` rebuilds it without data."""

@@ -156,7 +156,8 @@ def build(config: CharGPTConfig) -> Workload:
     info = {"vocabulary": tokenizer.chars}
     return Workload(build_model(config, info), lm_loss, train, val,
                     preprocess=window_tokens(np.concatenate([train_ids, val_ids]), length), tokenizer=tokenizer,
-                    info=info)
+                    info=info, inputs="tokens", predict_preprocess=False,
+                    input_sample=((config.model.block_size,), "int32"))
 
 
 def _starts(positions: np.ndarray) -> np.ndarray:

@@ -110,7 +110,7 @@ def build(config: HDF5SequenceConfig) -> Workload:
         ranges["y"] = ("label", int(outputs), "num_classes")
     train, val = InRange(train, ranges), InRange(val, ranges) if val is not None else None
     loss = regression_loss if d.task == "regression" else classification_loss
-    return Workload(build_model(config, info), loss, train, val, info=info)
+    return Workload(build_model(config, info), loss, train, val, info=info, inputs="x")
 
 
 def _check_layout(source: HDF5Source, d: SequenceDataConfig) -> None:

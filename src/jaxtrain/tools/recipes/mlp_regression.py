@@ -185,6 +185,7 @@ def build(config: MLPRegressionConfig) -> Workload:
         preprocess=data_lib.normalize("x", mean, std),
         augment=data_lib.gaussian_noise("x", config.data.input_noise) if config.data.input_noise else None,
         info=info,
+        inputs="x",
     )
 
 

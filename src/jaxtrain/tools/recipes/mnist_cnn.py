@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import DataConfig, OptimConfig
 from jaxtrain._src.data.datasets import load_mnist
 from jaxtrain._src.errors import ConfigError
@@ -65,21 +66,14 @@ def cross_entropy(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array
     return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
 
 
-def _preprocess(mean: float, std: float):
-    def preprocess(batch: dict) -> dict:  # uint8 (B, 28, 28) -> float32 (B, 28, 28, 1), standardised
-        image = (batch["image"].astype(jnp.float32) / 255.0 - mean) / std
-        return {**batch, "image": image[..., None]}
-
-    return preprocess
-
-
 def build(config: MNISTConfig) -> Workload:
     train, test = load_mnist(config.data.dataset)
     if config.data.limit:
         train = {k: v[: config.data.limit] for k, v in train.items()}
         test = {k: v[: max(config.data.limit // 6, 1)] for k, v in test.items()}
     mean, std = NORMALISATION[config.data.dataset]
-    return Workload(build_model(config, {}), cross_entropy, train, test, preprocess=_preprocess(mean, std))
+    return Workload(build_model(config, {}), cross_entropy, train, test,
+                    preprocess=data_lib.standardize_images("image", mean, std), inputs="image")
 
 
 def build_model(config: MNISTConfig, info: dict) -> CNN:

@@ -1,0 +1,179 @@
+"""Batched prediction: a trained model's outputs for every row of some inputs.
+
+`predict(model, data)` runs the model's evaluation-mode forward (dropout off, batch-norm running
+statistics) over `data` in batches of one shape: one compiled program, the last partial batch
+padded to the full size and its padding rows dropped from the outputs, never a second compile.
+The preprocessing the model was trained with runs inside the compiled forward, as in evaluation.
+Inputs are read a batch at a time (a row source such as an HDF5 file is read in contiguous
+blocks), and the next batch is handed to the device while the current one computes, so memory
+holds a few batches whatever the size of the inputs; `predict_batches` yields the outputs batch
+by batch for callers that write them out as they come (`jaxtrain predict`).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxtrain._src.data.arrays import is_source, num_rows
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.sharding import Layout, make_layout
+from jaxtrain._src.state import eval_graphdef
+from jaxtrain._src.step import Preprocess
+
+__all__ = ["Forward", "predict", "predict_batches"]
+
+DEFAULT_BATCH_SIZE = 256
+
+
+def _fields(data: Any, inputs: str | None) -> tuple[Any, str]:
+    """`data` as a dict of fields, and the field the model is called on."""
+    if isinstance(data, dict) or is_source(data):
+        names = list(data.keys() if isinstance(data, dict) else data.row_shapes)
+        if inputs is None:
+            if len(names) != 1:
+                raise ConfigError(f"the inputs have the fields {', '.join(names)}: pass inputs= the one the model "
+                                  f"is called on")
+            inputs = names[0]
+        return data, inputs
+    if not hasattr(data, "shape") or not getattr(data, "ndim", 0):
+        raise ConfigError(f"predict takes an array of samples (a leading batch axis), a dict of them or a row "
+                          f"source; got {type(data).__name__}")
+    inputs = inputs or "x"
+    return {inputs: data}, inputs
+
+
+class Forward:
+    """A model's evaluation-mode forward, compiled once per batch shape and placed on a mesh.
+
+    Args:
+      model: the trained Flax NNX model.
+      preprocess: `batch -> batch`, traced into the forward (the training run's preprocessing).
+      inputs: the field of the (preprocessed) batch the model is called on.
+      layout: the mesh to run on (batches split over its data axis); default one device.
+      forward: `forward(model, batch) -> outputs`, for models not called as `model(batch[inputs])`.
+    """
+
+    def __init__(self, model: nnx.Module, preprocess: Preprocess | None = None, inputs: str = "x",
+                 layout: Layout | None = None, forward: Callable[[nnx.Module, dict], Any] | None = None):
+        self.layout = layout if layout is not None else make_layout("data=1")
+        self.graphdef = eval_graphdef(model)  # eval mode; the model itself is left as it was
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        variables = (params, rest)
+        self.shardings = self.layout.state_shardings(variables)
+        self.variables = self.layout.put(variables, self.shardings)
+        self.inputs, self.preprocess = inputs, preprocess
+        self.call = forward if forward is not None else (lambda m, batch: m(batch[self.inputs]))
+        self._compiled: dict[Any, Any] = {}
+
+    def function(self) -> Callable[[Any, dict], Any]:
+        """The pure `f(variables, batch) -> outputs` this compiles."""
+        graphdef, preprocess, call = self.graphdef, self.preprocess, self.call
+
+        def f(variables: Any, batch: dict) -> Any:
+            if preprocess is not None:
+                try:
+                    batch = preprocess(batch)
+                except KeyError as e:
+                    raise ConfigError(f"the preprocessing reads the field {e.args[0]!r}, which the inputs do not "
+                                      f"have (fields: {', '.join(batch)}); pass the inputs under that name") from None
+            model = nnx.merge(graphdef, *variables, copy=True)
+            return call(model, batch)
+
+        return f
+
+    def compiled(self, batch: dict) -> Callable:
+        key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items()))
+        if key not in self._compiled:
+            layout = self.layout
+            spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=layout.batch) for k, v in batch.items()}
+            jitted = jax.jit(self.function(), in_shardings=(self.shardings, {k: layout.batch for k in batch}),
+                             out_shardings=layout.batch)
+            self._compiled[key] = jitted.lower(self.variables, spec).compile()
+        return self._compiled[key]
+
+    def __call__(self, batch: dict) -> Any:
+        return self.compiled(batch)(self.variables, batch)
+
+
+def _batches(data: dict | Any, batch_size: int) -> Iterator[tuple[dict, int]]:
+    """`(batch, valid)`: host batches of `batch_size` rows, the last padded by repeating its final
+    row; `valid` rows of each are real."""
+    n = num_rows(data)
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        block = data.read(start, stop) if is_source(data) else {k: np.asarray(v[start:stop]) for k, v in data.items()}
+        valid = stop - start
+        if valid < batch_size:
+            block = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - valid, axis=0)]) for k, v in block.items()}
+        yield block, valid
+
+
+def predict_batches(model: nnx.Module | Forward, data: Any, *, batch_size: int | None = None,
+                    preprocess: Preprocess | None = None, inputs: str | None = None,
+                    layout: Layout | None = None) -> Iterator[Any]:
+    """The model's outputs (NumPy pytrees) batch by batch, in the order of `data`'s rows; see
+    `predict`. While one batch's outputs are copied back, the next batch is computing."""
+    data, inputs = _fields(data, inputs)
+    n = num_rows(data)
+    if n == 0:
+        raise ConfigError("the inputs have no rows to predict")
+    forward = model if isinstance(model, Forward) else Forward(model, preprocess, inputs, layout)
+    devices = forward.layout.num_devices  # a batch is split over every device of the mesh
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size} must be >= 1")
+    size = min(batch_size or DEFAULT_BATCH_SIZE, n)
+    size = -(-size // devices) * devices  # a multiple of the data axis: each device takes equal rows
+    pending: collections.deque = collections.deque()
+    for block, valid in _batches(data, size):
+        batch = {k: jax.device_put(v, forward.layout.batch) for k, v in block.items()}
+        pending.append((forward(batch), valid))
+        if len(pending) > 1:
+            yield _host(*pending.popleft())
+    while pending:
+        yield _host(*pending.popleft())
+
+
+def _host(outputs: Any, valid: int) -> Any:
+    return jax.tree.map(lambda y: np.asarray(y)[:valid], outputs)
+
+
+def predict(model: nnx.Module, data: Any, *, batch_size: int | None = None, preprocess: Preprocess | None = None,
+            inputs: str | None = None, layout: Layout | None = None) -> Any:
+    """The trained model's outputs for every row of `data`, as NumPy arrays.
+
+    Runs the evaluation-mode forward (dropout off, batch-norm running statistics), compiled once
+    for one batch shape; the last partial batch is padded, not recompiled. Memory holds a few
+    batches whatever the size of `data`; only the outputs are gathered whole.
+
+    Args:
+      model: the trained Flax NNX model, e.g. `jaxtrain.load(run_dir, model=...)`.
+      data: an array of samples (leading batch axis), a dict of such arrays, or a row source such
+        as `jaxtrain.data.HDF5Source` (read in contiguous blocks).
+      batch_size: rows per compiled call (default 256, or fewer rows if `data` has fewer); on a
+        mesh, rounded up to a multiple of its devices.
+      preprocess: the training run's `batch -> batch` preprocessing (e.g. `jaxtrain.data.normalize`),
+        applied inside the compiled forward exactly as in evaluation.
+      inputs: the field of the batch the model is called on, `model(batch[inputs])`; a bare array
+        is that field (default "x"); a dict with one field needs none.
+      layout: a mesh (`jaxtrain.distributed`'s layouts) to split batches over; default one device.
+
+    Returns:
+      The model's output pytree with a leading axis of `len(data)` rows.
+
+    Example:
+      >>> y = jaxtrain.predict(model, x_raw, preprocess=jaxtrain.data.normalize("x", mean, std))
+    """
+    parts = list(predict_batches(model, data, batch_size=batch_size, preprocess=preprocess, inputs=inputs,
+                                 layout=layout))
+    return jax.tree.map(lambda *ys: np.concatenate(ys), *parts)
+
+
+def as_float32(tree: Any) -> Any:
+    """Floating arrays of `tree` as float32 (the dtype predictions are written in)."""
+    return jax.tree.map(lambda y: y.astype(np.float32) if jnp.issubdtype(y.dtype, jnp.floating) else y, tree)

@@ -1,0 +1,166 @@
+"""A model's weights in the safetensors format, with flat, readable names.
+
+`save_weights(model, path)` writes every variable of a Flax NNX model (its parameters and its
+other state, such as batch-norm statistics) under a dotted name (`layers.0.kernel`); other tools
+read the file (`safetensors.numpy.load_file`, PyTorch, Hugging Face). `load_weights(model, path)`
+fills a freshly built model of the same structure from it, checking every name and shape.
+
+The format (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length, a
+JSON header giving each tensor's dtype, shape and byte range, then the tensors' bytes, C order.
+It is written here (a few lines) rather than through the `safetensors` package, which the tests
+use as the independent reader. The header's `__metadata__` records each name's variable type
+(`Param`, `BatchStat`, ...); PRNG keys are stored as their raw key data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from jaxtrain._src.errors import ConfigError
+
+__all__ = ["flat_weights", "load_weights", "read_safetensors", "save_weights", "write_safetensors"]
+
+_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+_KEY = "key:"  # the metadata kind of a PRNG key stored as its key data: "key:<impl>"
+
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Writes `tensors` to `path` in the safetensors format (atomically: beside it, then renamed)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
+    offset = 0
+    arrays = []
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        if array.dtype not in _NAMES:
+            raise ConfigError(f"weight {name!r} has dtype {array.dtype}, which safetensors cannot hold")
+        header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+        arrays.append(array)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the tensors' bytes start 8-byte aligned
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for array in arrays:
+            f.write(array.tobytes())
+    os.replace(tmp, path)
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """`(tensors, metadata)` of a safetensors file.
+
+    Raises:
+      ConfigError: a missing file, or one that is not in the format (one line saying what is wrong).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"weights file {path} does not exist")
+    data = path.read_bytes()
+    try:
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8: 8 + n])
+        metadata = header.pop("__metadata__", {}) or {}
+        body = memoryview(data)[8 + n:]
+        tensors = {}
+        for name, t in header.items():
+            begin, end = t["data_offsets"]
+            dtype = np.dtype(_DTYPES[t["dtype"]])
+            if not 0 <= begin <= end <= len(body) or end - begin != dtype.itemsize * int(np.prod(t["shape"])):
+                raise ValueError(f"{name}: byte range {begin}-{end} does not hold its shape {t['shape']}")
+            tensors[name] = np.frombuffer(body[begin:end], dtype).reshape(t["shape"]).copy()
+    except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not a safetensors file ({e})") from None
+    return tensors, metadata
+
+
+def _name(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def flat_weights(model: nnx.Module) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """`(tensors, kinds)`: every variable of `model` by dotted name, as NumPy arrays, and each
+    name's variable type (`Param`, `BatchStat`, ...; `key:<impl>` for a PRNG key)."""
+    tensors, kinds = {}, {}
+    for path, variable in nnx.to_flat_state(nnx.state(model)):
+        value = variable.get_value()
+        name, kind = _name(path), type(variable).__name__
+        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            kind = _KEY + str(jax.random.key_impl(value))
+            value = jax.random.key_data(value)
+        tensors[name], kinds[name] = np.asarray(value), kind
+    return tensors, kinds
+
+
+def save_weights(model: nnx.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:
+    """Writes `model`'s variables to the safetensors file `path`; returns the path.
+
+    `metadata` (strings) joins the file's header beside jaxtrain's `variables` entry (each name's
+    variable type, as JSON)."""
+    tensors, kinds = flat_weights(model)
+    write_safetensors(path, tensors, {**(metadata or {}), "format": "jaxtrain", "variables": json.dumps(kinds)})
+    return Path(path)
+
+
+def load_weights(model: nnx.Module, path: str | os.PathLike) -> nnx.Module:
+    """Fills `model` (built with the same structure, e.g. freshly initialised) with the weights in
+    the safetensors file `path` (from `save_weights` or `jaxtrain export`) and returns it.
+
+    Raises:
+      ConfigError: names or shapes that differ between the file and the model (one line naming the
+        first few), or a file that is not safetensors.
+    """
+    tensors, metadata = read_safetensors(path)
+    kinds = json.loads(metadata.get("variables", "{}"))
+    state = nnx.state(model)
+    flat = list(nnx.to_flat_state(state))
+    names = {_name(p) for p, _ in flat}
+    missing, unexpected = sorted(names - set(tensors)), sorted(set(tensors) - names)
+    problems = []
+    if missing:
+        problems.append(f"missing {_few(missing)}")
+    if unexpected:
+        problems.append(f"not in the model {_few(unexpected)}")
+    for p, variable in flat:
+        name = _name(p)
+        value = variable.get_value()
+        if name in tensors:
+            want = jax.random.key_data(value).shape if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key) \
+                else value.shape
+            if tuple(tensors[name].shape) != tuple(want):
+                problems.append(f"{name} is {tuple(tensors[name].shape)} in the file, {tuple(want)} in the model")
+    if problems:
+        raise ConfigError(f"{path} does not fit this model: {'; '.join(problems[:4])}"
+                          f"{f' (and {len(problems) - 4} more)' if len(problems) > 4 else ''}; build the model "
+                          "with the configuration the weights were trained with")
+    for p, variable in flat:
+        name, value = _name(p), variable.get_value()
+        saved = tensors[name]
+        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            impl = kinds.get(name, "")[len(_KEY):] or None
+            variable.set_value(jax.random.wrap_key_data(saved, impl=impl))
+        else:
+            variable.set_value(jax.numpy.asarray(saved, value.dtype))
+    nnx.update(model, state)
+    return model
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
