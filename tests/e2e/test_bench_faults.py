@@ -28,6 +28,16 @@ def test_quick_faults_benchmark_resumes_an_async_save_kill_to_an_equal_run(tmp_p
 
 
 @pytest.mark.slow
+def test_a_run_with_an_average_of_its_weights_resumes_bit_for_bit_after_sigkill(tmp_path, capsys):
+    out = tmp_path / "faults.json"
+    assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("mid-epoch",), ema=0.99, out=str(out))) == 0
+    assert capsys.readouterr().out.rstrip().endswith("1/1 resumed runs equal the uninterrupted run")
+    results = json.loads(out.read_text())
+    assert results["moments"]["mid-epoch"]["equal"] == 1  # every train-state array, the average's included
+    assert results["command"][-2:] == ["--ema", "0.99"]
+
+
+@pytest.mark.slow
 def test_quick_faults_benchmark_resumes_past_a_bit_flipped_checkpoint(tmp_path, capsys):
     out = tmp_path / "faults.json"
     assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("bit-flip",), out=str(out))) == 0

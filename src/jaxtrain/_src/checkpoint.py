@@ -54,6 +54,20 @@ def _flatten(tree: Any) -> dict[str, Any]:
     return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+def _average_as_params(flat: dict[str, Any], params: list[str]) -> dict[str, Any]:
+    """The average of the weights in a checkpoint's optimizer state (`optim.with_ema`), under the
+    parameters' own paths."""
+    out = {}
+    for path in params:
+        suffix = ".average" + path[len(".params"):]
+        found = [k for k in flat if k.startswith(".opt_state") and k.endswith(suffix)]
+        if len(found) != 1:
+            raise CheckpointError("the checkpoint holds no average of the weights: the run was trained without "
+                                  f"{argument('ema')}; use the raw weights")
+        out[path] = flat[found[0]]
+    return out
+
+
 def flatten_state(state: TrainState) -> dict[str, jax.Array]:
     """`{path: array}` for every leaf of `state`; the PRNG key is stored as its raw uint32 data."""
     return _flatten(state._replace(rng=jax.random.key_data(state.rng)))
@@ -599,12 +613,17 @@ class Checkpointer:
             return state, None, meta
         return state, _unflatten_checked(feed, flatten_feed(feed), feed_flat), meta
 
-    def restore_model(self, params: Any, model_state: Any, step: int | str | None = None) -> tuple[Any, Any]:
+    def restore_model(self, params: Any, model_state: Any, step: int | str | None = None,
+                      weights: str = "raw") -> tuple[Any, Any]:
         """Only the model's variables of checkpoint `step` (as `read`; `restored_step` says which
-        step), checked against templates of `(params, model_state)`: no optimizer is needed."""
+        step), checked against templates of `(params, model_state)`: no optimizer is needed.
+        `weights="ema"` takes the parameters from the average of the weights the optimizer state
+        holds (`TrainConfig.ema`) instead."""
         flat, _ = self.read(step)
         template = TrainState(None, params, model_state, None, None)
         wanted = {path: leaf for path, leaf in _flatten(template).items()}
+        if weights == "ema":
+            flat = {**flat, **_average_as_params(flat, [p for p in wanted if p.startswith(".params")])}
         picked = {path: flat[path] for path in wanted if path in flat}
         restored = _unflatten_checked(template, wanted, picked)
         return restored.params, restored.model_state

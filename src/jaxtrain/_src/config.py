@@ -246,6 +246,11 @@ class TrainConfig:
     mesh: str = "auto"
     """Devices as a mesh: auto (every device, data parallel), data=N, fsdp=N or data=N,fsdp=M (FSDP:
     parameters and optimizer state split over fsdp). The sizes multiply to the number of devices."""
+    ema: float = 0.0
+    """Exponential moving average of the weights: 0 off; a decay d in (0, 1), e.g. 0.999: after each
+    update ema = d * ema + (1 - d) * params (from the initial weights), inside the compiled call. It is
+    evaluated beside the raw weights (val_ema_loss, ...), saved in checkpoints, and used by predict and
+    export with --weights ema."""
 
     def __post_init__(self) -> None:
         from jaxtrain._src.sharding import parse_mesh
@@ -263,6 +268,8 @@ class TrainConfig:
                 isinstance(value, int) and value >= 0,
                 f"{field}={value!r} must be an integer >= 1, or 0 for automatic",
             )
+        _check(isinstance(self.ema, (int, float)) and 0 <= self.ema < 1,
+               f"ema={self.ema!r} must be 0 (off) or a decay in (0, 1), e.g. 0.999")
         _check(isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,
                f"seed={self.seed!r} must be an integer from 0 to {MAX_SEED} (JAX keys hold 32 bits: larger seeds "
                "would repeat smaller ones)")

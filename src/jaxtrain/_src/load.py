@@ -33,12 +33,16 @@ def read_config(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def load_with_step(run_dir: str | os.PathLike, model: nnx.Module, checkpoint: str = "best") -> tuple[nnx.Module, int]:
-    """`(model, step)`: `model` filled with the weights of checkpoint `checkpoint` of `run_dir`."""
+def load_with_step(run_dir: str | os.PathLike, model: nnx.Module, checkpoint: str = "best",
+                   weights: str = "raw") -> tuple[nnx.Module, int]:
+    """`(model, step)`: `model` filled with the weights of checkpoint `checkpoint` of `run_dir`
+    (`weights="ema"`: their average, from a run trained with `TrainConfig.ema`)."""
     run_dir = Path(run_dir)
     config = read_config(run_dir)
     if checkpoint not in ("best", "latest") and not str(checkpoint).isdigit():
         raise ConfigError(f"checkpoint={checkpoint!r} must be best, latest or a step number")
+    if weights not in ("raw", "ema"):
+        raise ConfigError(f"weights={weights!r} must be raw or ema")
     ckpt_dir = run_dir / "checkpoints"
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"{run_dir} has no checkpoints/ directory")
@@ -49,7 +53,7 @@ def load_with_step(run_dir: str | os.PathLike, model: nnx.Module, checkpoint: st
         _, params, model_state = nnx.split(model, nnx.Param, ...)
         # best and latest fall back to the next checkpoint that reads when one is unreadable
         which = int(checkpoint) if str(checkpoint).isdigit() else checkpoint
-        params, model_state = ckpt.restore_model(params, model_state, which)
+        params, model_state = ckpt.restore_model(params, model_state, which, weights)
         step = ckpt.restored_step
     finally:
         ckpt.close()
@@ -57,7 +61,8 @@ def load_with_step(run_dir: str | os.PathLike, model: nnx.Module, checkpoint: st
     return model, step
 
 
-def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None) -> nnx.Module:
+def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None,
+         weights: str = "raw") -> nnx.Module:
     """The trained model of a run directory, for prediction in Python.
 
     Only the model's variables are restored: no optimizer is rebuilt and no data are read.
@@ -68,6 +73,7 @@ def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module
       model: a model of the same structure to fill, e.g.
         `nnx.eval_shape(lambda: MyModel(..., rngs=nnx.Rngs(0)))` (no memory is spent on its
         initial weights). A recipe run's model is built by `jaxtrain.tools.runs.load(run_dir)`.
+      weights: raw (the trained weights) or ema (their average, from a run with `TrainConfig.ema`).
 
     Example:
       >>> model = jaxtrain.load("runs/mine", model=nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(0))))
@@ -78,4 +84,4 @@ def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module
                  if recipe not in (None, "fit") else "")
         raise ConfigError(f"load needs model=, a model of the run's structure to fill, e.g. "
                           f"nnx.eval_shape(lambda: MyModel(..., rngs=nnx.Rngs(0))){where}")
-    return load_with_step(run_dir, model, checkpoint)[0]
+    return load_with_step(run_dir, model, checkpoint, weights)[0]

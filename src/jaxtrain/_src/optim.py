@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,12 +72,51 @@ def build_train_optimizer(
     schedule: optax.Schedule | None = None,
 ) -> optax.GradientTransformation:
     """The optimizer of a training run: `optimizer` when given, else `build_optimizer(config.optim)`;
-    with `on_nan="skip"` wrapped in `optax.apply_if_finite`, so a non-finite gradient leaves the
-    state unchanged (and is counted); with fp16 precision wrapped in dynamic loss scaling."""
+    with `config.ema` keeping an average of the weights (`with_ema`); with `on_nan="skip"` wrapped
+    in `optax.apply_if_finite`, so a non-finite gradient leaves the state unchanged (and is
+    counted); with fp16 precision wrapped in dynamic loss scaling."""
     tx = optimizer if optimizer is not None else build_optimizer(config.optim, total_steps, schedule)
+    if config.ema:  # inside the skipping wrappers: a skipped update leaves the average as it was
+        tx = with_ema(tx, config.ema)
     if config.on_nan == "skip":
         tx = optax.apply_if_finite(tx, max_consecutive_errors=2**31 - 1)
     return policy_of(config).wrap(tx)
+
+
+class EmaState(NamedTuple):
+    """`with_ema`'s state: the average of the weights, and the wrapped optimizer's state."""
+
+    average: optax.Params
+    inner: optax.OptState
+
+
+def with_ema(tx: optax.GradientTransformation, decay: float) -> optax.GradientTransformation:
+    """`tx` that also keeps an exponential moving average of the parameters it updates:
+    `ema <- decay * ema + (1 - decay) * (params + updates)` after each update, starting from the
+    initial parameters (no bias correction, as Keras' `use_ema` and timm's ModelEmaV2). The average
+    lives in the optimizer state, so checkpoints save and resume it; `ema_params` reads it."""
+
+    def init(params: optax.Params) -> EmaState:
+        return EmaState(jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params), tx.init(params))
+
+    def update(updates: optax.Updates, state: EmaState, params: optax.Params | None = None):
+        if params is None:
+            raise ValueError("with_ema needs the parameters in update()")
+        updates, inner = tx.update(updates, state.inner, params)
+        new = optax.apply_updates(params, updates)
+        average = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p.astype(jnp.float32), state.average, new)
+        return updates, EmaState(average, inner)
+
+    return optax.GradientTransformation(init, update)
+
+
+def ema_params(opt_state: optax.OptState) -> optax.Params | None:
+    """The average of the weights `with_ema` keeps inside `opt_state`, or None."""
+    is_ema = lambda x: isinstance(x, EmaState)  # noqa: E731
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_ema):
+        if is_ema(leaf):
+            return leaf.average
+    return None
 
 
 def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:

@@ -29,10 +29,10 @@ commands:
                            start again in a directory that holds a run (its files are replaced)
   eval RUN_DIR [--checkpoint best|latest|STEP]
                            evaluate a run's checkpoint on its validation data
-  predict RUN_DIR --input FILE --output FILE [--batch-size N] [--checkpoint best|latest|STEP]
+  predict RUN_DIR --input FILE --output FILE [--batch-size N] [--checkpoint best|latest|STEP] [--weights raw|ema]
                            a trained run's outputs for raw inputs (.npy, .npz, HDF5), with the run's own
                            preprocessing, in batches: one compiled forward, bounded memory
-  export RUN_DIR --out DIR [--checkpoint best|latest|STEP] [--platforms cpu,cuda]
+  export RUN_DIR --out DIR [--checkpoint best|latest|STEP] [--platforms cpu,cuda] [--weights raw|ema]
                            the trained model as an artifact that runs with JAX alone: StableHLO with the
                            weights inside and the preprocessing folded in (raw inputs, any batch size),
                            signature.json, weights.safetensors, and a README saying how to call it
@@ -245,6 +245,8 @@ class PredictConfig:
     """Rows per compiled call (0: 256, or the inputs' rows if fewer)."""
     checkpoint: str = "best"
     """best (by the run's best metric), latest, or a step number."""
+    weights: Literal["raw", "ema"] = "raw"
+    """raw: the trained weights; ema: their average (a run trained with --ema)."""
 
 
 def _predict(args: Sequence[str]) -> int:
@@ -256,7 +258,7 @@ def _predict(args: Sequence[str]) -> int:
     c = parse_config(PredictConfig, PredictConfig(), args[1:], "jaxtrain predict RUN_DIR")
     if not c.input or not c.output:
         raise ConfigError("jaxtrain predict needs --input FILE (.npy, .npz, .h5) and --output FILE")
-    print(runs.predict_files(args[0], c.input, c.output, c.batch_size or None, c.checkpoint))
+    print(runs.predict_files(args[0], c.input, c.output, c.batch_size or None, c.checkpoint, c.weights))
     return 0
 
 
@@ -270,6 +272,8 @@ class ExportConfig:
     """best (by the run's best metric), latest, or a step number."""
     platforms: str = ""
     """Comma-separated platforms the artifact may run on, e.g. cpu,cuda (default: this machine's)."""
+    weights: Literal["raw", "ema"] = "raw"
+    """raw: the trained weights; ema: their average (a run trained with --ema)."""
 
 
 def _export(args: Sequence[str]) -> int:
@@ -282,7 +286,7 @@ def _export(args: Sequence[str]) -> int:
     if not c.out:
         raise ConfigError("jaxtrain export needs --out DIR")
     platforms = tuple(p.strip() for p in c.platforms.split(",") if p.strip())
-    print(runs.export_run(args[0], c.out, c.checkpoint, platforms))
+    print(runs.export_run(args[0], c.out, c.checkpoint, platforms, c.weights))
     return 0
 
 

@@ -142,8 +142,8 @@ def _model_info(run_dir: Path, recipe: Recipe, config: RecipeConfig) -> dict[str
     return workload.info
 
 
-def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None
-                  ) -> tuple[nnx.Module, int]:
+def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None,
+                  weights: str = "raw") -> tuple[nnx.Module, int]:
     """A run's model with the weights of checkpoint `checkpoint` (best, latest or a step).
 
     The model comes from `model` (a template of the same structure) or, for runs of a recipe,
@@ -157,10 +157,11 @@ def restore_model(run_dir: str | os.PathLike, checkpoint: str = "best", model: n
     if model is None:
         recipe, recipe_config = load_config(run_dir)
         model = recipe.model(recipe_config, _model_info(run_dir, recipe, recipe_config))
-    return load_with_step(run_dir, model, checkpoint)
+    return load_with_step(run_dir, model, checkpoint, weights)
 
 
-def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None) -> nnx.Module:
+def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module | None = None,
+         weights: str = "raw") -> nnx.Module:
     """The trained model of a run directory, for prediction in Python (`jaxtrain.load`, which
     also builds the model of a recipe run from its config).
 
@@ -174,7 +175,7 @@ def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module
     Example:
       >>> model = jaxtrain.load("runs/mine", model=nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(0))))
     """
-    return restore_model(run_dir, checkpoint, model)[0]
+    return restore_model(run_dir, checkpoint, model, weights)[0]
 
 
 def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, Any]:
@@ -244,38 +245,41 @@ def read_predict_info(run_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def run_forward(run_dir: str | os.PathLike, checkpoint: str = "best") -> tuple[Forward, dict[str, Any], int]:
-    """`(forward, info, step)`: the evaluation-mode forward of a recipe run's checkpoint with the
-    run's saved preprocessing, on the run's mesh; `info` is its predict.json."""
+def run_forward(run_dir: str | os.PathLike, checkpoint: str = "best", weights: str = "raw"
+                ) -> tuple[Forward, dict[str, Any], int]:
+    """`(forward, info, step)`: the evaluation-mode forward of a recipe run's checkpoint (its raw
+    weights or their average) with the run's saved preprocessing, on the run's mesh; `info` is its
+    predict.json."""
     from jaxtrain._src.data.transforms import from_spec
 
     info = read_predict_info(run_dir)
     _, config = load_config(run_dir)
-    model, step = restore_model(run_dir, checkpoint)
+    model, step = restore_model(run_dir, checkpoint, weights=weights)
     preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
     return Forward(model, preprocess, info["inputs"], make_layout(config.mesh)), info, step
 
 
 def predict_files(run_dir: str | os.PathLike, input_path: str | os.PathLike, output_path: str | os.PathLike,
-                  batch_size: int | None = None, checkpoint: str = "best") -> str:
+                  batch_size: int | None = None, checkpoint: str = "best", weights: str = "raw") -> str:
     """`jaxtrain predict`: the outputs of a recipe run's checkpoint for the raw inputs in
     `input_path`, written to `output_path` batch by batch; returns a one-line account."""
     from jaxtrain._src.predict import predict_batches
     from jaxtrain.tools.array_files import read_inputs, write_outputs
 
-    forward, info, step = run_forward(run_dir, checkpoint)
+    forward, info, step = run_forward(run_dir, checkpoint, weights)
     data = read_inputs(input_path, info["inputs"], tuple(info["shape"]), info["dtype"])
     n = data_lib.num_rows(data)
     t0 = time.perf_counter()
     shapes = write_outputs(output_path, predict_batches(forward, data, batch_size=batch_size), n)
     seconds = time.perf_counter() - t0
     outputs = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
-    return (f"{output_path}: {outputs} from {n:,} rows of {input_path} (checkpoint of step {step:,}, "
+    return (f"{output_path}: {outputs} from {n:,} rows of {input_path} (checkpoint of step {step:,}"
+            f"{', the average of its weights' if weights == 'ema' else ''}, "
             f"{n / max(seconds, 1e-9):,.0f} rows/s)")
 
 
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: str = "best",
-               platforms: tuple[str, ...] = ()) -> str:
+               platforms: tuple[str, ...] = (), weights: str = "raw") -> str:
     """`jaxtrain export`: a recipe run's checkpoint as a self-contained artifact in `out` (see
     `jaxtrain._src.export`), its saved preprocessing folded in; returns a one-line account."""
     from jaxtrain._src.data.transforms import from_spec
@@ -283,11 +287,11 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: s
 
     info = read_predict_info(run_dir)
     recipe, _ = load_config(run_dir)
-    model, step = restore_model(run_dir, checkpoint)
+    model, step = restore_model(run_dir, checkpoint, weights=weights)
     preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
     example = jax.ShapeDtypeStruct((1, *info["shape"]), info["dtype"])
     signature = export(model, example, out, preprocess=preprocess, inputs=info["inputs"], platforms=platforms,
-                       metadata={"recipe": recipe.name, "run_dir": str(run_dir), "step": step})
+                       metadata={"recipe": recipe.name, "run_dir": str(run_dir), "step": step, "weights": weights})
     outputs = ", ".join(f"{o['name']} ({', '.join(map(str, o['shape']))}) {o['dtype']}" for o in signature["outputs"])
     return (f"{out}: model.jax_export (raw {info['inputs']} ({', '.join(map(str, ['batch', *info['shape']]))}) "
             f"{info['dtype']} -> {outputs}), signature.json, weights.safetensors, README.md; checkpoint of step "

@@ -19,6 +19,7 @@ from jaxtrain._src.calls import shapes_of
 from jaxtrain._src.feeds import stream_blocks
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.moments import announce
+from jaxtrain._src.optim import ema_params
 from jaxtrain._src.step import make_evaluate_sums
 
 STREAM_BLOCK_BYTES = 32 << 20  # rows per streamed evaluation call: about this many bytes, whole batches
@@ -26,7 +27,8 @@ STREAM_BLOCK_BYTES = 32 << 20  # rows per streamed evaluation call: about this m
 
 class EvalHook(RunHook):
     """Adds `val_loss` and `val_<metric>` (exact means over every validation sample), `eval_time_s`
-    and the evaluation's share of `epoch_time_s` to the epoch record.
+    and the evaluation's share of `epoch_time_s` to the epoch record; with an average of the
+    weights (`TrainConfig.ema`), `val_ema_loss` and `val_ema_<metric>` of it too.
 
     Args:
       eval_step: the program's pure evaluation step (evaluation mode, the training dtype).
@@ -99,6 +101,10 @@ class EvalHook(RunHook):
         t0 = time.perf_counter()
         announce("evaluation", when="before", epoch=run.epoch)
         record.update({f"val_{k}": v for k, v in self._evaluate(run.state).items()})
+        ema = ema_params(run.state.opt_state)
+        if ema is not None:  # the average of the weights, evaluated beside them
+            averaged = run.state._replace(params=jax.tree.map(lambda e, p: e.astype(p.dtype), ema, run.state.params))
+            record.update({f"val_ema_{k}": v for k, v in self._evaluate(averaged).items()})
         announce("evaluation", when="after", epoch=run.epoch)
         eval_s = time.perf_counter() - t0
         record["eval_time_s"] = record.get("eval_time_s", 0.0) + eval_s

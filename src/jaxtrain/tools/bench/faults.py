@@ -109,6 +109,8 @@ class FaultsBenchConfig:
     """Seconds one training process may take before it is stopped and the trial fails."""
     seed: int = 0
     """Seed of the kill points."""
+    ema: float = 0.0
+    """--ema of every run (an average of the weights in the train state that must resume exactly too)."""
     quick: bool = False
     """A cut-down run for smoke tests: 1 trial, tiny data, the mid-epoch and async-save moments
     (unless --moments is given)."""
@@ -204,7 +206,7 @@ def train_args(config: FaultsBenchConfig) -> list[str]:
     return ["train", "mlp-regression", "--data.samples", str(config.samples), "--data.val-samples",
             str(config.val_samples), "--epochs", str(config.epochs), "--checkpoint.every-steps",
             str(config.every_steps), "--steps-per-call", str(config.steps_per_call), "--log-every",
-            str(config.log_every), "--quiet"]
+            str(config.log_every), "--quiet", *(["--ema", str(config.ema)] if config.ema else [])]
 
 
 def _launch(command: list[str], timeout_s: float) -> tuple[int | None, str, str]:
