@@ -218,7 +218,7 @@ def test_library_predict_pads_the_last_batch_and_runs_in_eval_mode():
     x = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)
     forward = Forward(model, inputs="x")
     parts = list(predict_batches(forward, x, batch_size=4))
-    assert [len(p) for p in parts] == [4, 4, 2] and len(forward._compiled) == 1  # padded, not recompiled
+    assert [len(p) for p in parts] == [4, 4, 2] and forward.compiles() == 1  # padded, not recompiled
     expected = np.asarray(x @ np.asarray(model.linear.kernel[...]) + np.asarray(model.linear.bias[...]))
     np.testing.assert_allclose(np.concatenate(parts), expected, rtol=1e-6, atol=1e-6)  # no dropout
     y = jaxtrain.predict(model, {"x": x}, batch_size=3, preprocess=jaxtrain.data.normalize("x", 1.0, 2.0))

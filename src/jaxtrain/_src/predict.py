@@ -29,6 +29,7 @@ from jaxtrain._src.step import Preprocess
 __all__ = ["Forward", "predict", "predict_batches"]
 
 DEFAULT_BATCH_SIZE = 256
+_JITTED: dict[Any, Callable] = {}  # the jitted forwards of the latest models predicted with (see `Forward.jitted`)
 
 
 def _fields(data: Any, inputs: str | None) -> tuple[Any, str]:
@@ -68,6 +69,7 @@ class Forward:
         self.shardings = self.layout.state_shardings(variables)
         self.variables = self.layout.put(variables, self.shardings)
         self.inputs, self.preprocess = inputs, preprocess
+        self._forward = forward
         self.call = forward if forward is not None else (lambda m, batch: m(batch[self.inputs]))
         self._compiled: dict[Any, Any] = {}
 
@@ -87,18 +89,28 @@ class Forward:
 
         return f
 
-    def compiled(self, batch: dict) -> Callable:
-        key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items()))
-        if key not in self._compiled:
-            layout = self.layout
-            spec = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=layout.batch) for k, v in batch.items()}
-            jitted = jax.jit(self.function(), in_shardings=(self.shardings, {k: layout.batch for k in batch}),
-                             out_shardings=layout.batch)
-            self._compiled[key] = jitted.lower(self.variables, spec).compile()
-        return self._compiled[key]
+    def jitted(self, fields: Any) -> Callable:
+        """The forward jitted for batches with these fields. Shared by every `Forward` of the same
+        model structure, preprocessing, input field and placement, so that calling `predict` again
+        compiles nothing (each batch shape compiles once, on its first call)."""
+        layout = self.layout
+        key = (self.graphdef, self.preprocess, self.inputs, self._forward, tuple(sorted(fields)),
+               tuple(jax.tree.leaves(self.shardings)), layout.batch)
+        if key not in _JITTED:
+            if len(_JITTED) >= 16:
+                _JITTED.pop(next(iter(_JITTED)))
+            _JITTED[key] = jax.jit(self.function(), out_shardings=layout.batch,
+                                   in_shardings=(self.shardings, {k: layout.batch for k in fields}))
+        self._compiled[key] = _JITTED[key]
+        return _JITTED[key]
+
+    def compiles(self) -> int:
+        """Programs compiled so far (one per batch shape)."""
+        return sum(f._cache_size() for f in self._compiled.values())
 
     def __call__(self, batch: dict) -> Any:
-        return self.compiled(batch)(self.variables, batch)
+        """The outputs for `batch` (host or device arrays), computing asynchronously."""
+        return self.jitted(batch)(self.variables, batch)
 
 
 def _batches(data: dict | Any, batch_size: int) -> Iterator[tuple[dict, int]]:
@@ -131,8 +143,7 @@ def predict_batches(model: nnx.Module | Forward, data: Any, *, batch_size: int |
     size = -(-size // devices) * devices  # a multiple of the data axis: each device takes equal rows
     pending: collections.deque = collections.deque()
     for block, valid in _batches(data, size):
-        batch = {k: jax.device_put(v, forward.layout.batch) for k, v in block.items()}
-        pending.append((forward(batch), valid))
+        pending.append((forward(block), valid))
         if len(pending) > 1:
             yield _host(*pending.popleft())
     while pending:
