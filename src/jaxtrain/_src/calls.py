@@ -18,6 +18,7 @@ for them counts as compile time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -408,6 +409,13 @@ class CompiledCalls:
         jax.block_until_ready(outputs)
         self.wait_s += time.perf_counter() - t0
 
+    def flops_per_step(self, k: int, grad_accum: int = 1) -> float | None:
+        """XLA's FLOP count of one optimizer step, from the compiled call of k steps (see `flops`)."""
+        flops = self.flops(k)
+        if flops is None:
+            return None
+        return flops * grad_accum if loop_body_counted_once() else flops / k
+
     def flops(self, k: int) -> float | None:
         """XLA's FLOP count of the compiled call of k steps (`cost_analysis`; a loop's body counts
         once), or None when the backend does not report it."""
@@ -417,3 +425,18 @@ class CompiledCalls:
             return None
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         return float(cost["flops"]) if cost and cost.get("flops", -1) > 0 else None
+
+
+@functools.cache
+def loop_body_counted_once() -> bool:
+    """Whether XLA's cost analysis counts a `lax.scan` body once rather than once per iteration
+    (measured once per process on a small matmul chain)."""
+    n, length = 64, 7
+
+    def chain(x: jax.Array) -> jax.Array:
+        return jax.lax.scan(lambda c, _: (c @ x, None), x, None, length=length)[0]  # (N, N)
+
+    cost = jax.jit(chain).lower(jax.ShapeDtypeStruct((n, n), jnp.float32)).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float((cost or {}).get("flops", 0.0))
+    return flops < 0.5 * length * 2 * n**3

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from jaxtrain._src.calls import AutoSteps
 from jaxtrain._src.checkpoint import CheckpointError
-from jaxtrain._src.checks import check_fit_inputs, check_path_length
+from jaxtrain._src.checks import abstract_batch, check_fit_inputs, check_path_length
 from jaxtrain._src.config import TrainConfig, to_dict
 from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
 from jaxtrain._src.feeds import place_validation
@@ -46,6 +46,7 @@ from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
 from jaxtrain._src.program import build_program
 from jaxtrain._src.report import build_summary
+from jaxtrain._src.report.model_summary import model_summary
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
@@ -198,6 +199,15 @@ def fit(
                    preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
 
 
+def _model_summary(model: nnx.Module, loss_fn: LossFn, train_data: Any, preprocess: Preprocess | None,
+                   batch_size: int) -> dict[str, Any]:
+    """The model summary, its output shapes traced through the loss on one abstract batch."""
+    def trace(model: nnx.Module, batch: Any) -> Any:
+        return loss_fn(model, preprocess(batch) if preprocess else batch, jax.random.key(0))
+
+    return model_summary(model, trace, abstract_batch(train_data, batch_size, "train_data"))
+
+
 def run_fit(
     model: nnx.Module,
     loss_fn: LossFn,
@@ -252,6 +262,7 @@ def run_fit(
         run = Run(name, config, console, run_dir, jax.local_devices()[0], program.layout, feed, calls, state,
                   int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
                   resumed_step=int(state.step) if resuming else None, t_start=t_start)
+        run.model_summary = _model_summary(model, loss_fn, train_data, preprocess, config.batch_size)
         run.hooks = [memory, *_run_hooks(config, hooks, evaluation, checkpoints, progress,
                                          run_dir if primary else None, saved, loop)]
 

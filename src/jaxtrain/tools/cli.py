@@ -52,6 +52,9 @@ commands:
                            copies, compute, dispatch, host sync, compilation, FLOP/s; a verdict and what to change
   sample RUN_DIR [--prompt TEXT] [--length N] [--temperature T] [--top-k K] [--seed S]
                            generate text from a trained char-gpt run
+  summary RECIPE [--preset NAME] [--json] [OPTIONS]
+                           the model: each module's path, type, output shape, parameters and bytes; the
+                           totals; FLOPs of one compiled training step
   recipes                  list the recipes
   tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] [--seconds S] [--no-throughput]
                     [--out FILE.png] [OPTIONS]
@@ -489,6 +492,30 @@ def _profile(args: Sequence[str]) -> int:
     return 0
 
 
+def _summary(args: Sequence[str]) -> int:
+    import json
+
+    from jaxtrain._src.report.model_summary import summary_lines
+    from jaxtrain.tools import runs
+    from jaxtrain.tools.recipes import get_recipe
+
+    usage = "usage: jaxtrain summary RECIPE [--preset NAME] [--json] [OPTIONS]"
+    if not args or args[0].startswith("-"):
+        raise ConfigError(f"missing recipe; {usage} (see `jaxtrain recipes`)")
+    recipe = get_recipe(args[0])
+    rest = _aliased(recipe, args[1:])
+    as_json = "--json" in rest
+    rest = [a for a in rest if a != "--json"]
+    config, _ = _preset_config(recipe, rest, f"jaxtrain summary {recipe.name}")
+    summary = runs.summarize(recipe, config)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{recipe.name}: a training batch of {summary['batch_size']}")
+    print("\n".join(summary_lines(summary, flops=summary["flops_per_step"])))
+    return 0
+
+
 def _bench(args: Sequence[str]) -> int:
     from jaxtrain.tools.bench import BENCHMARKS
 
@@ -596,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     commands = {"train": lambda: _train(rest), "eval": lambda: _eval(rest), "plot": lambda: _plot(rest),
                 "sample": lambda: _sample(rest), "predict": lambda: _predict(rest),
-                "export": lambda: _export(rest),
+                "export": lambda: _export(rest), "summary": lambda: _summary(rest),
                 "compare": lambda: _compare(rest), "doctor": lambda: _doctor(rest),
                 "recipes": _recipes, "tune": lambda: _tune(rest),
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),

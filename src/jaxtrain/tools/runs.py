@@ -296,3 +296,30 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: s
     return (f"{out}: model.jax_export (raw {info['inputs']} ({', '.join(map(str, ['batch', *info['shape']]))}) "
             f"{info['dtype']} -> {outputs}), signature.json, weights.safetensors, README.md; checkpoint of step "
             f"{step:,}, for {', '.join(signature['platforms'])}")
+
+
+def summarize(recipe: Recipe, config: RecipeConfig) -> dict[str, Any]:
+    """`jaxtrain summary RECIPE`: the model summary of the recipe's workload with every module, and
+    the FLOPs of one compiled training step (XLA's cost analysis); nothing is trained."""
+    from jaxtrain._src.checks import abstract_batch
+    from jaxtrain._src.report.model_summary import model_summary
+
+    w = recipe.build(config)
+    try:
+        batch = abstract_batch(w.train, config.batch_size * config.grad_accum, "train_data")
+
+        def trace(model: nnx.Module, batch: Any) -> Any:
+            return w.loss_fn(model, w.preprocess(batch) if w.preprocess else batch, jax.random.key(0))
+
+        summary = model_summary(w.model, trace, batch)
+        program = build_program(w.model, w.loss_fn, config, preprocess=w.preprocess, augment=w.augment,
+                                total_steps=1, layout=make_layout("data=1"))
+        cost = program.compile_step(batch).cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        flops = float(cost["flops"]) if cost and cost.get("flops", -1) > 0 else None
+        if flops is not None and config.grad_accum > 1:
+            from jaxtrain._src.calls import loop_body_counted_once
+            flops *= config.grad_accum if loop_body_counted_once() else 1
+    finally:
+        w.close()
+    return {**summary, "flops_per_step": flops, "batch_size": config.batch_size}

@@ -161,6 +161,7 @@ class Run:
       last_checkpoint: describes the newest good checkpoint, for error messages.
       resume_hint: how to continue this run, for the message of a stopped run.
       summary: the run's summary, once training ended.
+      model_summary: the model's modules, output shapes and parameters (`report.model_summary`).
       hook_s: seconds the hooks spent on each event, keyed `(hook class name, event)` (`hooks.profile`).
     """
 
@@ -184,6 +185,7 @@ class Run:
     last_checkpoint: Callable[[], str] = lambda: "no checkpoint was saved"
     resume_hint: str = "no run directory, so no checkpoint was saved"
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model_summary: dict[str, Any] | None = None
     hook_s: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
 
     @property

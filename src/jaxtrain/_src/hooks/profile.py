@@ -28,7 +28,6 @@ Loops inside the model (a scan over layers) still count once: the FLOPs are then
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import threading
@@ -38,6 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxtrain._src.calls import loop_body_counted_once
 from jaxtrain._src.errors import JaxtrainError
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.hooks.progress import FINISHED
@@ -90,7 +90,7 @@ class ProfileHook(RunHook):
         shapes = None if run.calls.chooser.measuring else _shapes(run.state)
 
         def prepare() -> None:
-            _loop_body_counted_once()
+            loop_body_counted_once()
             if shapes is not None:
                 try:
                     self._probe = _overhead_probe().lower(shapes).compile()
@@ -162,9 +162,8 @@ class ProfileHook(RunHook):
             device_overhead_s = round_trip_s - dispatch_s
         k = calls.k if any(c.get("k") == calls.k for c in calls.compiles) else max(
             c["k"] for c in calls.compiles if "k" in c)
-        flops = calls.flops(k)
-        if flops is not None and _loop_body_counted_once():
-            flops *= k * config.grad_accum
+        per_step = calls.flops_per_step(k, config.grad_accum)
+        flops = None if per_step is None else per_step * k
         return {
             "wall_s": summary["total_time_s"], "train_s": self._train_s, "calls": self._calls, "steps": self._steps,
             "steps_per_call": calls.k, "k_fixed": calls.chooser.fixed, "fitted": calls.chooser.fitted,
@@ -215,17 +214,3 @@ def _call_overhead(state: Any, compiled: Any = None) -> tuple[float, float]:
         handed.append(t1 - t0)
         round_trip.append(time.perf_counter() - t0)
     return statistics.median(handed), statistics.median(round_trip)
-
-
-@functools.cache
-def _loop_body_counted_once() -> bool:
-    """Whether XLA's cost analysis counts a `lax.scan` body once rather than once per iteration."""
-    n, length = 64, 7
-
-    def chain(x: jax.Array) -> jax.Array:
-        return jax.lax.scan(lambda c, _: (c @ x, None), x, None, length=length)[0]  # (N, N)
-
-    cost = jax.jit(chain).lower(jax.ShapeDtypeStruct((n, n), jnp.float32)).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float((cost or {}).get("flops", 0.0))
-    return flops < 0.5 * length * 2 * n**3

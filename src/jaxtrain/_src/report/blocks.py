@@ -11,6 +11,7 @@ import jax
 from jaxtrain._src import memory
 from jaxtrain._src.errors import render, setting
 from jaxtrain._src.report.memory_report import memory_lines
+from jaxtrain._src.report.model_summary import summary_lines
 from jaxtrain._src.report.profile_report import profile_lines
 
 if TYPE_CHECKING:
@@ -56,6 +57,9 @@ def header_block(run: "Run") -> str:
            if config.steps_per_epoch else ""),
         f"  compiled call: {memory.describe(run.calls.memory)}; precision {config.precision}",
     ]
+    if run.model_summary is not None:
+        flops = run.calls.flops_per_step(run.calls.k, config.grad_accum)
+        lines += ["  model:", *("  " + line for line in summary_lines(run.model_summary, depth=2, flops=flops))]
     if run.layout.num_devices > 1:
         lines.append(f"  mesh: {run.layout.describe()}; batch split over every device")
         lines.append(f"  {run.layout.rule(run.state)}")
@@ -103,6 +107,8 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
         "precision": run.config.precision,
         "grad_accum": run.config.grad_accum,
         "compiled_memory": run.calls.memory,
+        "model": None if run.model_summary is None else {
+            **run.model_summary, "flops_per_step": run.calls.flops_per_step(run.calls.k, run.config.grad_accum)},
         "jax_version": jax.__version__,
     }
     if run.stop_reason:
