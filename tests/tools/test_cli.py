@@ -24,8 +24,8 @@ def test_train_smoke_prints_summaries_and_writes_the_run_dir(tmp_path, capsys):
                   "FINAL RESULTS:", "Best Val Loss:", "TIMING STATISTICS:", "Compile Time:", "Throughput:"):
         assert label in out, label
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "config.json", "curves.png",
-                                                        "metrics.jsonl",
-                                                        "model.json", "summary.json", "tensorboard"]
+                                                        "metrics.jsonl", "model.json", "predict.json",
+                                                        "summary.json", "tensorboard"]
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()] == [str(1700 // 32)]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["recipe"] == "mlp-regression" and summary["epochs"] == 1
@@ -86,8 +86,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
         (["train", "mlp-regression", "--data.samples", "100", "--data.val-samples", "10", "--batch-size", "500"],
          "error: batch_size=500 is larger than the training set (90 samples)"),
         (["bench", "nope"],
-         "error: unknown benchmark 'nope'; choose one of: attention, checkpoint, data, faults, frameworks, ladder, "
-         "overhead, precision, preprocess, profile, remat, scale, scan"),
+         "error: unknown benchmark 'nope'; choose one of: attention, checkpoint, data, ema, faults, frameworks, "
+         "ladder, overhead, precision, predict, preprocess, profile, remat, scale, scan"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(args, message, capsys):

@@ -246,11 +246,15 @@ class TrainConfig:
     mesh: str = "auto"
     """Devices as a mesh: auto (every device, data parallel), data=N, fsdp=N or data=N,fsdp=M (FSDP:
     parameters and optimizer state split over fsdp). The sizes multiply to the number of devices."""
+    track: str = ""
+    """Experiment trackers beside TensorBoard, comma-separated: mlflow, wandb, csv (e.g. mlflow,csv).
+    Each records the config, the metrics by step, the summary and the run files; a resumed run
+    continues the same tracked run. Needs a run directory; mlflow and wandb are pip packages."""
     ema: float = 0.0
     """Exponential moving average of the weights: 0 off; a decay d in (0, 1), e.g. 0.999: after each
     update ema = d * ema + (1 - d) * params (from the initial weights), inside the compiled call. It is
     evaluated beside the raw weights (val_ema_loss, ...), saved in checkpoints, and used by predict and
-    export with --weights ema."""
+    export when they are asked for the averaged weights."""
 
     def __post_init__(self) -> None:
         from jaxtrain._src.sharding import parse_mesh
@@ -268,6 +272,9 @@ class TrainConfig:
                 isinstance(value, int) and value >= 0,
                 f"{field}={value!r} must be an integer >= 1, or 0 for automatic",
             )
+        from jaxtrain._src.hooks.trackers import make_trackers
+
+        make_trackers(self.track)  # unknown names, as one line
         _check(isinstance(self.ema, (int, float)) and 0 <= self.ema < 1,
                f"ema={self.ema!r} must be 0 (off) or a decay in (0, 1), e.g. 0.999")
         _check(isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,

@@ -42,6 +42,7 @@ from jaxtrain._src.hooks import (
     RunFilesHook,
     TensorBoard,
 )
+from jaxtrain._src.hooks.trackers import Tracker, make_trackers
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
 from jaxtrain._src.program import build_program
@@ -346,6 +347,13 @@ def _end(run: Run, summary: dict[str, Any]) -> None:
         except Exception as e:
             if summary["status"] in ("completed", "stopped early") and error is None:
                 summary["status"], error = f"failed: {e}", e
+    for hook in run.hooks:  # the trackers take the run files once they are written
+        if isinstance(hook, Tracker):
+            try:
+                hook.upload(run)
+            except Exception as e:
+                if summary["status"] in ("completed", "stopped early") and error is None:
+                    summary["status"], error = f"failed: {e}", e
     if error is not None:
         raise error
 
@@ -355,7 +363,7 @@ def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | No
     """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
     user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, run
     files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
-    plots, TensorBoard, progress; each restored from `loop` when it has saved state."""
+    plots, TensorBoard, the trackers of `config.track`, progress; each restored from `loop` when it has saved state."""
     ordered = [
         MetricsHook(config.log_every, config.on_nan),
         *([evaluation] if evaluation else []),
@@ -366,6 +374,7 @@ def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | No
         *([checkpoints] if checkpoints else []),
         *([PlotHook()] if run_dir else []),
         *([TensorBoard()] if run_dir and config.tensorboard else []),
+        *(make_trackers(config.track) if run_dir else []),
         progress,
     ]
     for hook in ordered:
@@ -404,4 +413,7 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
         raise ConfigError(f"resume={resume!r} must be False (a new run), True (continue) or 'overwrite'")
     if resume and run_dir is None:
         raise ConfigError("resume needs the run directory of the run to continue (run_dir=...)")
+    if config.track and run_dir is None:
+        raise ConfigError(f"track={config.track!r} needs a run directory (run_dir=...): the trackers upload its "
+                          "files and keep the tracked run's id there")
     check_path_length(run_dir, "run_dir")

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 from flax import nnx
 
@@ -30,7 +29,7 @@ from jaxtrain._src.errors import ConfigError
 __all__ = ["flat_weights", "load_weights", "read_safetensors", "save_weights", "write_safetensors"]
 
 _DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jax.numpy.bfloat16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
     "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
 }

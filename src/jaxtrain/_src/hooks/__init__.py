@@ -10,14 +10,17 @@ from jaxtrain._src.hooks.profile import ProfileBudgetReached, ProfileHook
 from jaxtrain._src.hooks.progress import PlotHook, ProgressHook
 from jaxtrain._src.hooks.run_files import RunFilesHook
 from jaxtrain._src.hooks.tensorboard import TensorBoard
+from jaxtrain._src.hooks.trackers import CSV, MLflow, Tracker, WandB
 
 __all__ = [
+    "CSV",
     "CheckpointHook",
     "EarlyStopping",
     "EvalHook",
     "Hook",
     "LambdaHook",
     "MemoryHook",
+    "MLflow",
     "MetricsHook",
     "PlotHook",
     "ProfileBudgetReached",
@@ -28,4 +31,6 @@ __all__ = [
     "RunHook",
     "RunView",
     "TensorBoard",
+    "Tracker",
+    "WandB",
 ]

@@ -1,0 +1,262 @@
+"""Experiment trackers: MLflow, Weights & Biases and CSV, beside TensorBoard.
+
+Each tracker records the run's config as parameters (nested keys joined by dots), every training
+row (`log_every` steps) and every epoch record as metrics with the optimizer step as x-axis, and
+at the end the summary's numbers, summary.json, config.json, metrics.jsonl and curves.png as
+artifacts. A resumed run continues the tracked run its interrupted predecessor started (the ids
+are kept in the run directory's trackers.json), so one training run is one tracked run. Rows the
+predecessor logged after its last checkpoint are logged again by the resumed run (MLflow and W&B
+keep both values of such a step; metrics.jsonl and metrics.csv keep the resumed run's).
+
+The packages are optional (`pip install mlflow` / `wandb`); a missing one is one clear line.
+MLflow follows its own environment (`MLFLOW_TRACKING_URI`, default ./mlruns); W&B its own
+(`WANDB_MODE=offline`, `WANDB_PROJECT`, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib
+import io
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.hooks.base import Run, RunHook
+
+IDS = "trackers.json"  # {tracker name: the tracked run's id}, in the run directory
+ARTIFACTS = ("summary.json", "config.json", "metrics.jsonl", "curves.png", "model.json", "predict.json")
+_NOT_METRICS = ("kind", "epoch", "step", "elapsed_s")
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _numbers(row: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a row, without its step and labels."""
+    return {k: float(v) for k, v in row.items() if k not in _NOT_METRICS and isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _epoch_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """An epoch record's figures, named as TensorBoard names them (epoch/..., val/...)."""
+    out = {}
+    for name, value in _numbers(record).items():
+        if name.startswith("val_"):
+            out[f"val/{name[4:]}"] = value
+        elif name.startswith("train_") and not name.endswith("_s"):
+            out[f"epoch/{name}"] = value
+        elif name == "epoch_time_s":
+            out["epoch/time_s"] = value
+    return out
+
+
+def _import(module: str, extra: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"the {extra} tracker needs the {extra} package: pip install {extra} "
+                          f"(or drop {extra} from the trackers)") from None
+
+
+class Tracker(RunHook):
+    """What every tracker shares: the ids of resumed runs, the config, the artifacts."""
+
+    name_in_ids = "tracker"
+
+    def _saved_id(self, run: Run) -> str | None:
+        path = run.run_dir / IDS if run.run_dir is not None else None
+        if run.resumed_step is None or path is None or not path.is_file():
+            return None
+        return json.loads(path.read_text()).get(self.name_in_ids)
+
+    def _save_id(self, run: Run, run_id: str) -> None:
+        if run.run_dir is None:
+            return
+        path = run.run_dir / IDS
+        ids = json.loads(path.read_text()) if path.is_file() else {}
+        ids[self.name_in_ids] = run_id
+        tmp = path.with_name(f".{IDS}.partial")
+        tmp.write_text(json.dumps(ids, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _config(run: Run) -> dict[str, Any]:
+        from jaxtrain._src.config import to_dict
+
+        return {"recipe": run.name, **_flat(to_dict(run.config))}
+
+    @staticmethod
+    def _artifacts(run: Run) -> list[Path]:
+        if run.run_dir is None:
+            return []
+        return [run.run_dir / name for name in ARTIFACTS if (run.run_dir / name).is_file()]
+
+
+class MLflow(Tracker):
+    """Tracks the run in MLflow: `mlflow.start_run` in `experiment` (its id kept for a resume),
+    the config as parameters, metrics with the step, the summary's numbers, the run files as
+    artifacts.
+
+    Args:
+      tracking_uri: the MLflow server or store (default MLflow's: `MLFLOW_TRACKING_URI`, ./mlruns).
+      experiment: the experiment's name (created when absent).
+      run_name: the tracked run's name (default the run directory's name).
+    """
+
+    name_in_ids = "mlflow"
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str = "jaxtrain", run_name: str | None = None):
+        self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
+        self._client = None
+        self._run_id: str | None = None
+        self._status = "FINISHED"
+
+    def on_start(self, run: Run) -> None:
+        mlflow = _import("mlflow", "mlflow")
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._run_id = self._saved_id(run)
+        if self._run_id is None:
+            found = self._client.get_experiment_by_name(self.experiment)
+            experiment_id = found.experiment_id if found else self._client.create_experiment(self.experiment)
+            name = self.run_name or (run.run_dir.name if run.run_dir is not None else run.name)
+            self._run_id = self._client.create_run(experiment_id, run_name=name).info.run_id
+            self._save_id(run, self._run_id)
+            params = [mlflow.entities.Param(k, (v if isinstance(v, str) else json.dumps(v))[:500])
+                      for k, v in self._config(run).items()]
+            for i in range(0, len(params), 100):
+                self._client.log_batch(self._run_id, params=params[i: i + 100])
+        else:
+            self._client.update_run(self._run_id, status="RUNNING")
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k.replace("/", "."), v, now, step) for k, v in metrics.items()]
+        for i in range(0, len(batch), 500):
+            self._client.log_batch(self._run_id, metrics=batch[i: i + 500])
+
+    def on_log(self, run: Run, row: dict[str, Any]) -> None:
+        self._log({f"train.{k}": v for k, v in _numbers(row).items()}, row["step"])
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._log(_epoch_metrics(record), record["step"])
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        if self._client is None:
+            return
+        numbers = {f"summary.{k}": v for k, v in _numbers(summary).items()}
+        self._log(numbers, summary.get("steps", 0))
+        status = summary.get("status", "")
+        self._client.set_tag(self._run_id, "jaxtrain.status", status)
+        self._status = ("FINISHED" if status in ("completed", "stopped early") else
+                        "KILLED" if "signal" in status else "FAILED")
+
+    def upload(self, run: Run) -> None:
+        """The run files as artifacts; the tracked run ends (called once summary.json is written)."""
+        if self._client is not None:
+            for path in self._artifacts(run):
+                self._client.log_artifact(self._run_id, str(path))
+            with contextlib.redirect_stdout(io.StringIO()):  # MLflow prints links to stdout
+                self._client.set_terminated(self._run_id, self._status)
+
+
+class WandB(Tracker):
+    """Tracks the run in Weights & Biases: `wandb.init` with the config (resumed by id), metrics with
+    the step, the summary in the run's summary, the run files saved with it.
+
+    Args:
+      project: the W&B project.
+      mode: "online", "offline" (files under the run directory's wandb/, synced later with
+        `wandb sync`) or None for W&B's own setting (`WANDB_MODE`).
+    """
+
+    name_in_ids = "wandb"
+
+    def __init__(self, project: str = "jaxtrain", mode: str | None = None):
+        self.project, self.mode = project, mode
+        self._run = None
+
+    def on_start(self, run: Run) -> None:
+        wandb = _import("wandb", "wandb")
+        saved = self._saved_id(run)
+        directory = str(run.run_dir) if run.run_dir is not None else None
+        self._run = wandb.init(project=self.project, mode=self.mode, dir=directory, config=self._config(run),
+                               id=saved, resume="must" if saved else None,
+                               name=run.run_dir.name if run.run_dir is not None else run.name,
+                               settings=wandb.Settings(silent=True, console="off"))
+        if saved is None:
+            self._save_id(run, self._run.id)
+        self._run.define_metric("*", step_metric="step")
+
+    def on_log(self, run: Run, row: dict[str, Any]) -> None:
+        self._run.log({"step": row["step"], **{f"train/{k}": v for k, v in _numbers(row).items()}})
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._run.log({"step": record["step"], **_epoch_metrics(record)})
+
+    def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        if self._run is not None:
+            self._run.summary.update(_numbers(summary))
+
+    def upload(self, run: Run) -> None:
+        if self._run is not None:
+            for path in self._artifacts(run):
+                self._run.save(str(path), base_path=str(path.parent), policy="now")
+            self._run.finish(exit_code=0)
+            self._run = None
+
+
+class CSV(Tracker):
+    """metrics.csv in the run directory: every row of metrics.jsonl (training rows and epoch
+    records) as one table, a column per figure, rewritten after each epoch and at the end (so that
+    a resumed run's file holds the resumed history, like metrics.jsonl)."""
+
+    name_in_ids = "csv"
+
+    def _write(self, run: Run) -> None:
+        if run.run_dir is None or not (run.run_dir / "metrics.jsonl").is_file():
+            return
+        rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        path = run.run_dir / "metrics.csv"
+        tmp = path.with_name(".metrics.csv.partial")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._write(run)
+
+    def upload(self, run: Run) -> None:
+        self._write(run)
+
+
+TRACKERS = {"mlflow": MLflow, "wandb": WandB, "csv": CSV}
+
+
+def make_trackers(names: str) -> list[Tracker]:
+    """The trackers `TrainConfig.track` names ("mlflow,csv"), each with its defaults."""
+    out = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        if name not in TRACKERS:
+            raise ConfigError(f"unknown tracker {name!r} in track={names!r}; choose among {', '.join(TRACKERS)}")
+        out.append(TRACKERS[name]())
+    return out
