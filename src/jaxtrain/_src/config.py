@@ -18,6 +18,7 @@ Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine"]
 Placement = Literal["auto", "device", "stream"]
 OnNaN = Literal["stop", "skip"]
+TRACKERS = ("mlflow", "wandb", "csv")  # the names TrainConfig.track takes (hooks/trackers.py)
 Precision = Literal["fp32", "bf16", "fp16"]
 BestMode = Literal["min", "max"]
 
@@ -272,9 +273,9 @@ class TrainConfig:
                 isinstance(value, int) and value >= 0,
                 f"{field}={value!r} must be an integer >= 1, or 0 for automatic",
             )
-        from jaxtrain._src.hooks.trackers import make_trackers
-
-        make_trackers(self.track)  # unknown names, as one line
+        unknown = [n.strip() for n in self.track.split(",") if n.strip() and n.strip() not in TRACKERS]
+        _check(not unknown, f"unknown tracker {unknown[0]!r} in track={self.track!r}; choose among "
+                            f"{', '.join(TRACKERS)}" if unknown else "")
         _check(isinstance(self.ema, (int, float)) and 0 <= self.ema < 1,
                f"ema={self.ema!r} must be 0 (off) or a decay in (0, 1), e.g. 0.999")
         _check(isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,
