@@ -9,6 +9,7 @@ tools are under `jaxtrain.tools`, above the library.
 
 from jaxtrain import data, distributed, hooks, models, remat
 from jaxtrain._src.checkpoint import CheckpointError
+from jaxtrain._src.compile_cache import enable_compile_cache
 from jaxtrain._src.config import (
     CheckpointConfig,
     DataConfig,
@@ -53,6 +54,7 @@ __all__ = [
     "build_schedule",
     "data",
     "distributed",
+    "enable_compile_cache",
     "export",
     "fit",
     "hooks",

@@ -11,8 +11,8 @@ PUBLIC = {
     "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError", "DistConfig",
     "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "NonFiniteLossError", "OptimConfig",
     "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer", "build_schedule",
-    "data", "distributed", "export", "fit", "hooks", "load", "load_weights", "models", "predict", "remat",
-    "save_weights",
+    "data", "distributed", "enable_compile_cache", "export", "fit", "hooks", "load", "load_weights", "models",
+    "predict", "remat", "save_weights",
 }
 
 

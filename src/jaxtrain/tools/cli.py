@@ -87,6 +87,9 @@ examples:
 """
 
 
+COMPILING = ("train", "eval", "predict", "export", "summary", "sample", "profile", "tune")  # use the compile cache
+
+
 def parse_config(cls: type, default: Any, args: Sequence[str], prog: str) -> Any:
     """Parses `args` into `cls` (starting from `default`) with tyro.
 
@@ -628,6 +631,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "recipes": _recipes, "tune": lambda: _tune(rest),
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),
                 "profile": lambda: _profile(rest)}
+    if command in COMPILING:
+        from jaxtrain._src.compile_cache import enable_compile_cache
+
+        enable_compile_cache()  # programs compiled by an earlier run load from disk (JAXTRAIN_COMPILE_CACHE=off)
     previous = _stop_on_sigterm(command)
     # While the command runs, the library's errors and notes name settings as its flags.
     try:

@@ -26,7 +26,10 @@ def _fmt(value: float | None) -> str:
 
 
 def _label(metric: str) -> str:
-    """`mae` -> `MAE`, `top_5_accuracy` -> `Top 5 Accuracy`."""
+    """`mae` -> `MAE`, `top_5_accuracy` -> `Top 5 Accuracy`, `ema_loss` -> `EMA Loss` (of the
+    average of the weights)."""
+    if metric.startswith("ema_"):
+        return "EMA " + _label(metric[4:])
     return metric.upper() if len(metric) <= 3 else metric.replace("_", " ").title()
 
 

@@ -231,10 +231,12 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     directory, as `runs.train` would call it."""
     from rich.console import Console
 
+    from jaxtrain._src.compile_cache import enable_compile_cache
     from jaxtrain._src.config import from_dict
     from jaxtrain._src.loop import Session, run_fit
     from jaxtrain.tools.recipes import get_recipe
 
+    enable_compile_cache()  # as the `jaxtrain` command does
     recipe = get_recipe(workload)
     config = from_dict(type(recipe.config), values)
     w = recipe.build(config)
