@@ -71,6 +71,24 @@ def _import(module: str, extra: str) -> Any:
                           f"(or drop {extra} from the trackers)") from None
 
 
+def _starting(method: Any) -> Any:
+    """A tracker that cannot start (a server that does not answer, a refused login) stops the run
+    before training with one line, not the package's traceback."""
+
+    def wrapped(self: "Tracker", run: Run) -> None:
+        try:
+            method(self, run)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the tracker package's own errors, said in one line
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise ConfigError(f"the {self.name_in_ids} tracker could not start: {type(e).__name__}: {first}; check "
+                              f"its settings (for MLflow MLFLOW_TRACKING_URI, for W&B WANDB_MODE / wandb login) or "
+                              f"drop it from the trackers") from None
+
+    return wrapped
+
+
 class Tracker(RunHook):
     """What every tracker shares: the ids of resumed runs, the config, the artifacts."""
 
@@ -106,7 +124,7 @@ class Tracker(RunHook):
 
 
 class MLflow(Tracker):
-    """Tracks the run in MLflow: `mlflow.start_run` in `experiment` (its id kept for a resume),
+    """Tracks the run in MLflow: a run created in `experiment` (its id kept for a resume),
     the config as parameters, metrics with the step, the summary's numbers, the run files as
     artifacts.
 
@@ -124,6 +142,7 @@ class MLflow(Tracker):
         self._run_id: str | None = None
         self._status = "FINISHED"
 
+    @_starting
     def on_start(self, run: Run) -> None:
         mlflow = _import("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
@@ -192,6 +211,7 @@ class WandB(Tracker):
         self.project, self.mode = project, mode
         self._run = None
 
+    @_starting
     def on_start(self, run: Run) -> None:
         wandb = _import("wandb", "wandb")
         saved = self._saved_id(run)
