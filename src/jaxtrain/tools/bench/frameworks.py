@@ -21,6 +21,7 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -258,10 +259,29 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
 def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default",
                baseline_src: str = "") -> dict[str, Any]:
     if variant in ("jaxtrain", BASELINE):
-        return run_child("jaxtrain.tools.bench.frameworks",
-                         {"workload": prepared.workload, "config": prepared.recipe_config},
+        values = prepared.recipe_config if variant == "jaxtrain" else _known_fields(prepared, baseline_src)
+        return run_child("jaxtrain.tools.bench.frameworks", {"workload": prepared.workload, "config": values},
                          env={"PYTHONPATH": str(Path(baseline_src).resolve())} if variant == BASELINE else None)
     return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant, "mode": compile_mode})
+
+
+def _known_fields(prepared: Prepared, baseline_src: str) -> dict[str, Any]:
+    """The config without the top-level settings the baseline's code does not have (settings added
+    since it was written, at their defaults), so that it reads the rest."""
+    from jaxtrain._src.config import to_dict
+    from jaxtrain.tools.recipes import get_recipe
+
+    code = ("import json; from jaxtrain._src.config import to_dict; from jaxtrain.tools.recipes import get_recipe; "
+            f"print(json.dumps(sorted(to_dict(get_recipe({prepared.workload!r}).config))))")
+    env = {**os.environ, "PYTHONPATH": str(Path(baseline_src).resolve())}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    known = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    dropped = {k: v for k, v in prepared.recipe_config.items() if k not in known}
+    defaults = to_dict(type(get_recipe(prepared.workload).config)())
+    changed = [k for k, v in dropped.items() if v != defaults.get(k)]
+    if changed:
+        raise ConfigError(f"the baseline's code has no setting {', '.join(changed)}, which this run changes")
+    return {k: v for k, v in prepared.recipe_config.items() if k in known}
 
 
 def _derive(r: dict[str, Any], prepared: Prepared, peak_gflops: float, target: float) -> None:
