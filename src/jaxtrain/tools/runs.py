@@ -245,17 +245,23 @@ def read_predict_info(run_dir: str | os.PathLike) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _saved_model(run_dir: str | os.PathLike, checkpoint: str, weights: str) -> tuple[Any, ...]:
+    """`(recipe, config, model, preprocess, info, step)` of a recipe run, for prediction and export."""
+    from jaxtrain._src.data.transforms import from_spec
+
+    info = read_predict_info(run_dir)
+    recipe, config = load_config(run_dir)
+    model, step = restore_model(run_dir, checkpoint, weights=weights)
+    preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
+    return recipe, config, model, preprocess, info, step
+
+
 def run_forward(run_dir: str | os.PathLike, checkpoint: str = "best", weights: str = "raw"
                 ) -> tuple[Forward, dict[str, Any], int]:
     """`(forward, info, step)`: the evaluation-mode forward of a recipe run's checkpoint (its raw
     weights or their average) with the run's saved preprocessing, on the run's mesh; `info` is its
     predict.json."""
-    from jaxtrain._src.data.transforms import from_spec
-
-    info = read_predict_info(run_dir)
-    _, config = load_config(run_dir)
-    model, step = restore_model(run_dir, checkpoint, weights=weights)
-    preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
+    _, config, model, preprocess, info, step = _saved_model(run_dir, checkpoint, weights)
     return Forward(model, preprocess, info["inputs"], make_layout(config.mesh)), info, step
 
 
@@ -270,7 +276,11 @@ def predict_files(run_dir: str | os.PathLike, input_path: str | os.PathLike, out
     data = read_inputs(input_path, info["inputs"], tuple(info["shape"]), info["dtype"])
     n = data_lib.num_rows(data)
     t0 = time.perf_counter()
-    shapes = write_outputs(output_path, predict_batches(forward, data, batch_size=batch_size), n)
+    try:
+        shapes = write_outputs(output_path, predict_batches(forward, data, batch_size=batch_size), n)
+    finally:
+        if hasattr(data, "close"):  # an HDF5 source
+            data.close()
     seconds = time.perf_counter() - t0
     outputs = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
     return (f"{output_path}: {outputs} from {n:,} rows of {input_path} (checkpoint of step {step:,}"
@@ -282,13 +292,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: s
                platforms: tuple[str, ...] = (), weights: str = "raw") -> str:
     """`jaxtrain export`: a recipe run's checkpoint as a self-contained artifact in `out` (see
     `jaxtrain._src.export`), its saved preprocessing folded in; returns a one-line account."""
-    from jaxtrain._src.data.transforms import from_spec
     from jaxtrain._src.export import export
 
-    info = read_predict_info(run_dir)
-    recipe, _ = load_config(run_dir)
-    model, step = restore_model(run_dir, checkpoint, weights=weights)
-    preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
+    recipe, _, model, preprocess, info, step = _saved_model(run_dir, checkpoint, weights)
     example = jax.ShapeDtypeStruct((1, *info["shape"]), info["dtype"])
     signature = export(model, example, out, preprocess=preprocess, inputs=info["inputs"], platforms=platforms,
                        metadata={"recipe": recipe.name, "run_dir": str(run_dir), "step": step, "weights": weights})
