@@ -409,8 +409,15 @@ class CompiledCalls:
         jax.block_until_ready(outputs)
         self.wait_s += time.perf_counter() - t0
 
-    def flops_per_step(self, k: int, grad_accum: int = 1) -> float | None:
-        """XLA's FLOP count of one optimizer step, from the compiled call of k steps (see `flops`)."""
+    def flops_per_step(self, k: int | None = None, grad_accum: int = 1) -> float | None:
+        """XLA's FLOP count of one optimizer step, from the compiled call of k steps (see `flops`);
+        with k None, from a call already compiled (the run's K when it is, else the longest), so
+        that asking compiles nothing."""
+        if k is None:
+            ready = [n for n in self._compiled if self._ready(n)]
+            if not ready:
+                return None
+            k = self.k if self.k in ready else max(ready)
         flops = self.flops(k)
         if flops is None:
             return None

@@ -61,7 +61,7 @@ def header_block(run: "Run") -> str:
         f"  compiled call: {memory.describe(run.calls.memory)}; precision {config.precision}",
     ]
     if run.model_summary is not None:
-        flops = run.calls.flops_per_step(run.calls.k, config.grad_accum)
+        flops = run.calls.flops_per_step(grad_accum=config.grad_accum)
         lines += ["  model:", *("  " + line for line in summary_lines(run.model_summary, depth=2, flops=flops))]
     if run.layout.num_devices > 1:
         lines.append(f"  mesh: {run.layout.describe()}; batch split over every device")
@@ -111,7 +111,7 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
         "grad_accum": run.config.grad_accum,
         "compiled_memory": run.calls.memory,
         "model": None if run.model_summary is None else {
-            **run.model_summary, "flops_per_step": run.calls.flops_per_step(run.calls.k, run.config.grad_accum)},
+            **run.model_summary, "flops_per_step": run.calls.flops_per_step(grad_accum=run.config.grad_accum)},
         "jax_version": jax.__version__,
     }
     if run.stop_reason:
