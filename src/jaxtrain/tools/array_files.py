@@ -1,5 +1,6 @@
-"""Arrays in files for `jaxtrain predict`: inputs read from .npy, .npz or HDF5 a block at a time,
-outputs written as they come (.npy and HDF5 on disk batch by batch; .npz, a zip, at the end).
+"""Arrays in files for `jaxtrain predict`: inputs read from .npy (memory-mapped) or HDF5 a block at
+a time, or from .npz (loaded whole); outputs written as they come (.npy and HDF5 on disk batch by
+batch; .npz, a zip, at the end).
 
 An output file appears whole or not at all: it is written beside its final name and renamed.
 """
