@@ -36,7 +36,7 @@ def _path(path: tuple) -> str:
 
 def _shape_text(out: Any) -> str:
     shapes = [tuple(x.shape) for x in jax.tree.leaves(out) if hasattr(x, "shape")]
-    text = ", ".join("(" + ", ".join(map(str, s)) + ")" for s in shapes)
+    text = ", ".join(str(s) for s in shapes)  # (256, 15), (256,)
     return text if len(shapes) == 1 else f"[{text}]"
 
 
