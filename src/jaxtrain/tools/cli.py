@@ -244,7 +244,7 @@ class PredictConfig:
 
     input: str = ""
     """Raw inputs, as the training data's samples: .npy, .npz or HDF5 (the array named as the model's
-    input field, or the file's only array); read a batch at a time."""
+    input field, or the file's only array); .npy and HDF5 are read a batch at a time."""
     output: str = ""
     """Where the outputs go: .npy (one output), .npz or HDF5; written whole or not at all."""
     batch_size: int = 0
@@ -260,7 +260,7 @@ def _predict(args: Sequence[str]) -> int:
 
     if not args or args[0].startswith("-"):
         raise ConfigError("usage: jaxtrain predict RUN_DIR --input FILE --output FILE [--batch-size N] "
-                          "[--checkpoint best|latest|STEP]")
+                          "[--checkpoint best|latest|STEP] [--weights raw|ema]")
     c = parse_config(PredictConfig, PredictConfig(), args[1:], "jaxtrain predict RUN_DIR")
     if not c.input or not c.output:
         raise ConfigError("jaxtrain predict needs --input FILE (.npy, .npz, .h5) and --output FILE")
@@ -287,7 +287,7 @@ def _export(args: Sequence[str]) -> int:
 
     if not args or args[0].startswith("-"):
         raise ConfigError("usage: jaxtrain export RUN_DIR --out DIR [--checkpoint best|latest|STEP] "
-                          "[--platforms cpu,cuda]")
+                          "[--platforms cpu,cuda] [--weights raw|ema]")
     c = parse_config(ExportConfig, ExportConfig(), args[1:], "jaxtrain export RUN_DIR")
     if not c.out:
         raise ConfigError("jaxtrain export needs --out DIR")
