@@ -10,7 +10,7 @@ import dataclasses
 import math
 import re
 import typing
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from jaxtrain._src.errors import ConfigError
 
@@ -291,6 +291,18 @@ class TrainConfig:
 def to_dict(config: object) -> dict:
     """A JSON-ready dict of a (nested) config dataclass."""
     return dataclasses.asdict(config)  # type: ignore[arg-type]
+
+
+def flat_dict(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`to_dict`'s nesting flattened: `{"optim": {"lr": 1e-3}}` -> `{"optim.lr": 1e-3}`; tuples
+    become lists, as JSON reads them back."""
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.update(flat_dict(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
 
 
 def from_dict(cls: type, values: dict, where: str = "") -> object:

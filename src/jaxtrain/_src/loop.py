@@ -9,6 +9,7 @@ TensorBoard, progress). The pure step functions are in `step.py`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import threading
@@ -40,9 +41,10 @@ from jaxtrain._src.hooks import (
     ProgressHook,
     Run,
     RunFilesHook,
+    RunHook,
     TensorBoard,
 )
-from jaxtrain._src.hooks.trackers import Tracker, make_trackers
+from jaxtrain._src.hooks.trackers import make_trackers
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
 from jaxtrain._src.program import build_program
@@ -335,25 +337,22 @@ _FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped:
 
 def _end(run: Run, summary: dict[str, Any]) -> None:
     """Hands the summary to every hook, the run files last (they write summary.json once every
-    hook has added to it). A hook's error at the end of a finished run (TensorBoard's files on a
+    hook has added to it), then tells the library's hooks the files are written (`after_files`:
+    the trackers upload them). A hook's error at the end of a finished run (TensorBoard's files on a
     full disk) fails it: the summary says "failed: ..." and the error is raised after every hook
     ran; once a run failed, errors of the hooks' clean-up are not raised over the error that stopped it."""
     run.summary = summary
     run.calls.close()  # background compiles end (their seconds are in the profile)
     error = None
-    for hook in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook)):
+    ending = [functools.partial(h.on_end, run, summary)
+              for h in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook))]
+    ending += [functools.partial(h.after_files, run) for h in run.hooks if isinstance(h, RunHook)]
+    for end in ending:
         try:
-            hook.on_end(run, summary)
+            end()
         except Exception as e:
             if summary["status"] in ("completed", "stopped early") and error is None:
                 summary["status"], error = f"failed: {e}", e
-    for hook in run.hooks:  # the trackers take the run files once they are written
-        if isinstance(hook, Tracker):
-            try:
-                hook.upload(run)
-            except Exception as e:
-                if summary["status"] in ("completed", "stopped early") and error is None:
-                    summary["status"], error = f"failed: {e}", e
     if error is not None:
         raise error
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from jaxtrain._src.config import flat_dict
 from jaxtrain._src.errors import ConfigError, argument, resume_advice, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.report.run_dir import refuse_links
@@ -158,8 +159,8 @@ class RunGuard:
             return None
         if summary.get("status") == "completed" and not more_epochs:
             return summary  # the checkpoint's restore noted that there is nothing to train
-        saved = _flatten(self._reference)  # the checkpoint's settings: config.json may be gone
-        new = _flatten(self.config)
+        saved = flat_dict(self._reference)  # the checkpoint's settings: config.json may be gone
+        new = flat_dict(self.config)
         same_stopping = all(saved.get(k) == v for k, v in new.items() if k.startswith("early_stopping."))
         if summary.get("status") == "stopped early" and same_stopping:
             self._note(f"the run stopped early at step {step} ({summary.get('stop_reason', 'a hook stopped it')}); "
@@ -244,7 +245,7 @@ def check_resumable(saved: dict[str, Any], new: dict[str, Any], note: Callable[[
     Raises:
       ConfigError: naming every refused setting with its old and new value.
     """
-    old, now = _flatten(saved), _flatten(new)
+    old, now = flat_dict(saved), flat_dict(new)
     changed = [k for k in sorted(old.keys() & now.keys()) if old[k] != now[k]]
     refused = [k for k in changed if not any(k == p or k.startswith(p + ".") for p in RESUMABLE)]
     if refused:
@@ -256,16 +257,6 @@ def check_resumable(saved: dict[str, Any], new: dict[str, Any], note: Callable[[
     if "epochs" in changed and now.get("optim.schedule", "constant") != "constant" and not now.get("optim.decay_steps"):
         note(f"epochs {old['epochs']} -> {now['epochs']}: the {now['optim.schedule']} learning-rate schedule now "
              "spans the new number of steps, so the remaining steps' learning rates change")
-
-
-def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in values.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
-    return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:

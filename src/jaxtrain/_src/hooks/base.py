@@ -80,6 +80,9 @@ class RunHook(Hook):
     """A hook of the library or its tools: its events receive the loop's whole `Run` (feed,
     compiled calls, layout) instead of the read-only `RunView`."""
 
+    def after_files(self, run: "Run") -> None:
+        """After every hook's `on_end`, once the run files (summary.json) are written."""
+
 
 class RunView:
     """What a user's hook sees of a run: read-only, except `stop`.

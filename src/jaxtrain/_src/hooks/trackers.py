@@ -26,22 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxtrain._src.config import flat_dict, to_dict
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks.base import Run, RunHook
 
 IDS = "trackers.json"  # {tracker name: the tracked run's id}, in the run directory
 ARTIFACTS = ("summary.json", "config.json", "metrics.jsonl", "curves.png", "model.json", "predict.json")
 _NOT_METRICS = ("kind", "epoch", "step", "elapsed_s")
-
-
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _numbers(row: dict[str, Any]) -> dict[str, float]:
@@ -112,9 +103,7 @@ class Tracker(RunHook):
 
     @staticmethod
     def _config(run: Run) -> dict[str, Any]:
-        from jaxtrain._src.config import to_dict
-
-        return {"recipe": run.name, **_flat(to_dict(run.config))}
+        return {"recipe": run.name, **flat_dict(to_dict(run.config))}
 
     @staticmethod
     def _artifacts(run: Run) -> list[Path]:
@@ -186,7 +175,7 @@ class MLflow(Tracker):
         self._status = ("FINISHED" if status in ("completed", "stopped early") else
                         "KILLED" if "signal" in status else "FAILED")
 
-    def upload(self, run: Run) -> None:
+    def after_files(self, run: Run) -> None:
         """The run files as artifacts; the tracked run ends (called once summary.json is written)."""
         if self._client is not None:
             for path in self._artifacts(run):
@@ -234,7 +223,7 @@ class WandB(Tracker):
         if self._run is not None:
             self._run.summary.update(_numbers(summary))
 
-    def upload(self, run: Run) -> None:
+    def after_files(self, run: Run) -> None:
         if self._run is not None:
             for path in self._artifacts(run):
                 self._run.save(str(path), base_path=str(path.parent), policy="now")
@@ -265,7 +254,7 @@ class CSV(Tracker):
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._write(run)
 
-    def upload(self, run: Run) -> None:
+    def after_files(self, run: Run) -> None:
         self._write(run)
 
 

@@ -54,7 +54,7 @@ def model_summary(model: nnx.Module, trace: Callable[[nnx.Module, Any], Any] | N
     The modules are listed in the order the trace first calls them (the model first), then those
     it never calls.
     """
-    modules = list(nnx.iter_modules(model)) if hasattr(nnx, "iter_modules") else list(model.iter_modules())
+    modules = list(nnx.iter_modules(model))
     rows, outputs = [], {}
     if trace is not None:
         outputs = _trace_outputs(model, trace, example, modules)
