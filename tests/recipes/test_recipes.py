@@ -101,6 +101,17 @@ def test_mlp_regression_from_an_hdf5_file_streams_or_holds_it(tmp_path, capsys):
         assert summary["final_val_loss"] < 0.5 * float(np.mean(val_y.astype(np.float64) ** 2))
     assert main(["eval", str(tmp_path / "stream")]) == 0  # validation rows come back from the file
 
+    # The same rows as .npy shards (--data.npy): on the device, the same result as from the file.
+    shards = tmp_path / "shards"
+    assert main(["data", "generate", "mlp-regression", str(shards), "--samples", "3000", "--format", "npy",
+                 "--shard-rows", "700", "--quiet"]) == 0
+    assert len(list(shards.glob("features-*.npy"))) == 5 and (shards / "attrs.json").is_file()
+    common[2:4] = ["--data.npy", str(shards)]
+    assert main([*common, "--run-dir", str(tmp_path / "npy")]) == 0
+    from_file, from_shards = (json.loads((tmp_path / r / "summary.json").read_text()) for r in ("auto", "npy"))
+    assert from_shards["final_val_loss"] == from_file["final_val_loss"]
+    assert main(["eval", str(tmp_path / "npy")]) == 0
+
 
 def test_hdf5_sequence_recipe_learns_from_a_streamed_file(tmp_path, capsys):
     from jaxtrain.tools.cli import main

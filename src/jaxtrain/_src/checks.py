@@ -62,7 +62,8 @@ def abstract_batch(data: Any, batch_size: int, name: str = "data") -> Batch:
         else:  # a source with only the protocol's read()
             row = data.read(0, 1)
             shapes, dtypes = {k: v.shape[1:] for k, v in row.items()}, {k: v.dtype for k, v in row.items()}
-        return {k: jax.ShapeDtypeStruct((batch_size, *shapes[k]), np.dtype(dtypes[k])) for k in shapes}
+        batch = {k: jax.ShapeDtypeStruct((batch_size, *shapes[k]), np.dtype(dtypes[k])) for k in shapes}
+        return data.unflatten(batch) if hasattr(data, "unflatten") else batch
     data_lib.num_samples(data, name)  # the same errors the feed would raise
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size, *np.shape(x)[1:]), _dtype(x)), data)
 

@@ -17,6 +17,7 @@ from jaxtrain._src.errors import ConfigError
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine"]
 Placement = Literal["auto", "device", "stream"]
+LastBatch = Literal["drop", "pad"]
 OnNaN = Literal["stop", "skip"]
 TRACKERS = ("mlflow", "wandb", "csv")  # the names TrainConfig.track takes (hooks/trackers.py)
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -110,12 +111,16 @@ class DataConfig:
     device while the current call runs."""
     shuffle_window_mb: int = 32
     """Streaming: MiB of rows shuffled together (the shuffle buffer); blocks of ~1 MiB are read whole."""
+    last_batch: LastBatch = "drop"
+    """A loader's short last batch (an iterable of batches passed to fit): drop it, or pad it to a full
+    batch with its own first rows; either way every compiled call keeps one batch shape."""
     accept_changed: bool = False
     """Resume: continue even though the training data differ from those the checkpoint was trained
     on (refused by default; noted in metrics.jsonl when accepted)."""
 
     def __post_init__(self) -> None:
         _check_choice("data.placement", self.placement, Placement)
+        _check_choice("data.last_batch", self.last_batch, LastBatch)
         _check_non_negative("data.memory_budget_gb", self.memory_budget_gb)
         _check(isinstance(self.prefetch, int) and self.prefetch >= 1, f"data.prefetch={self.prefetch!r} must be >= 1")
         _check(isinstance(self.shuffle_window_mb, int) and self.shuffle_window_mb >= 1,

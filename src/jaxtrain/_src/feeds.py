@@ -19,6 +19,7 @@ besides the loop's epoch and position, fixes the data order, and `set_state()` t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Protocol
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import TrainConfig
+from jaxtrain._src.data.adapters import BatchStream, adapt
 from jaxtrain._src.data.arrays import Placement, bytes_used_in_place
 from jaxtrain._src.data.fingerprint import fingerprint
 from jaxtrain._src.data.sources import ArraySource
@@ -228,7 +230,7 @@ class StreamFeed:
             jax.block_until_ready(previous)
             self.timing["device_wait_s"] += time.perf_counter() - t0
         if self._prefetcher is None:  # one transfer per call of k batches, `prefetch` calls ahead
-            batches = self._loader.iter_epoch(self._epoch, self._position)
+            batches = self._host_batches(self._epoch, self._position)
             self._prefetcher = DevicePrefetcher(batches, depth=self._prefetch * k, group=k, device=self._place)
         t0 = time.perf_counter()
         stacked = self._prefetcher.next_batches(k)
@@ -236,6 +238,10 @@ class StreamFeed:
         self.timing["input_wait_s"] += time.perf_counter() - t0
         self._position += k
         return (stacked,)
+
+    def _host_batches(self, epoch: int, position: int) -> Any:
+        """Host batches {name: (B, ...)} of `epoch` from step `position` on, read ahead in a thread."""
+        return self._loader.iter_epoch(epoch, position)
 
     def epoch_stats(self, train_s: float) -> dict[str, float]:
         return {"input_wait_s": self._wait_s, "input_wait_fraction": self._wait_s / max(train_s, 1e-9)}
@@ -259,6 +265,129 @@ class StreamFeed:
             self._prefetcher = None
 
 
+class IterFeed(StreamFeed):
+    """Training batches from an iterable of batches (`data.adapters.BatchStream`: a DataLoader, a
+    generator, ...), in the loader's own order: a thread iterates it (grad_accum batches to a
+    step), the transfer thread stacks K steps and puts them on the device, as `StreamFeed` does.
+
+    Steps per epoch: `config.steps_per_epoch`, else the loader's `len()` (a torch DataLoader's full
+    batches exactly), else one counting pass over the loader before training. A short last batch
+    is dropped, or with `data.last_batch="pad"` filled with its own first rows; either way the
+    compiled call keeps one shape. Resume: from the iterator's saved state when it has one
+    (Grain's `get_state`/`set_state`), else by skipping the batches already trained on.
+    """
+
+    def __init__(self, stream: Any, config: TrainConfig, layout: Layout):
+        from jaxtrain._src.report.notes import note
+
+        self._stream, self._layout, self._treedef = stream, layout, stream.treedef
+        self._accum, self._pad, self._note = config.grad_accum, config.data.last_batch == "pad", note
+        B, self._rows = stream.batch_size, stream.batch_size * config.grad_accum
+        self._B, self._prefetch = config.samples_per_step, config.data.prefetch
+        self._spec = {n: (stream.shapes[n], stream.dtypes[n]) for n in stream.names}
+        full, last = self._epoch_batches(config)
+        batches = full + (1 if last and self._pad else 0)  # batches an epoch trains on
+        if config.steps_per_epoch:
+            self.steps_per_epoch = config.steps_per_epoch
+            self.dropped = 0
+        else:
+            self.steps_per_epoch = batches // self._accum
+            used = self.steps_per_epoch * self._accum  # batches; a padded last one holds `last` samples
+            self.dropped = full * B + last - min(used, full) * B - (last if used > full else 0)
+            if self.steps_per_epoch == 0:
+                raise ConfigError(f"{stream.name} has {batches} batches an epoch, fewer than one step of "
+                                  f"grad_accum={self._accum}; use {setting('grad_accum', max(1, batches))} or less",
+                                  grad_accum=config.grad_accum)
+        self.num_samples = self.steps_per_epoch * self._rows
+        self.placement = Placement("loader", f"batches of {B} from {type(stream.data).__name__}, in its order")
+        self.device_bytes, self._last = 0, last
+        self.fingerprint = None
+        self._epoch, self._position, self._saved = 1, 0, None
+        self._states: dict[int, Any] = {}  # step of the epoch -> the iterator's state after it
+        self._prefetcher: DevicePrefetcher | None = None
+        self._wait_s, self._started = 0.0, False
+        self.timing = {"input_wait_s": 0.0, "device_wait_s": 0.0, "background_copy_s": 0.0}
+
+    def _epoch_batches(self, config: TrainConfig) -> tuple[int, int]:
+        """(full batches, rows of a short last one or 0) of one epoch."""
+        stream = self._stream
+        if config.steps_per_epoch:
+            return config.steps_per_epoch * self._accum, 0
+        if stream.num_full is not None:
+            return stream.num_full, stream.last_rows
+        if stream.num_batches is not None:
+            return stream.num_batches, 0  # a short last batch is found at the end of the epoch
+        if stream.once:
+            raise ConfigError(f"{stream.name} is a one-shot iterator (a generator) without a length: give "
+                              f"{setting('steps_per_epoch', placeholder='N')}, or pass an iterable or a callable "
+                              "that returns a fresh iterator each epoch (e.g. lambda: batches())")
+        t0, full, last = time.perf_counter(), 0, 0
+        for batch, _ in stream.batches(1):
+            rows = len(next(iter(batch.values())))
+            full, last = (full + 1, 0) if rows == stream.batch_size else (full, rows)
+        self._note(f"{stream.name} has no len(): counted {full + (last > 0):,} batches of an epoch in one pass "
+                   f"({time.perf_counter() - t0:.1f} s); {setting('steps_per_epoch', full // self._accum)} skips it")
+        return full, last
+
+    def _host_batches(self, epoch: int, position: int) -> Any:
+        stream, accum, rows, steps = self._stream, self._accum, self._rows, self.steps_per_epoch
+        skip, state = position * accum, None
+        if self._saved is not None and self._saved.get("epoch") == epoch and self._saved.get("position") == position:
+            state = self._saved.get("iter_state")
+        if stream.once and not self._started:  # a fresh one-shot iterator: pass what earlier epochs trained on
+            skip += (epoch - 1) * steps * accum
+        self._started, self._saved = True, None
+        states, pad = self._states, self._pad
+        states.clear()
+
+        def produce(put: Callable[[Any], None]) -> None:
+            step, group = position, []
+            for batch, after in stream.batches(epoch, skip, state):
+                n = len(next(iter(batch.values())))
+                if n < stream.batch_size:
+                    if not pad:
+                        continue  # dropped; the stream checks that it was the last
+                    batch = {k: np.resize(v, (stream.batch_size, *v.shape[1:])) for k, v in batch.items()}
+                group.append(batch)
+                if len(group) < accum:
+                    continue
+                states[step] = after
+                put(group[0] if accum == 1 else {k: np.concatenate([g[k] for g in group]) for k in group[0]})
+                group, step = [], step + 1
+                if step == steps:
+                    return
+            raise DataError(f"{stream.name} ran out at step {step:,} of epoch {epoch}, which takes {steps:,} steps "
+                            f"of {rows} rows: its len() counts a short last batch that is dropped, or it yields fewer "
+                            f"batches than before; give {setting('steps_per_epoch', step)}, or "
+                            f"{setting('data.last_batch', 'pad')}")
+
+        return BackgroundIterator(produce, max(16, 2 * self._prefetch), name=f"jaxtrain-iter-epoch{epoch}")
+
+    def start_epoch(self, epoch: int, position: int) -> None:
+        if position and self._saved is not None:
+            exact = self._saved.get("iter_state") is not None or self._stream.reproducible() is None
+            how = ("from the loader's saved state" if self._saved.get("iter_state") is not None else
+                   f"by skipping the {position * self._accum:,} batches of epoch {epoch} already trained on")
+            self._note(f"{self._stream.name}: resuming step {position:,} of epoch {epoch} {how}"
+                       + ("" if exact else f"; not exact: {self._stream.reproducible()}"))
+        super().start_epoch(epoch, position)
+
+    def describe(self) -> str:
+        last = ""
+        if self._last:
+            last = f"; the short last batch ({self._last} rows) {'padded' if self._pad else 'dropped'}"
+        return (f"streamed from {type(self._stream.data).__name__} in its order ({self._stream.batch_size} rows a "
+                f"batch{last}; up to {self._prefetch} calls read ahead onto the device)")
+
+    def get_state(self) -> dict[str, Any]:
+        position = self._position
+        return {"placement": "loader", "epoch": self._epoch, "position": position,
+                "iter_state": self._states.get(position - 1) if position else None}
+
+    def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
+        self._saved = state
+
+
 class StackedBatches:
     """A call source of K stacked batches described by shapes only (`batch`: name -> (shape, dtype)
     of one batch), as the stream feed's calls take them; for compiling a program without data."""
@@ -274,18 +403,41 @@ class StackedBatches:
         return ({n: jax.ShapeDtypeStruct((k, *x.shape), x.dtype, sharding=sharding) for n, x in self._batch.items()},)
 
 
+def read_whole(source: Any) -> Any:
+    """Every row of a row source, in the source's own structure (a map-style dataset's samples stacked)."""
+    rows = source.read(0, len(source))
+    return source.unflatten(rows) if hasattr(source, "unflatten") else rows
+
+
 def as_source(data: Any, name: str) -> tuple[Any, Any]:
-    """`(row source, treedef)` for `data`: a source as is (treedef None), a dict of arrays as an
-    `ArraySource` (treedef None), any other pytree of arrays as an `ArraySource` over its leaves
-    plus the treedef that rebuilds a batch."""
+    """`(row source, treedef)` for `data`: a source as is (with its treedef, if it has one: a
+    map-style dataset), a dict of arrays as an `ArraySource` (treedef None), any other pytree of
+    arrays as an `ArraySource` over its leaves plus the treedef that rebuilds a batch."""
     if data_lib.is_source(data):
-        return data, None
+        return data, getattr(data, "treedef", None)
     data_lib.num_samples(data, name)
     if isinstance(data, dict) and all(isinstance(k, str) for k in data) and not any(
             isinstance(v, (dict, list, tuple)) for v in data.values()):
         return ArraySource({k: np.asarray(v) for k, v in data.items()}), None
     leaves, treedef = jax.tree.flatten(data)
     return ArraySource({f"leaf{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}), treedef
+
+
+def adapt_inputs(train_data: Any, val_data: Any, config: TrainConfig) -> tuple[Any, Any, TrainConfig]:
+    """`(train, val, config)`: others' datasets and loaders adapted (`data.adapters.adapt`); with a
+    loader's batches the batch size is the loader's (times the processes of a job), noted when the
+    config asked for another."""
+    from jaxtrain._src.report.notes import note
+
+    train_data = adapt(train_data, "train_data", config.seed)
+    val_data = adapt(val_data, "val_data", config.seed)
+    if isinstance(train_data, BatchStream):
+        size = train_data.batch_size * jax.process_count()
+        if size != config.batch_size and config.batch_size != TrainConfig.batch_size:
+            note(f"train_data yields batches of {train_data.batch_size} rows: {setting('batch_size', config.batch_size)} "
+                 "is not used (the loader's batch size is)")
+        config = dataclasses.replace(config, batch_size=size)
+    return train_data, val_data, config
 
 
 def budget_bytes(config: TrainConfig, device: jax.Device) -> int:
@@ -322,6 +474,8 @@ def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout:
     layout.check_batch(config.batch_size)  # each micro-batch is split over the devices
     if hasattr(train_data, "make_feed"):  # data made during the run (`jaxtrain.rl.replay.ReplayBuffer`)
         return train_data.make_feed(config, data_key, layout)
+    if isinstance(train_data, BatchStream):  # batches from a loader, in its order
+        return IterFeed(train_data, config, layout)
     if not data_lib.is_source(train_data):
         data_lib.num_samples(train_data, "train_data")
     placement = _placement(config, _bytes(train_data), layout)
@@ -331,7 +485,7 @@ def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout:
         feed: Feed = StreamFeed(source, config, placement, layout, treedef)
     else:
         if data_lib.is_source(train_data):
-            train_data = train_data.read(0, len(train_data))  # fits the budget: read it whole, once
+            train_data = read_whole(train_data)  # fits the budget: read it whole, once
         feed = DeviceFeed(train_data, config, placement, data_key, layout)
     feed.fingerprint = taken
     return feed
@@ -340,11 +494,16 @@ def make_feed(train_data: Any, config: TrainConfig, data_key: jax.Array, layout:
 def place_validation(val_data: Any, config: TrainConfig, feed: Feed) -> tuple[Any, bool]:
     """`(data, streamed)`: validation data go on the devices whole when they fit what the training
     data leave of the per-device memory budget, and are evaluated streamed from a row source otherwise."""
+    if isinstance(val_data, BatchStream):  # evaluated batch by batch, as the loader gives them
+        if val_data.once:
+            raise DataError("val_data is a one-shot iterator (a generator), used up by the first evaluation; pass an "
+                            "iterable or a callable that returns a fresh iterator (e.g. lambda: batches())")
+        return val_data, True
     left = budget_bytes(config, jax.local_devices()[0]) - feed.device_bytes
     if _bytes(val_data) > left and config.data.placement != "device":
         return as_source(val_data, "val_data"), True
     if data_lib.is_source(val_data):
-        val_data = val_data.read(0, len(val_data))
+        val_data = read_whole(val_data)
     data_lib.num_samples(val_data, "val_data")
     return val_data, False
 

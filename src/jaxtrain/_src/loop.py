@@ -28,7 +28,7 @@ from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.checks import abstract_batch, check_fit_inputs, check_path_length
 from jaxtrain._src.config import TrainConfig, to_dict
 from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
-from jaxtrain._src.feeds import place_validation
+from jaxtrain._src.feeds import adapt_inputs, place_validation
 from jaxtrain._src.hooks import (
     CheckpointHook,
     EarlyStopping,
@@ -168,11 +168,16 @@ def fit(
       model: a Flax NNX module; it is trained in place and also returned in the result.
       loss_fn: `loss_fn(model, batch, key) -> (loss, metrics)`, with `metrics` a dict of scalar
         batch means (may be empty; per-sample values are a ConfigError). `key` is fresh every step.
-      train_data: a pytree (dict, tuple, ...) of arrays with one row per sample, or a row source
-        (`jaxtrain.data.HDF5Source`, `ArraySource`). `config.data.placement` decides whether it is
-        held on the device whole or streamed in batches (auto: streamed when over the budget).
-      val_data: the same for validation (same keys, row shapes, dtype kinds), or None. Held on the
-        device when it fits what the training data leave of the budget, else evaluated streamed.
+      train_data: a pytree (dict, tuple, ...) of arrays with one row per sample; a row source
+        (`jaxtrain.data.HDF5Source`, `NpySource`, `ArraySource`); a map-style dataset (`len` and
+        `[i]` giving one sample: a PyTorch `Dataset`, a Hugging Face `Dataset`, a Grain
+        `MapDataset`), ordered and batched by jaxtrain; or an iterable of batches (a `DataLoader`,
+        a batched Grain or Hugging Face iterable, a generator, or a callable returning a fresh
+        iterator each epoch), used in its own order with its own batch size.
+        `config.data.placement` decides whether rows are held on the device whole or streamed in
+        batches (auto: streamed when over the budget; a loader's batches are always streamed).
+      val_data: any of the same for validation (same keys, row shapes, dtype kinds), or None. Held
+        on the device when it fits what the training data leave of the budget, else evaluated streamed.
       config: training settings.
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
@@ -230,6 +235,7 @@ def run_fit(
     """`fit`, with what a tool adds (`Session`): the run's name, the config to save, the console."""
     t_start, memory = time.perf_counter(), MemoryHook()  # the memory the caller brought
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
+    train_data, val_data, config = adapt_inputs(train_data, val_data, config)
     check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)  # eval_shape
     primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
     name = session.name

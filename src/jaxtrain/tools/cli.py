@@ -78,7 +78,8 @@ commands:
   bench selfplay [OPTIONS]  AlphaZero self-play: plain Python MCTS vs jitted network vs batched mctx; training updates/s
   bench xla-flags [OPTIONS]  XLA:CPU options (XNNPACK/YNNPACK, oneDNN, threads, scheduler, ISA, fast math) vs none
   bench scan-corpus [--corpus FILE] [--cache DIR]  jaxtrain scan's recall and precision on labelled public scripts
-  data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence)
+  data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence;
+                                                       --format npy: a folder of .npy shards)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics
 
 examples:
@@ -544,8 +545,13 @@ class GenerateOptions:
     """Chunk compression."""
     seed: int = 0
     """Dataset seed."""
+    format: Literal["hdf5", "npy"] = "hdf5"
+    """hdf5: one file OUT.h5; npy: a folder OUT of .npy shards (NAME-00000.npy, ...) and attrs.json,
+    as `jaxtrain.data.NpySource` and the recipes' --data.npy read them."""
+    shard_rows: int = 131072
+    """Rows per .npy shard (format npy)."""
     force: bool = False
-    """Replace OUT.h5 if it exists."""
+    """Replace OUT if it exists."""
     quiet: bool = False
     """No progress bar."""
 
@@ -566,7 +572,8 @@ def _data_generate(args: Sequence[str]) -> int:
     console = Console()
     with row_progress(workload, o.samples, console, quiet=o.quiet) as on_rows:
         result = generate_dataset(workload, out, o.samples, seq_len=o.seq_len, chunk_rows=o.chunk_rows,
-                                  compression=o.compression, seed=o.seed, force=o.force, on_rows=on_rows)
+                                  compression=o.compression, seed=o.seed, force=o.force, on_rows=on_rows,
+                                  format=o.format, shard_rows=o.shard_rows)
     print_generated(result, console)
     return 0
 

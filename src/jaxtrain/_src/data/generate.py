@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -37,6 +39,7 @@ from jaxtrain._src.errors import ConfigError, DataError, argument
 WRITE_ROWS = 65536  # rows generated and written per step: bounds the writer's memory
 CHUNK_BYTES = 1 << 19  # default HDF5 chunk: about 512 KiB of the widest dataset
 MAX_CHUNK_BYTES = 1 << 30
+SHARD_ROWS = 131072  # rows per .npy shard (about 100 MB of mlp-regression rows)
 
 
 class _MomentAccumulator:
@@ -83,8 +86,11 @@ def default_chunk_rows(workload: str, samples: int, seq_len: int = 128) -> int:
 
 def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq_len: int = 128,
              chunk_rows: int | None = None, compression: str = "none", seed: int = 0, force: bool = False,
-             on_rows: Callable[[int], None] | None = None) -> GenerateResult:
-    """Writes `samples` rows of a synthetic workload to the HDF5 file `out`, atomically.
+             on_rows: Callable[[int], None] | None = None, format: str = "hdf5",
+             shard_rows: int = SHARD_ROWS) -> GenerateResult:
+    """Writes `samples` rows of a synthetic workload to the HDF5 file `out`, atomically (or, with
+    `format="npy"`, to the folder `out` as .npy shards `NAME-00000.npy`, ... of `shard_rows` rows,
+    with the file's attributes in `attrs.json`: what `jaxtrain.data.NpySource` reads).
 
     Rows go to `out + ".partial"`, which replaces `out` only once complete; any error or Ctrl-C
     removes it. Memory is bounded by `WRITE_ROWS` rows, whatever `samples` is.
@@ -105,6 +111,10 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
       DataError: the file cannot be written (a missing or read-only directory, a full disk).
     """
     chunk_rows = check_arguments(workload, out, samples, seq_len, chunk_rows, compression, seed, force)
+    if format == "npy":
+        return _generate_shards(workload, Path(out), samples, seq_len, seed, shard_rows, on_rows)
+    if format != "hdf5":
+        raise ConfigError(f"unknown format {format!r}; choose hdf5 or npy")
     layout = row_layout(workload, seq_len)
     widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
     out = Path(out)
@@ -122,6 +132,44 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
                             "has space") from None
         raise
     return GenerateResult(out, samples, time.perf_counter() - t0, out.stat().st_size)
+
+
+def _generate_shards(workload: str, out: Path, samples: int, seq_len: int, seed: int, shard_rows: int,
+                     on_rows: Callable[[int], None] | None) -> GenerateResult:
+    """`generate_dataset`'s rows as .npy shards in the folder `out`, written in `out.partial` first."""
+    if shard_rows < 1:
+        raise ConfigError(f"shard_rows={shard_rows} must be an integer >= 1")
+    tmp, t0 = out.with_name(out.name + ".partial"), time.perf_counter()
+    moments = _MomentAccumulator(FEATURES) if workload == "mlp-regression" else None
+    try:
+        with _term_raises():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            for i, start in enumerate(range(0, samples, shard_rows)):
+                stop = min(start + shard_rows, samples)
+                rows = make_rows(workload, seed, start, stop, seq_len)
+                for name, values in rows.items():
+                    np.save(tmp / f"{name}-{i:05d}.npy", values)
+                if moments is not None:
+                    moments.update(rows["features"])
+                if on_rows is not None:
+                    on_rows(stop)
+            attrs = {"workload": workload, "seed": seed, "samples": samples}
+            if moments is not None:
+                attrs.update(feature_mean=moments.mean.tolist(), feature_std=moments.std.tolist(), label_noise=LABEL_NOISE)
+            else:
+                attrs.update(seq_len=seq_len, alphabet_size=len(ALPHABET), alphabet=ALPHABET, num_classes=NUM_CLASSES)
+            (tmp / "attrs.json").write_text(json.dumps(attrs))
+            shutil.rmtree(out, ignore_errors=True)  # `force` was checked
+            os.replace(tmp, out)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise DataError(f"cannot write {out}: {_reason(e)}; check that the directory exists, is writable and "
+                            "has space") from None
+        raise
+    size = sum(f.stat().st_size for f in out.iterdir())
+    return GenerateResult(out, samples, time.perf_counter() - t0, size)
 
 
 @contextlib.contextmanager

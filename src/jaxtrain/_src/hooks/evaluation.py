@@ -16,6 +16,8 @@ import numpy as np
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.calls import shapes_of
+from jaxtrain._src.data.adapters import BatchStream
+from jaxtrain._src.data.stream import BackgroundIterator
 from jaxtrain._src.feeds import stream_blocks
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.moments import announce
@@ -41,7 +43,10 @@ class EvalHook(RunHook):
     def __init__(self, eval_step: Callable, data: Any, streamed: bool, batch_size: int, every: int):
         self._step = eval_step
         self._data, self._streamed, self._every = data, streamed, every
-        self.num_samples = len(data[0]) if streamed else data_lib.num_samples(data, "val_data")
+        if isinstance(data, BatchStream):  # a loader's batches: its samples counted once here
+            self.num_samples = data.rows_per_epoch()
+        else:
+            self.num_samples = len(data[0]) if streamed else data_lib.num_samples(data, "val_data")
         self._B = min(batch_size, self.num_samples)
         self._evaluate: Callable[[Any], dict[str, float]] | None = None
 
@@ -66,11 +71,18 @@ class EvalHook(RunHook):
         return lambda state: {k: float(v) / n for k, v in jax.device_get(sums(state, data)).items()}
 
     def _build_streamed(self, run: Run) -> Callable:
-        source, treedef = self._data
         n, B = self.num_samples, self._B
-        rows = B * max(1, STREAM_BLOCK_BYTES // (B * max(1, source.row_nbytes)))  # whole batches per call
-        rows = min(rows, n - n % B) or n
-        names = list(source.read(0, 1))
+        if isinstance(self._data, BatchStream):  # each of the loader's batches is a block
+            stream = self._data
+            treedef, names = stream.treedef, stream.names
+            blocks = lambda: BackgroundIterator(  # noqa: E731
+                lambda put: [put(batch) for batch, _ in stream.batches(1)], 4, name="jaxtrain-eval-iter")
+        else:
+            source, treedef = self._data
+            rows = B * max(1, STREAM_BLOCK_BYTES // (B * max(1, source.row_nbytes)))  # whole batches per call
+            rows = min(rows, n - n % B) or n
+            names = list(source.read(0, 1))
+            blocks = lambda: stream_blocks(source, rows)  # noqa: E731
 
         def as_batch(block: dict) -> Any:
             return block if treedef is None else jax.tree.unflatten(treedef, [block[k] for k in names])
@@ -85,8 +97,8 @@ class EvalHook(RunHook):
 
         def evaluate(state: Any) -> dict[str, float]:
             totals: dict[str, float] = {}
-            with stream_blocks(source, rows) as blocks:
-                for block in blocks:
+            with blocks() as iterator:
+                for block in iterator:
                     batch = as_batch(self._place(run, block))
                     size = len(next(iter(block.values())))
                     for k, v in jax.device_get(program(size, state, batch)(state, batch)).items():

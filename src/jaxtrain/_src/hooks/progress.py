@@ -43,7 +43,7 @@ class ProgressHook(RunHook):
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._bar.end_epoch()
-        self.console.print(epoch_block(run.epoch, run.config.epochs, record, run.elapsed_s))
+        self.console.print(epoch_block(run.epoch, run.config.epochs, record, run.elapsed_s, run.feed.placement.where))
         if run.stop_reason:
             self.message(run.stop_reason)
 

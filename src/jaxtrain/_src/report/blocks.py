@@ -122,7 +122,7 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
     return summary
 
 
-def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: float) -> str:
+def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: float, placement: str = "stream") -> str:
     """The per-epoch summary: losses, metrics, epoch time and elapsed time."""
     lines = [RULE, f"Epoch {epoch}/{epochs} Summary", RULE, f"  Train Loss:     {_fmt(record['train_loss'])}"]
     if "val_loss" in record:
@@ -142,7 +142,11 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
     ]
     if "input_wait_fraction" in record:
         lines.append(f"  Input Wait:     {record['input_wait_fraction']:.1%} of training time (streamed data)")
-        if record["input_wait_fraction"] > INPUT_BOUND_FRACTION:
+        if record["input_wait_fraction"] > INPUT_BOUND_FRACTION and placement == "loader":
+            lines.append("  Input-bound: the compiled step waited for the loader's batches. Give it more worker processes "
+                         "(DataLoader num_workers, Grain worker_count), or pass its map-style dataset itself so "
+                         "jaxtrain reads it on threads, or holds it on the device when it fits.")
+        elif record["input_wait_fraction"] > INPUT_BOUND_FRACTION:
             lines.append(
                 render(f"  Input-bound: the compiled step waited for data. Hold the data on the device if it fits "
                        f"({setting('data.placement', 'device')} or a larger {setting('data.memory_budget_gb')}), "

@@ -141,6 +141,10 @@ def _advice(p: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
                          "chunks of >= 1 MiB, on a local disk (`jaxtrain data inspect FILE` shows the layout)"))
         out.append(_item("input-bound", None, s["transfer"] / 2, "fewer bytes per sample to copy: store inputs as "
                          "uint8 or bfloat16 and convert them in `preprocess`, inside the compiled step"))
+    if m["placement"] == "loader":
+        out.append(_item("input-bound", None, s["input"] / 2, "a faster loader: more worker processes (DataLoader "
+                         "num_workers, Grain worker_count), or its map-style dataset passed to fit itself, which "
+                         "jaxtrain reads on threads or holds on the device"))
     for name, seconds in p["hooks_s"].items():
         share = seconds / p["train_s"] if p["train_s"] else 0.0
         if name == "MetricsHook":
@@ -214,7 +218,7 @@ def profile_lines(p: dict[str, Any]) -> list[str]:
         "compute": f"{_ms(p['compute_per_step_s'])} per step",
         "dispatch": f"{_ms(p['overhead_per_call_s'])} per call",
         "host_sync": ", ".join(f"{name} {s:.2f}s" for name, s in list(p["hooks_s"].items())[:2] if s >= 0.005),
-        "input": "training data streamed" if p["placement"] == "stream" else "",
+        "input": {"stream": "training data streamed", "loader": "batches from the loader"}.get(p["placement"], ""),
         "other": "setup, checks, checkpoints, files, printing",
     }
     for key, label in PARTS.items():

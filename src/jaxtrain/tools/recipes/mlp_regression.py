@@ -5,8 +5,8 @@ A protein-structure-like regression: 128 features → 64 targets, 50,000 samples
 deterministic from a seed: features with per-feature offsets and scales (so normalisation
 matters), targets from a fixed random two-layer tanh teacher plus Gaussian noise.
 
-`--data.path FILE.h5` trains on a file from `jaxtrain data generate mlp-regression` instead, of
-any size: `--data.placement auto` holds it on the device when it fits the budget, else streams it.
+`--data.path FILE.h5` trains on a file from `jaxtrain data generate mlp-regression` instead (or
+`--data.npy DIR` on a folder of .npy shards from `... --format npy`), of any size: `--data.placement auto` holds it on the device when it fits the budget, else streams it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from flax import nnx
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import DataConfig
+from jaxtrain._src.data.adapters import NpySource
 from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.data.synthetic import regression_rows
 from jaxtrain._src.errors import ConfigError, DataError
@@ -38,6 +40,10 @@ class RegressionDataConfig(DataConfig):
     """An HDF5 file from `jaxtrain data generate mlp-regression FILE.h5` (datasets features, targets;
     its last val_samples rows are the validation set). Empty: make the data in memory from the
     settings below."""
+    npy: str = ""
+    """A folder of .npy shards (features-*.npy, targets-*.npy) from `jaxtrain data generate
+    mlp-regression DIR --format npy` or written with np.save: read like path, in place, in bounded
+    memory (its last val_samples rows are the validation set)."""
     samples: int = 50_000
     """Samples in all; the last val_samples are the validation set."""
     val_samples: int = 5_000
@@ -116,15 +122,19 @@ HDF5_KEYS = {"x": "features", "y": "targets"}  # batch names -> the datasets `da
 STATS_ROWS = 100_000  # rows read to normalise a file that carries no feature_mean/feature_std attributes
 
 
-def open_hdf5(config: RegressionDataConfig) -> tuple[HDF5Source, HDF5Source | None, np.ndarray, np.ndarray]:
-    """(train source, validation source or None, feature mean, feature std) of `config.path`."""
+def open_hdf5(config: RegressionDataConfig) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+    """(train source, validation source or None, feature mean, feature std) of `config.path`, or of
+    the .npy shards in `config.npy`."""
     val_rows = config.val_samples
-    train = HDF5Source(config.path, HDF5_KEYS, 0, -val_rows if val_rows else None)
-    val = HDF5Source(config.path, HDF5_KEYS, -val_rows) if val_rows else None
+    if config.path and config.npy:
+        raise ConfigError("data.path and data.npy are both given; train on one of them")
+    opener, where = (HDF5Source, config.path) if config.path else (NpySource, config.npy)
+    train = opener(where, HDF5_KEYS, 0, -val_rows if val_rows else None)
+    val = opener(where, HDF5_KEYS, -val_rows) if val_rows else None
     for key, name in HDF5_KEYS.items():
         if len(train.row_shapes[key]) != 1:
             shape = (len(train) + val_rows, *train.row_shapes[key])
-            raise DataError(f"{name!r} in {config.path} has shape {shape}; mlp-regression needs rows of one axis, "
+            raise DataError(f"{name!r} in {where} has shape {shape}; mlp-regression needs rows of one axis, "
                             f"(samples, {name}): store 1-D {name} as (samples, 1)")
     if "feature_mean" in train.attrs and "feature_std" in train.attrs:
         mean, std = np.asarray(train.attrs["feature_mean"]), np.asarray(train.attrs["feature_std"])
@@ -133,7 +143,7 @@ def open_hdf5(config: RegressionDataConfig) -> tuple[HDF5Source, HDF5Source | No
                      if not np.isfinite(value).all() else "holds negative values"
                      if name == "feature_std" and (value < 0).any() else "")
             if wrong:
-                raise DataError(f"the {name} attribute of {config.path} {wrong}; it must be finite, of shape "
+                raise DataError(f"the {name} attribute of {where} {wrong}; it must be finite, of shape "
                                 f"{train.row_shapes['x']}{' and >= 0' * (name == 'feature_std')}: fix or delete it")
     else:
         x = train.read(0, min(len(train), STATS_ROWS))["x"]
@@ -164,11 +174,11 @@ def _check_fits(what: str, nbytes: int, advice: str) -> None:
 def build(config: MLPRegressionConfig) -> Workload:
     _check_no_remat(config)  # before any data is made or opened
     d = config.data
-    if not d.path:  # float32 features and targets, a copy of each while made, and the teacher
+    if not (d.path or d.npy):  # float32 features and targets, a copy of each while made, and the teacher
         _check_fits(f"data.samples={d.samples:,} rows of {d.features:,} features and {d.targets:,} targets",
                     4 * (2 * d.samples * (d.features + d.targets) + d.teacher_width * (d.features + d.targets)),
                     "lower data.samples, data.features or data.targets")
-    if config.data.path:
+    if config.data.path or config.data.npy:
         train, val, mean, std = open_hdf5(config.data)
         features, targets = train.row_shapes["x"][0], train.row_shapes["y"][0]
     else:

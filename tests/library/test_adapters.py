@@ -1,0 +1,319 @@
+"""Others' data in fit: map-style datasets (PyTorch, Hugging Face, Grain, plain classes) in jaxtrain's
+order equal the arrays they hold; iterables of batches (DataLoader, Grain, generators) train in
+their own order, resume exactly, and every bad input is one line."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from conftest import mse, regression_data, silent, small_mlp
+
+from jaxtrain import CheckpointConfig, DataConfig, TrainConfig
+from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain._src.data.adapters import BatchStream, MapSource, NpySource, adapt
+from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.step import epoch_permutation
+
+torch = pytest.importorskip("torch")
+grain = pytest.importorskip("grain")
+datasets = pytest.importorskip("datasets")
+
+N, B = 200, 16  # 200 rows: 12 full batches and a short one of 8
+TRAIN, VAL = regression_data(N), regression_data(40, seed=1)
+
+
+def _params(result) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(result.state.params)]
+
+
+def _fit(train, val=VAL, run_dir=None, resume=False, console=None, **overrides):
+    config = TrainConfig(**{"epochs": 2, "batch_size": B, "steps_per_call": 3, "tensorboard": False, **overrides})
+    return run_fit(small_mlp(), mse, train, val, config, run_dir=run_dir, resume=resume, verbosity="summary",
+                   session=Session(console=console or silent()))
+
+
+class Rows:
+    """A plain map-style dataset: one dict sample per index."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __len__(self):
+        return len(self.data["x"])
+
+    def __getitem__(self, i):
+        return {k: v[i] for k, v in self.data.items()}
+
+    def __repr__(self):  # Grain's DataLoader checks a resumed source by its repr
+        return f"Rows({len(self)})"
+
+
+class TorchRows(torch.utils.data.Dataset):
+    def __init__(self, data):
+        self.x, self.y = (torch.from_numpy(data[k]) for k in ("x", "y"))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+def _jaxtrain_order_batches(data, seed=0):
+    """A callable whose fresh iterator yields, epoch after epoch, the batches of jaxtrain's own order
+    for `data` on the device (so an iterable can be checked against arrays to the bit)."""
+    data_key = jax.random.split(jax.random.key(seed))[1]
+    epoch = [0]
+
+    def batches():
+        epoch[0] += 1
+        perm = np.asarray(epoch_permutation(data_key, np.int32(epoch[0]), len(data["x"])))
+        for i in range(0, len(perm) - B + 1, B):
+            yield {k: v[perm[i : i + B]] for k, v in data.items()}
+
+    return batches, epoch
+
+
+@pytest.fixture(scope="module")
+def on_arrays():
+    return _fit(TRAIN)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Rows(TRAIN),
+    lambda: TorchRows(TRAIN),
+    lambda: datasets.Dataset.from_dict(TRAIN),
+    lambda: grain.MapDataset.source(Rows(TRAIN)),
+], ids=["class", "torch-dataset", "hf-dataset", "grain-mapdataset"])
+def test_map_style_datasets_equal_the_arrays_they_hold(make, on_arrays):
+    result = _fit(make())
+    for a, b in zip(_params(result), _params(on_arrays), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert result.history[-1]["val_loss"] == pytest.approx(on_arrays.history[-1]["val_loss"], rel=1e-6)
+
+
+def test_an_iterable_in_jaxtrains_order_equals_the_arrays_and_a_shuffling_loader_learns_as_well(on_arrays):
+    batches, epochs = _jaxtrain_order_batches(TRAIN)
+    console = silent()
+    result = _fit(batches, steps_per_epoch=N // B, console=console)  # no len(): steps given
+    assert epochs[0] == 2  # one fresh iterator per epoch (the first, read before training, serves epoch 1)
+    for a, b in zip(_params(result), _params(on_arrays), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert "streamed from function in its order" in console.file.getvalue()
+
+    tensors = torch.utils.data.TensorDataset(torch.from_numpy(TRAIN["x"]), torch.from_numpy(TRAIN["y"]))
+    loader = torch.utils.data.DataLoader(tensors, batch_size=B, shuffle=True, generator=torch.Generator())
+    tuples = lambda model, batch, key: mse(model, {"x": batch[0], "y": batch[1]}, key)  # noqa: E731
+    config = TrainConfig(epochs=2, batch_size=B, steps_per_call=3, tensorboard=False)
+    shuffled = run_fit(small_mlp(), tuples, loader, (VAL["x"], VAL["y"]), config, verbosity="silent")
+    assert shuffled.summary["steps"] == 2 * (N // B)  # the short last batch dropped
+    assert shuffled.history[0]["samples_dropped"] == N % B
+    # another order of the same samples: the same loss within noise (10% after 24 steps here)
+    assert shuffled.history[-1]["val_loss"] == pytest.approx(on_arrays.history[-1]["val_loss"], rel=0.1)
+
+
+def test_a_large_map_style_dataset_streams_in_the_order_of_arrays_streamed():
+    stream = DataConfig(placement="stream", shuffle_window_mb=1)
+    from_map, from_arrays = _fit(TorchRows(TRAIN), data=stream), _fit(TRAIN, data=stream)
+    for a, b in zip(_params(from_map), _params(from_arrays), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert "input_wait_fraction" in from_map.history[0]
+
+
+def test_map_style_reads_use_a_batched_read_where_the_dataset_has_one():
+    class Counting(Rows):
+        singles = batched = 0
+
+        def __getitem__(self, i):
+            Counting.singles += 1
+            return super().__getitem__(i)
+
+        def __getitems__(self, indices):
+            Counting.batched += 1
+            return [super(Counting, self).__getitem__(i) for i in indices]
+
+    source = MapSource(Counting(TRAIN))
+    block = source.read(10, 74)
+    np.testing.assert_array_equal(block["x"], TRAIN["x"][10:74])
+    assert (Counting.singles, Counting.batched) == (1, 1)  # sample 0 for the spec, then one call for 64 rows
+    threaded = MapSource(Rows(TRAIN), threads=4).read(0, N)
+    np.testing.assert_array_equal(threaded["y"], TRAIN["y"])
+
+
+def test_batches_from_a_loader_accumulate_pad_and_count(on_arrays):
+    tensors = torch.utils.data.TensorDataset(torch.from_numpy(TRAIN["x"]), torch.from_numpy(TRAIN["y"]))
+    tuples = lambda model, batch, key: mse(model, {"x": batch[0], "y": batch[1]}, key)  # noqa: E731
+    loader = torch.utils.data.DataLoader(tensors, batch_size=B)
+    config = TrainConfig(epochs=1, batch_size=B, grad_accum=2, steps_per_call=2, tensorboard=False,
+                         data=DataConfig(last_batch="pad"))
+    result = run_fit(small_mlp(), tuples, loader, None, config, verbosity="silent")
+    assert result.summary["steps"] == 13 // 2  # 12 full batches and the padded 13th, two a step
+    assert result.history[0]["samples_dropped"] == N % B  # the padded 13th batch (8 samples) had no partner
+
+    def generator():  # a plain callable without len(): counted once, in a pass before training
+        return ({k: v[i : i + B] for k, v in TRAIN.items()} for i in range(0, N, B))
+
+    console = silent()
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        counted = _fit(generator, console=console, data=DataConfig(last_batch="pad"))
+    assert counted.summary["steps"] == 2 * 13
+    assert "counted 13 batches of an epoch in one pass" in err.getvalue()
+    assert "the short last batch (8 rows) padded" in console.file.getvalue()
+
+
+def test_batch_size_is_the_loaders():
+    loader = torch.utils.data.DataLoader(TorchRows(TRAIN), batch_size=25)
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        result = _fit(loader, batch_size=64, epochs=1)
+    assert result.summary["steps"] == 8 and "yields batches of 25 rows" in err.getvalue()
+    assert json.loads(json.dumps(result.summary))["steps"] == 8
+
+
+def _resume_each_mid_epoch(tmp_path, train, every=5, **overrides):
+    """Trains with checkpoints every few steps, then resumes from each mid-epoch one (as after a
+    kill) and checks the result equals the uninterrupted run bit for bit."""
+    ckpt = CheckpointConfig(every_steps=every, keep_last=100, keep_best=0)
+    reference = _fit(train(), run_dir=tmp_path / "full", checkpoint=ckpt, **overrides)
+    spe = reference.summary["steps"] // 2
+    mid = [s for s in Checkpointer(tmp_path / "full" / "checkpoints").steps() if s % spe]
+    assert len(mid) >= 2
+    for step in mid:
+        run = tmp_path / f"from-{step}"
+        shutil.copytree(tmp_path / "full", run)
+        for later in (p for p in (run / "checkpoints").iterdir() if p.name.isdigit() and int(p.name) > step):
+            shutil.rmtree(later)
+        resumed = _fit(train(), run_dir=run, resume=True, checkpoint=ckpt, **overrides)
+        for a, b in zip(_params(resumed), _params(reference), strict=True):
+            np.testing.assert_array_equal(a, b)
+    return reference
+
+
+def test_resume_is_exact_for_map_style_grain_and_torch_loaders(tmp_path):
+    _resume_each_mid_epoch(tmp_path / "map", lambda: TorchRows(TRAIN), data=DataConfig(placement="stream"))
+
+    def grain_loader():
+        sampler = grain.samplers.IndexSampler(N, shuffle=True, seed=7, num_epochs=1)
+        return grain.DataLoader(data_source=Rows(TRAIN), sampler=sampler, worker_count=0,
+                                operations=[grain.transforms.Batch(B, drop_remainder=True)])
+
+    _resume_each_mid_epoch(tmp_path / "grain", grain_loader, steps_per_epoch=N // B)
+
+    def torch_loader():
+        return torch.utils.data.DataLoader(TorchRows(TRAIN), batch_size=B, shuffle=True, generator=torch.Generator())
+
+    _resume_each_mid_epoch(tmp_path / "torch", torch_loader)
+
+
+def test_npy_and_npz_shards_read_as_one_range(tmp_path):
+    (tmp_path / "npy").mkdir()
+    (tmp_path / "npz").mkdir()
+    bounds = [0, 70, 71, 150, N]
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for k, v in TRAIN.items():
+            np.save(tmp_path / "npy" / f"{k}-{i:05d}.npy", v[a:b])
+        np.savez(tmp_path / "npz" / f"{i:05d}.npz", **{k: v[a:b] for k, v in TRAIN.items()})
+    for folder in ("npy", "npz"):
+        source = NpySource(tmp_path / folder)
+        assert len(source) == N and source.names == ("x", "y")
+        for lo, hi in ((0, N), (65, 151), (70, 71), (199, 200)):
+            block = source.read(lo, hi)
+            for k in TRAIN:
+                np.testing.assert_array_equal(block[k], TRAIN[k][lo:hi])
+    stream = DataConfig(placement="stream", shuffle_window_mb=1)
+    sharded, arrays = _fit(NpySource(tmp_path / "npy"), data=stream), _fit(TRAIN, data=stream)
+    for a, b in zip(_params(sharded), _params(arrays), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+class Ragged(Rows):
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        return {**sample, "x": sample["x"][:5]} if i == 37 else sample
+
+
+class Crashing(torch.utils.data.Dataset):
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        if i == 50:
+            raise ValueError("corrupt record 50")
+        return {k: torch.from_numpy(v[i]) for k, v in TRAIN.items()}
+
+
+def _one_line(excinfo) -> str:
+    text = str(excinfo.value)
+    assert "\n" not in text, text
+    return text
+
+
+def test_bad_inputs_are_one_line_each():
+    with pytest.raises(DataError) as e:
+        MapSource(Ragged(TRAIN)).read(0, 64)
+    assert "sample 37 of data has field 'x' of shape (5,) where the first had (8,): ragged samples" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        adapt(Rows({"x": TRAIN["x"][:0], "y": TRAIN["y"][:0]}), "train_data")
+    assert "train_data (Rows) has no samples" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        adapt(datasets.Dataset.from_dict({"text": ["a", "b"], "y": [1, 2]}), "train_data")
+    assert "train_data's field 'text' holds strings" in _one_line(e)
+
+    def changing():
+        yield {k: v[:B] for k, v in TRAIN.items()}
+        yield {"x": TRAIN["x"][:B].astype(np.float64), "y": TRAIN["y"][:B]}
+
+    with pytest.raises(DataError) as e:
+        _fit(changing, epochs=1, steps_per_epoch=2)
+    assert "batch 1 of epoch 1 of train_data has field 'x' of dtype float64 where the first had float32" in _one_line(e)
+
+    def short_in_the_middle():
+        for n in (B, 5, B):
+            yield {k: v[:n] for k, v in TRAIN.items()}
+
+    with pytest.raises(DataError) as e:
+        _fit(short_in_the_middle, epochs=1, steps_per_epoch=2)
+    assert "batch 1 of epoch 1 of train_data has 5 rows, fewer than the first's 16, and is not the last" in _one_line(e)
+
+    once = ({k: v[i : i + B] for k, v in TRAIN.items()} for i in range(0, N - B + 1, B))
+    with pytest.raises(DataError) as e:
+        _fit(once, epochs=2, steps_per_epoch=N // B)
+    assert "train_data ran out: it is a one-shot iterator (a generator), used up by epoch 1" in _one_line(e)
+    with pytest.raises(ConfigError) as e:
+        _fit((b for b in [{"x": TRAIN["x"][:B], "y": TRAIN["y"][:B]}]))
+    assert "one-shot iterator (a generator) without a length: give TrainConfig(steps_per_epoch=N)" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        _fit(lambda: iter([]))
+    assert "train_data yields no batches" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        _fit(lambda: iter([(1.0, 2.0)]))
+    assert "train_data yields single samples" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        _fit(TRAIN, val=(b for b in [VAL]))
+    assert "val_data is a one-shot iterator" in _one_line(e)
+
+
+def test_a_dataloader_worker_error_is_one_line_not_a_hang():
+    loader = torch.utils.data.DataLoader(Crashing(), batch_size=B, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(DataError) as e:
+        _fit(loader, epochs=1)
+    line = _one_line(e)
+    assert "train_data raised ValueError at batch 3 of epoch 1: ValueError in DataLoader worker process 0" in line
+    assert line.endswith("ValueError: corrupt record 50")
+
+
+def test_adapt_passes_arrays_and_sources_through_and_picks_the_kind():
+    assert adapt(TRAIN) is TRAIN and adapt((TRAIN["x"], TRAIN["y"]))[0] is TRAIN["x"]
+    assert isinstance(adapt(Rows(TRAIN)), MapSource)
+    assert isinstance(adapt(torch.utils.data.DataLoader(TorchRows(TRAIN), batch_size=4)), BatchStream)
+    assert isinstance(adapt(lambda: iter([TRAIN])), BatchStream)
+    with pytest.raises(DataError, match="open it first: jaxtrain.data.HDF5Source"):
+        adapt("data.h5", "train_data")
