@@ -1,5 +1,7 @@
-"""Datasets, placement, in-graph preprocessing, and HDF5 streaming in bounded memory."""
+"""Datasets, placement, in-graph preprocessing, HDF5 and shard streaming in bounded memory, and
+adapters for others' datasets and loaders."""
 
+from jaxtrain._src.data.adapters import BatchStream, MapSource, NpySource
 from jaxtrain._src.data.arrays import (
     ALIGNMENT,
     Placement,
@@ -23,9 +25,12 @@ from jaxtrain._src.data.transforms import compose, gaussian_noise, normalize, st
 __all__ = [
     "ALIGNMENT",
     "ArraySource",
+    "BatchStream",
     "CharTokenizer",
     "DevicePrefetcher",
     "HDF5Source",
+    "MapSource",
+    "NpySource",
     "Placement",
     "StreamLoader",
     "aligned_empty",

@@ -10,12 +10,14 @@
 3. Peak RSS (VmHWM) of each training process: flat across file sizes means host memory does
    not grow with the dataset.
 4. Readers (when `grain` is installed): rows/s of StreamLoader against Grain pipelines.
+Parts `adapters` and `shards` (others' datasets and loaders; .npy shards): `data_adapters.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -23,6 +25,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.bench import data_adapters
 from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child
 
 
@@ -42,6 +46,17 @@ class DataBenchConfig:
     """Where the files and results.json go."""
     keep: bool = False
     """Keep the generated HDF5 files (deleted at the end by default)."""
+    parts: tuple[str, ...] = ("hdf5", "adapters", "shards")
+    """Which parts to run: hdf5 (streaming from HDF5, above), adapters (others' datasets and loaders
+    against arrays, and against the loader alone), shards (.npy shards of 1x and 10x the budget: RSS)."""
+    adapter_rows: int = 50_000
+    """Rows of the adapters part (mlp-regression's: 768 bytes each)."""
+    adapter_steps: int = 1000
+    """Steps per epoch (2 epochs) of the adapters part."""
+    shard_rows: int = 40_000
+    """Rows of the 1x-budget shards (10x that for the large run; 768 bytes each)."""
+    shard_budget_gb: float = 0.03
+    """The device budget of the shards part (the 1x shards hold about this much)."""
     quick: bool = False
     """A cut-down run for smoke tests."""
 
@@ -82,16 +97,43 @@ def _generate(path: Path, rows: int) -> float:
 
 
 def main(config: DataBenchConfig) -> int:
-    from jaxtrain._src.data.inspect import inspect_file
     from jaxtrain._src.report import device_description
 
     if config.quick:
-        config = dataclasses.replace(config, rows=40_000, small_rows=4_000, steps=100, repeats=1)
+        config = dataclasses.replace(config, rows=40_000, small_rows=4_000, steps=100, repeats=1, adapter_rows=2_000,
+                                     adapter_steps=20, shard_rows=2_000, shard_budget_gb=0.001)
+    unknown = set(config.parts) - {"hdf5", "adapters", "shards"}
+    if unknown:
+        raise ConfigError(f"unknown part {sorted(unknown)[0]!r}; choose among hdf5, adapters, shards")
     out = Path(config.dir)
     out.mkdir(parents=True, exist_ok=True)
-    small, large = out / f"mlp-{config.small_rows}.h5", out / f"mlp-{config.rows}.h5"
     console = Console(highlight=False)
     results: dict = {"config": dataclasses.asdict(config), "device": device_description(_device())}
+    try:
+        if "hdf5" in config.parts:
+            _hdf5(config, out, console, results)
+        if "adapters" in config.parts:
+            results["adapters"] = data_adapters.adapters(config.adapter_rows, config.adapter_steps, config.repeats,
+                                                         out, console)
+        if "shards" in config.parts:
+            results["shards"] = data_adapters.shards(config.shard_rows, config.shard_budget_gb, config.repeats, out,
+                                                     console)
+    finally:
+        if not config.keep:
+            for folder in ("adapter-shards", "shards-1x", "shards-10x"):
+                shutil.rmtree(out / folder, ignore_errors=True)
+    if "hdf5" in config.parts:
+        _report(results, config, console)
+    data_adapters.report(results, console)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    console.print(f"results: {out / 'results.json'}")
+    return 0
+
+
+def _hdf5(config: DataBenchConfig, out: Path, console: Console, results: dict) -> None:
+    from jaxtrain._src.data.inspect import inspect_file
+
+    small, large = out / f"mlp-{config.small_rows}.h5", out / f"mlp-{config.rows}.h5"
     try:
         console.print(f"generating {config.small_rows:,} and {config.rows:,} rows ...")
         results["generate_rows_per_s"] = {"small": _generate(small, config.small_rows),
@@ -114,10 +156,6 @@ def main(config: DataBenchConfig) -> int:
         if not config.keep:
             for path in (small, large):
                 path.unlink(missing_ok=True)
-    _report(results, config, console)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    console.print(f"results: {out / 'results.json'}")
-    return 0
 
 
 def _device():

@@ -1,0 +1,248 @@
+"""`jaxtrain bench data` parts `adapters` and `shards`: others' datasets and loaders in `fit`.
+
+adapters: mlp-regression's rows (128 features, 64 targets, float32) given to `fit` in each form a
+user may bring them: arrays (held on the device: the reference), map-style datasets (a PyTorch
+`Dataset`, a Hugging Face `Dataset`, a Grain `MapDataset`, .npy shards), streamed by jaxtrain, and
+iterables of batches (a PyTorch `DataLoader`, a Grain `DataLoader`, a batched Hugging Face
+`IterableDataset`, a generator), each in a fresh process, interleaved, medians.
+  - compute-bound: the recipe's MLP (batch 32): samples/s of training against the arrays' run.
+  - input-bound: a linear model, whose step costs next to nothing: samples/s of training against
+    the same loader iterated alone (no training) in the same process.
+shards: .npy shards of 1x and 10x a small device budget, streamed for one epoch: peak RSS of each
+  process (flat: host memory does not grow with the data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child
+
+BATCH = 32
+MAPS = ("torch-dataset", "hf-dataset", "grain-mapdataset", "npy-shards")
+ITERABLES = ("torch-dataloader", "grain-dataloader", "hf-iterable", "generator")
+
+
+def _rows(n: int) -> tuple[np.ndarray, np.ndarray]:
+    from jaxtrain._src.data.synthetic import make_rows
+
+    rows = make_rows("mlp-regression", 0, 0, n)
+    return rows["features"], rows["targets"]
+
+
+class _Rows:
+    """A plain map-style dataset over two arrays."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {"x": self.x[i], "y": self.y[i]}
+
+    def __repr__(self) -> str:
+        return f"_Rows({len(self)})"
+
+
+def make_data(kind: str, x: np.ndarray, y: np.ndarray, shards: str | None = None) -> Any:
+    """The rows in the form `kind` (see the module docstring); each gives dict batches {"x", "y"}."""
+    if kind == "arrays":
+        return {"x": x, "y": y}
+    if kind == "npy-shards":
+        from jaxtrain._src.data.adapters import NpySource
+
+        return NpySource(shards, {"x": "features", "y": "targets"})
+    if kind in ("hf-dataset", "hf-iterable"):
+        import datasets
+
+        ds = datasets.Dataset.from_dict({"x": x, "y": y})
+        return ds if kind == "hf-dataset" else ds.to_iterable_dataset().with_format("numpy").batch(BATCH,
+                                                                                                   drop_last_batch=True)
+    if kind.startswith("grain"):
+        import grain
+
+        if kind == "grain-mapdataset":
+            return grain.MapDataset.source(_Rows(x, y))
+        sampler = grain.samplers.IndexSampler(len(x), shuffle=True, seed=0, num_epochs=None)
+        return grain.DataLoader(data_source=_Rows(x, y), sampler=sampler, worker_count=0,
+                                operations=[grain.transforms.Batch(BATCH, drop_remainder=True)])
+    if kind.startswith("torch"):
+        import torch
+
+        class TorchRows(torch.utils.data.Dataset):
+            def __init__(self):
+                self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+
+            def __len__(self):
+                return len(self.x)
+
+            def __getitem__(self, i):
+                return {"x": self.x[i], "y": self.y[i]}
+
+        if kind == "torch-dataset":
+            return TorchRows()
+        return torch.utils.data.DataLoader(TorchRows(), batch_size=BATCH, shuffle=True, drop_last=True,
+                                           generator=torch.Generator())
+    if kind == "generator":
+        epoch = [0]
+
+        def batches():
+            epoch[0] += 1
+            order = np.random.default_rng(epoch[0]).permutation(len(x))
+            for i in range(0, len(order) - BATCH + 1, BATCH):
+                index = np.sort(order[i : i + BATCH])
+                yield {"x": x[index], "y": y[index]}
+
+        return batches
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def _alone(data: Any, batches: int) -> float:
+    """Samples/s of iterating the loader alone (epochs as fit takes them), the first batch not timed."""
+    done, t0 = 0, None
+    while done < batches:
+        for batch in (data() if callable(data) and not hasattr(data, "__iter__") else data):
+            if t0 is None:
+                t0 = time.perf_counter()
+                continue
+            np.asarray(batch["x"])
+            done += 1
+            if done == batches:
+                break
+    return done * BATCH / (time.perf_counter() - t0)
+
+
+def _child(spec: dict) -> dict:
+    """One run in a fresh process: train (or iterate alone) and report samples/s and peak RSS."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
+    from jaxtrain._src.models import MLP
+
+    steps = spec["steps"]
+    x, y = _rows(spec["rows"]) if spec["kind"] != "npy-shards" else (None, None)
+    data = make_data(spec["kind"], x, y, spec.get("shards"))
+    if spec.get("alone"):
+        return {"samples_per_s": _alone(data, 2 * steps), "peak_rss_mib": peak_rss_mib()}
+    sizes = (128, 512, 512, 64) if spec["model"] == "mlp" else (128, 64)
+    model = MLP(sizes, rngs=nnx.Rngs(0))
+
+    def loss(model, batch, key):
+        return jnp.mean((model(batch["x"]) - batch["y"]) ** 2), {}
+
+    placement = "stream" if spec["kind"] in MAPS else "auto"
+    config = TrainConfig(epochs=2, batch_size=BATCH, steps_per_epoch=steps if steps else 0, tensorboard=False,
+                         checkpoint=CheckpointConfig(enabled=False), log_every=10_000,
+                         data=DataConfig(placement=placement, memory_budget_gb=spec.get("budget_gb", 0.0)))
+    if spec.get("epochs"):
+        config = dataclasses.replace(config, epochs=spec["epochs"])
+    result = fit(model, loss, data, None, config, verbosity="silent")
+    return {"samples_per_s": result.summary["samples_per_s"], "peak_rss_mib": peak_rss_mib(),
+            "input_wait_fraction": result.history[-1].get("input_wait_fraction")}
+
+
+def _run(spec: dict) -> dict:
+    result = run_child("jaxtrain.tools.bench.data_adapters", spec)
+    if "error" in result:
+        raise RuntimeError(f"{spec['kind']}: benchmark child failed: {result['error']}")
+    return result
+
+
+def _interleaved(specs: dict[str, dict], repeats: int, console: Console) -> dict[str, list[dict]]:
+    measured: dict[str, list[dict]] = {name: [] for name in specs}
+    for repeat in range(repeats):
+        for name, spec in specs.items():
+            measured[name].append(_run(spec))
+            console.print(f"  run {repeat + 1}/{repeats} {name}: {measured[name][-1]['samples_per_s']:,.0f} samples/s, "
+                          f"peak RSS {measured[name][-1]['peak_rss_mib']:,.0f} MiB")
+    return measured
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def adapters(rows: int, steps: int, repeats: int, out: Path, console: Console) -> dict:
+    """The adapters part: compute-bound and input-bound tables (see the module docstring)."""
+    from jaxtrain._src.data.generate import generate_dataset
+
+    shards = out / "adapter-shards"
+    generate_dataset("mlp-regression", shards, rows, format="npy", shard_rows=max(1, rows // 4), force=True)
+    base = {"rows": rows, "steps": steps, "shards": str(shards)}
+    console.print(f"adapters, compute-bound (MLP 128-512-512-64, batch {BATCH}, {rows:,} rows, 2 x {steps:,} steps):")
+    compute = _interleaved({kind: {**base, "kind": kind, "model": "mlp"} for kind in ("arrays", *MAPS, *ITERABLES)},
+                           repeats, console)
+    console.print(f"adapters, input-bound (linear 128-64, batch {BATCH}): training against the loader alone")
+    specs = {}
+    for kind in ITERABLES:
+        specs[f"{kind} alone"] = {**base, "kind": kind, "alone": True}
+        specs[f"{kind} training"] = {**base, "kind": kind, "model": "linear"}
+    loader = _interleaved(specs, repeats, console)
+    arrays = _median(compute["arrays"], "samples_per_s")
+    summary = {"compute": {k: _median(v, "samples_per_s") / arrays for k, v in compute.items() if k != "arrays"},
+               "input": {k: _median(loader[f"{k} training"], "samples_per_s") / _median(loader[f"{k} alone"],
+                                                                                         "samples_per_s")
+                         for k in ITERABLES}}
+    return {"compute": compute, "input": loader, "summary": summary}
+
+
+def shards(rows: int, budget_gb: float, repeats: int, out: Path, console: Console) -> dict:
+    """The shards part: one streamed epoch over shards of 1x and 10x the budget; peak RSS of each."""
+    from jaxtrain._src.data.generate import generate_dataset
+
+    specs = {}
+    for times in (1, 10):
+        folder = out / f"shards-{times}x"
+        generate_dataset("mlp-regression", folder, times * rows, format="npy", shard_rows=max(1, rows // 2),
+                         force=True)
+        specs[f"{times}x budget"] = {"kind": "npy-shards", "shards": str(folder), "model": "mlp", "steps": 0,
+                                     "rows": times * rows, "epochs": 1, "budget_gb": budget_gb}
+    console.print(f"shards: one streamed epoch over {rows:,} and {10 * rows:,} rows, device budget "
+                  f"{budget_gb * 1024:,.0f} MiB")
+    measured = _interleaved(specs, repeats, console)
+    ratio = _median(measured["10x budget"], "peak_rss_mib") / _median(measured["1x budget"], "peak_rss_mib")
+    return {"runs": measured, "rss_10x_vs_1x": ratio}
+
+
+def report(results: dict, console: Console) -> None:
+    if "adapters" in results:
+        a = results["adapters"]
+        table = Table(title=f"compute-bound: MLP, batch {BATCH}, medians ({results['device']})")
+        for col in ("data given to fit", "samples/s", "vs arrays", "input wait", "target"):
+            table.add_column(col, justify="left" if col == "data given to fit" else "right")
+        for name, runs in a["compute"].items():
+            wait = [r["input_wait_fraction"] for r in runs if r.get("input_wait_fraction") is not None]
+            ratio = a["summary"]["compute"].get(name)
+            table.add_row(name, f"{_median(runs, 'samples_per_s'):,.0f}", "1.00x" if ratio is None else f"{ratio:.2f}x",
+                          f"{statistics.median(wait):.1%}" if wait else "-",
+                          "" if ratio is None else ">= 0.90x " + ("met" if ratio >= 0.9 else "missed"))
+        console.print(table)
+        table = Table(title=f"input-bound: linear model, batch {BATCH}, medians")
+        for col in ("loader", "alone samples/s", "training samples/s", "training / alone", "target"):
+            table.add_column(col, justify="left" if col == "loader" else "right")
+        for kind, ratio in a["summary"]["input"].items():
+            table.add_row(kind, f"{_median(a['input'][f'{kind} alone'], 'samples_per_s'):,.0f}",
+                          f"{_median(a['input'][f'{kind} training'], 'samples_per_s'):,.0f}", f"{ratio:.2f}x",
+                          ">= 0.90x " + ("met" if ratio >= 0.9 else "missed"))
+        console.print(table)
+    if "shards" in results:
+        s = results["shards"]
+        rss = {k: _median(v, "peak_rss_mib") for k, v in s["runs"].items()}
+        console.print(f"npy shards streamed, peak RSS: 1x budget {rss['1x budget']:,.0f} MiB, 10x budget "
+                      f"{rss['10x budget']:,.0f} MiB: {s['rss_10x_vs_1x']:.3f}x (target <= 1.10x: "
+                      f"{'met' if s['rss_10x_vs_1x'] <= 1.1 else 'missed'})")
+
+
+if __name__ == "__main__":
+    child_main(_child)
