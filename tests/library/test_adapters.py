@@ -128,6 +128,7 @@ def test_map_style_reads_use_a_batched_read_where_the_dataset_has_one():
         singles = batched = 0
 
         def __getitem__(self, i):
+            i = int(i)  # takes no slices
             Counting.singles += 1
             return super().__getitem__(i)
 
@@ -139,8 +140,23 @@ def test_map_style_reads_use_a_batched_read_where_the_dataset_has_one():
     block = source.read(10, 74)
     np.testing.assert_array_equal(block["x"], TRAIN["x"][10:74])
     assert (Counting.singles, Counting.batched) == (1, 1)  # sample 0 for the spec, then one call for 64 rows
-    threaded = MapSource(Rows(TRAIN), threads=4).read(0, N)
-    np.testing.assert_array_equal(threaded["y"], TRAIN["y"])
+    assert MapSource(Counting(TRAIN)).mode == "getitems"
+    threaded = MapSource(Ragged(TRAIN, bad=None), threads=4)  # one sample at a time, on 4 threads
+    assert threaded.mode == "samples"
+    np.testing.assert_array_equal(threaded.read(0, N)["y"], TRAIN["y"])
+    # A dataset whose ds[a:b] stacks its samples is read a range at a time; one whose slice differs
+    # from its samples (here: noise drawn per call) is read sample by sample.
+    assert MapSource(Rows(TRAIN)).mode == "slice" and MapSource(TorchRows(TRAIN)).mode == "slice"
+    tensors = torch.utils.data.TensorDataset(torch.from_numpy(TRAIN["x"]), torch.from_numpy(TRAIN["y"]))
+    assert MapSource(tensors).mode == "slice"
+    np.testing.assert_array_equal(MapSource(tensors).read(5, 150)["leaf0"], TRAIN["x"][5:150])
+
+    class Noisy(Rows):
+        def __getitem__(self, i):
+            sample = super().__getitem__(i)
+            return {**sample, "x": sample["x"] + np.random.normal(size=sample["x"].shape).astype(np.float32)}
+
+    assert MapSource(Noisy(TRAIN)).mode == "samples"
 
 
 def test_batches_from_a_loader_accumulate_pad_and_count(on_arrays):
@@ -235,9 +251,15 @@ def test_npy_and_npz_shards_read_as_one_range(tmp_path):
 
 
 class Ragged(Rows):
+    """Sample `bad` is shorter; no slices (one sample at a time)."""
+
+    def __init__(self, data, bad=37):
+        super().__init__(data)
+        self.bad = bad
+
     def __getitem__(self, i):
-        sample = super().__getitem__(i)
-        return {**sample, "x": sample["x"][:5]} if i == 37 else sample
+        sample = super().__getitem__(int(i))
+        return {**sample, "x": sample["x"][:5]} if i == self.bad else sample
 
 
 class Crashing(torch.utils.data.Dataset):

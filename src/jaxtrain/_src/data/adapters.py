@@ -105,15 +105,36 @@ class _Spec:
         self.shapes = {n: x.shape[skip:] for n, x in zip(self.names, leaves)}
         self.dtypes = {n: x.dtype for n, x in zip(self.names, leaves)}
         self.rows = len(leaves[0]) if what == "batch" else 1
+        # The common flat shapes, read without flattening a pytree: a dict of arrays, a tuple or list of them.
+        self._keys = tuple(self.names) if isinstance(first, dict) and self.names[0] in first else None
+        self._sequence = (type(first), len(first)) if isinstance(first, (tuple, list)) and not any(
+            isinstance(v, (dict, list, tuple)) for v in first) else None
 
-    def check(self, item: Any, where: str) -> dict[str, np.ndarray]:
-        """`item` flattened to {name: array}, or a DataError naming `where` and the first difference."""
-        leaves, treedef = _leaves(item)
-        if treedef != self.treedef:
-            raise DataError(f"{where} of {self.source} has another structure than the first ({treedef} against "
-                            f"{self.treedef}); every {self.what} must have the same fields")
+    def _flat(self, item: Any) -> list[np.ndarray] | None:
+        """The leaves of `item` when it has the first item's flat structure, else None."""
+        if self._keys is not None and type(item) is dict and len(item) == len(self._keys):
+            try:
+                return [to_numpy(item[k]) for k in self._keys]
+            except KeyError:
+                return None
+        if self._sequence is not None and (type(item), len(item)) == self._sequence and not any(
+                isinstance(v, (dict, list, tuple)) for v in item):
+            return [to_numpy(v) for v in item]
+        return None
+
+    def check(self, item: Any, where: str, rows: int | None = None) -> dict[str, np.ndarray]:
+        """`item` flattened to {name: array}, or a DataError naming `where` and the first difference.
+        With `rows`, `item` holds that many samples stacked (a slice of a map-style dataset)."""
+        leaves = self._flat(item)
+        if leaves is None:
+            leaves, treedef = _leaves(item)
+            if treedef != self.treedef:
+                raise DataError(f"{where} of {self.source} has another structure than the first ({treedef} against "
+                                f"{self.treedef}); every {self.what} must have the same fields")
         out = dict(zip(self.names, leaves))
-        skip = 1 if self.what == "batch" else 0
+        skip = 1 if self.what == "batch" or rows is not None else 0
+        if rows is not None and any(len(x) != rows for x in out.values()):
+            raise DataError(f"{where} of {self.source} does not hold {rows} rows in every field")
         for name, x in out.items():
             if x.shape[skip:] != self.shapes[name]:
                 fix = ("pad them to one length (in the dataset, or a DataLoader collate_fn that pads)"
@@ -124,7 +145,7 @@ class _Spec:
             if x.dtype != self.dtypes[name]:
                 raise DataError(f"{where} of {self.source} has {_kind(name)}{_spec_text(name)} of dtype {x.dtype} "
                                 f"where the first had {self.dtypes[name]}; give every {self.what} the same dtypes")
-        if skip and len({len(x) for x in out.values()}) > 1:
+        if self.what == "batch" and len({len(x) for x in out.values()}) > 1:
             detail = ", ".join(f"{k}: {len(v)}" for k, v in out.items())
             raise DataError(f"{where} of {self.source} has arrays of different lengths ({detail}); they must match")
         return out
@@ -165,11 +186,26 @@ class MapSource:
             raise DataError(f"{name} ({type(dataset).__name__}) has no samples; pass a dataset with at least one")
         self._spec = _Spec(self._fetch_one(0), "sample", name)
         self.treedef = self._spec.treedef
-        self._sliced = _is_hf_dataset(dataset)  # dataset[a:b] is a dict of stacked columns
-        self._batched = hasattr(dataset, "__getitems__") and not self._sliced
         self._threads = max(1, threads)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.mode = "slice" if _is_hf_dataset(dataset) or self._slices_alike() else \
+            "getitems" if hasattr(dataset, "__getitems__") else "samples"
+
+    def _slices_alike(self) -> bool:
+        """Whether `dataset[a:b]` stacks samples a..b-1 (as an array- or tensor-backed dataset's
+        indexing does): checked on the first and the last 8 samples against reading them one at a time."""
+        k = min(self._n, 8)
+        for lo in sorted({0, self._n - k}):
+            try:
+                block = self._spec.check(self.dataset[lo : lo + k], "a slice", rows=k)
+                for i in range(k):
+                    one = self._spec.check(self._fetch_one(lo + i), f"sample {lo + i}")
+                    if not all(np.array_equal(block[n][i], one[n], equal_nan=True) for n in one):
+                        return False
+            except Exception:  # noqa: BLE001 - a dataset that does not take slices, or gives something else
+                return False
+        return True
 
     def _fetch_one(self, i: int) -> Any:
         try:
@@ -214,9 +250,11 @@ class MapSource:
         if not 0 <= start <= stop <= self._n:
             raise IndexError(f"rows [{start}, {stop}) are outside this source's {self._n} rows")
         out = {k: np.empty((stop - start, *s), self._spec.dtypes[k]) for k, s in self._spec.shapes.items()}
-        if self._sliced:
-            self._fill(out, 0, self._fetch_slice(start, stop), start, batch=True)
-        elif self._batched:
+        if self.mode == "slice":
+            block = self._spec.check(self._fetch_slice(start, stop), rows_text(start, stop), rows=stop - start)
+            for n, v in block.items():
+                out[n][:] = v
+        elif self.mode == "getitems":
             try:
                 samples = self.dataset.__getitems__(list(range(start, stop)))
             except Exception as e:
@@ -237,17 +275,7 @@ class MapSource:
             raise DataError(f"{self.name} raised {type(e).__name__} reading {rows_text(start, stop)}: "
                             f"{_first_line(e)}") from None
 
-    def _fill(self, out: dict[str, np.ndarray], at: int, item: Any, index: int, batch: bool = False) -> None:
-        if batch:  # stacked columns of rows index.. (a Hugging Face slice)
-            leaves = {n: to_numpy(item[n]) for n in self._spec.names} if isinstance(item, Mapping) else None
-            if leaves is None or any(v.shape[1:] != self._spec.shapes[n] or v.dtype != self._spec.dtypes[n]
-                                     for n, v in leaves.items()):
-                raise DataError(f"{rows_text(index, index + len(next(iter(out.values()))))} of {self.name} differ in "
-                                "shape or dtype from sample 0: ragged samples cannot be stacked; pad them to one "
-                                "length, or cast every sample to the same dtype")
-            for n, v in leaves.items():
-                out[n][:] = v
-            return
+    def _fill(self, out: dict[str, np.ndarray], at: int, item: Any, index: int) -> None:
         for n, v in self._spec.check(item, f"sample {index:,}").items():
             out[n][at] = v
 
@@ -490,7 +518,8 @@ class BatchStream:
       batch_size: rows of the first batch (the loader's batch size).
       once: the data are a one-shot iterator.
       num_batches: batches per epoch when the object says (`len()`), else None.
-      num_full: full batches per epoch when known exactly (a torch DataLoader), else None.
+      num_full, last_rows: full batches per epoch and the rows of a short last one, when known
+        exactly (a torch DataLoader; batches by index, as Grain's `.batch(n)`), else None.
       treedef, names, shapes, dtypes: the first batch's structure; rows (B, ...).
 
     Raises:
@@ -520,6 +549,13 @@ class BatchStream:
             n = len(data.dataset)
             self.num_full = n // data.batch_size
             self.last_rows = 0 if data.drop_last else n % data.batch_size
+        elif self.num_batches and hasattr(data, "__getitem__"):  # batches by index (Grain's .batch(n)): look at the last
+            try:
+                last = len(self._spec.check(data[self.num_batches - 1], "the last batch")[self.names[0]])
+            except Exception:  # noqa: BLE001 - found at the end of the epoch instead
+                last = self.batch_size
+            self.num_full, self.last_rows = (self.num_batches, 0) if last == self.batch_size else (
+                self.num_batches - 1, last)
         self.stateful = False  # set by the first epoch's iterator (Grain's get_state/set_state)
 
     @property
@@ -663,6 +699,8 @@ def adapt(data: Any, name: str = "data", seed: int = 0) -> Any:
                         "jaxtrain.data.NpySource(folder) for .npy/.npz shards")
     if _is_arrays(data) or np.isscalar(data):
         return data
+    if type(data).__name__ == "BatchMapDataset":  # a Grain MapDataset after .batch(n): its elements are batches
+        return BatchStream(data, name, seed)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not hasattr(data, "keys"):
         return MapSource(data, name)
     if hasattr(data, "__iter__") or callable(data):

@@ -1,15 +1,17 @@
 """`jaxtrain bench data` parts `adapters` and `shards`: others' datasets and loaders in `fit`.
 
-adapters: mlp-regression's rows (128 features, 64 targets, float32) given to `fit` in each form a
-user may bring them: arrays (held on the device: the reference), map-style datasets (a PyTorch
-`Dataset`, a Hugging Face `Dataset`, a Grain `MapDataset`, .npy shards), streamed by jaxtrain, and
-iterables of batches (a PyTorch `DataLoader`, a Grain `DataLoader`, a batched Hugging Face
-`IterableDataset`, a generator), each in a fresh process, interleaved, medians.
-  - compute-bound: the recipe's MLP (batch 32): samples/s of training against the arrays' run.
-  - input-bound: a linear model, whose step costs next to nothing: samples/s of training against
-    the same loader iterated alone (no training) in the same process.
-shards: .npy shards of 1x and 10x a small device budget, streamed for one epoch: peak RSS of each
-  process (flat: host memory does not grow with the data).
+adapters: mlp-regression's rows (128 features, 64 targets, float32; the recipe's MLP, batch 32)
+given to `fit` in each form a user may bring them, each run in a fresh process, interleaved,
+medians: arrays (held on the device: the reference), map-style datasets streamed by jaxtrain (a
+PyTorch `Dataset` that takes slices and one read a sample at a time, a Hugging Face `Dataset`, a
+Grain `MapDataset`, .npy shards), and iterables of batches (PyTorch `DataLoader`s, Grain's
+`DataLoader` and `.batch()`, a batched Hugging Face `IterableDataset`, a generator, and a
+`DataLoader` whose samples cost a NumPy transform each). Each is also read alone, without
+training, in its own process (a loader iterated; a map-style dataset through jaxtrain's reader):
+a run is compute-bound when its data alone come faster than the arrays' training, else
+input-bound, and its target is 0.9x the slower of the two.
+shards: .npy shards of 1x and 10x a small device budget, streamed for one epoch with a 4 MiB
+shuffle window: peak RSS of each process (flat: host memory does not grow with the data).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from rich.table import Table
 from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child
 
 BATCH = 32
-MAPS = ("torch-dataset", "hf-dataset", "grain-mapdataset", "npy-shards")
-ITERABLES = ("torch-dataloader", "grain-dataloader", "hf-iterable", "generator")
+MAPS = ("torch-dataset", "torch-dataset-samples", "hf-dataset", "grain-mapdataset", "npy-shards")
+ITERABLES = ("torch-dataloader", "torch-dataloader-transform", "grain-dataloader", "grain-batched", "hf-iterable",
+             "generator")
 
 
 def _rows(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,6 +76,8 @@ def make_data(kind: str, x: np.ndarray, y: np.ndarray, shards: str | None = None
 
         if kind == "grain-mapdataset":
             return grain.MapDataset.source(_Rows(x, y))
+        if kind == "grain-batched":
+            return grain.MapDataset.source(_Rows(x, y)).shuffle(seed=0).batch(BATCH, drop_remainder=True)
         sampler = grain.samplers.IndexSampler(len(x), shuffle=True, seed=0, num_epochs=None)
         return grain.DataLoader(data_source=_Rows(x, y), sampler=sampler, worker_count=0,
                                 operations=[grain.transforms.Batch(BATCH, drop_remainder=True)])
@@ -89,9 +94,24 @@ def make_data(kind: str, x: np.ndarray, y: np.ndarray, shards: str | None = None
             def __getitem__(self, i):
                 return {"x": self.x[i], "y": self.y[i]}
 
+        class Samples(TorchRows):  # one sample at a time (a dataset that decodes a record per index)
+            def __getitem__(self, i):
+                return super().__getitem__(int(i))
+
+        class Transformed(TorchRows):  # each sample costs a NumPy transform: an input-bound loader
+            def __getitem__(self, i):
+                sample = super().__getitem__(i)
+                x = sample["x"].numpy()
+                for _ in range(20):
+                    x = np.tanh(x) * 1.0001
+                return {"x": torch.from_numpy(x), "y": sample["y"]}
+
         if kind == "torch-dataset":
             return TorchRows()
-        return torch.utils.data.DataLoader(TorchRows(), batch_size=BATCH, shuffle=True, drop_last=True,
+        if kind == "torch-dataset-samples":
+            return Samples()
+        dataset = Transformed() if kind == "torch-dataloader-transform" else TorchRows()
+        return torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, drop_last=True,
                                            generator=torch.Generator())
     if kind == "generator":
         epoch = [0]
@@ -108,10 +128,20 @@ def make_data(kind: str, x: np.ndarray, y: np.ndarray, shards: str | None = None
 
 
 def _alone(data: Any, batches: int) -> float:
-    """Samples/s of iterating the loader alone (epochs as fit takes them), the first batch not timed."""
+    """Samples/s of the data alone, the first batch not timed: a loader iterated (epochs as fit takes
+    them), a map-style dataset read in batches by jaxtrain's reader (the one training uses)."""
+    from jaxtrain._src.data.adapters import MapSource, adapt
+    from jaxtrain._src.data.stream import StreamLoader
+
+    source = adapt(data)
+    if isinstance(source, MapSource) or hasattr(source, "chunk_rows"):
+        loader = StreamLoader(source, BATCH, seed=0)
+        epochs = lambda: loader.iter_epoch(1)  # noqa: E731
+    else:
+        epochs = lambda: iter(data() if callable(data) and not hasattr(data, "__iter__") else data)  # noqa: E731
     done, t0 = 0, None
     while done < batches:
-        for batch in (data() if callable(data) and not hasattr(data, "__iter__") else data):
+        for batch in epochs():
             if t0 is None:
                 t0 = time.perf_counter()
                 continue
@@ -135,8 +165,7 @@ def _child(spec: dict) -> dict:
     data = make_data(spec["kind"], x, y, spec.get("shards"))
     if spec.get("alone"):
         return {"samples_per_s": _alone(data, 2 * steps), "peak_rss_mib": peak_rss_mib()}
-    sizes = (128, 512, 512, 64) if spec["model"] == "mlp" else (128, 64)
-    model = MLP(sizes, rngs=nnx.Rngs(0))
+    model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(0))
 
     def loss(model, batch, key):
         return jnp.mean((model(batch["x"]) - batch["y"]) ** 2), {}
@@ -144,7 +173,8 @@ def _child(spec: dict) -> dict:
     placement = "stream" if spec["kind"] in MAPS else "auto"
     config = TrainConfig(epochs=2, batch_size=BATCH, steps_per_epoch=steps if steps else 0, tensorboard=False,
                          checkpoint=CheckpointConfig(enabled=False), log_every=10_000,
-                         data=DataConfig(placement=placement, memory_budget_gb=spec.get("budget_gb", 0.0)))
+                         data=DataConfig(placement=placement, memory_budget_gb=spec.get("budget_gb", 0.0),
+                                         shuffle_window_mb=spec.get("window_mb", 32)))
     if spec.get("epochs"):
         config = dataclasses.replace(config, epochs=spec["epochs"])
     result = fit(model, loss, data, None, config, verbosity="silent")
@@ -174,27 +204,27 @@ def _median(runs: list[dict], key: str) -> float:
 
 
 def adapters(rows: int, steps: int, repeats: int, out: Path, console: Console) -> dict:
-    """The adapters part: compute-bound and input-bound tables (see the module docstring)."""
+    """The adapters part (see the module docstring)."""
     from jaxtrain._src.data.generate import generate_dataset
 
     shards = out / "adapter-shards"
     generate_dataset("mlp-regression", shards, rows, format="npy", shard_rows=max(1, rows // 4), force=True)
     base = {"rows": rows, "steps": steps, "shards": str(shards)}
-    console.print(f"adapters, compute-bound (MLP 128-512-512-64, batch {BATCH}, {rows:,} rows, 2 x {steps:,} steps):")
-    compute = _interleaved({kind: {**base, "kind": kind, "model": "mlp"} for kind in ("arrays", *MAPS, *ITERABLES)},
-                           repeats, console)
-    console.print(f"adapters, input-bound (linear 128-64, batch {BATCH}): training against the loader alone")
-    specs = {}
-    for kind in ITERABLES:
+    console.print(f"adapters (MLP 128-512-512-64, batch {BATCH}, {rows:,} rows, 2 x {steps:,} steps), "
+                  "each trained and read alone:")
+    specs = {"arrays": {**base, "kind": "arrays"}}
+    for kind in (*MAPS, *ITERABLES):
+        specs[kind] = {**base, "kind": kind}
         specs[f"{kind} alone"] = {**base, "kind": kind, "alone": True}
-        specs[f"{kind} training"] = {**base, "kind": kind, "model": "linear"}
-    loader = _interleaved(specs, repeats, console)
-    arrays = _median(compute["arrays"], "samples_per_s")
-    summary = {"compute": {k: _median(v, "samples_per_s") / arrays for k, v in compute.items() if k != "arrays"},
-               "input": {k: _median(loader[f"{k} training"], "samples_per_s") / _median(loader[f"{k} alone"],
-                                                                                         "samples_per_s")
-                         for k in ITERABLES}}
-    return {"compute": compute, "input": loader, "summary": summary}
+    measured = _interleaved(specs, repeats, console)
+    arrays = _median(measured["arrays"], "samples_per_s")
+    summary = {}
+    for kind in (*MAPS, *ITERABLES):
+        trained, alone = _median(measured[kind], "samples_per_s"), _median(measured[f"{kind} alone"], "samples_per_s")
+        bound = "compute" if alone >= arrays else "input"
+        summary[kind] = {"bound": bound, "vs_arrays": trained / arrays, "vs_alone": trained / alone,
+                         "ratio": trained / min(arrays, alone)}
+    return {"runs": measured, "summary": summary}
 
 
 def shards(rows: int, budget_gb: float, repeats: int, out: Path, console: Console) -> dict:
@@ -206,8 +236,8 @@ def shards(rows: int, budget_gb: float, repeats: int, out: Path, console: Consol
         folder = out / f"shards-{times}x"
         generate_dataset("mlp-regression", folder, times * rows, format="npy", shard_rows=max(1, rows // 2),
                          force=True)
-        specs[f"{times}x budget"] = {"kind": "npy-shards", "shards": str(folder), "model": "mlp", "steps": 0,
-                                     "rows": times * rows, "epochs": 1, "budget_gb": budget_gb}
+        specs[f"{times}x budget"] = {"kind": "npy-shards", "shards": str(folder), "steps": 0, "rows": times * rows,
+                                     "epochs": 1, "budget_gb": budget_gb, "window_mb": 4}
     console.print(f"shards: one streamed epoch over {rows:,} and {10 * rows:,} rows, device budget "
                   f"{budget_gb * 1024:,.0f} MiB")
     measured = _interleaved(specs, repeats, console)
@@ -218,23 +248,16 @@ def shards(rows: int, budget_gb: float, repeats: int, out: Path, console: Consol
 def report(results: dict, console: Console) -> None:
     if "adapters" in results:
         a = results["adapters"]
-        table = Table(title=f"compute-bound: MLP, batch {BATCH}, medians ({results['device']})")
-        for col in ("data given to fit", "samples/s", "vs arrays", "input wait", "target"):
+        table = Table(title=f"mlp-regression's MLP, batch {BATCH}: samples/s, medians ({results['device']})")
+        for col in ("data given to fit", "training", "data alone", "bound", "vs arrays", "vs the slower", "target"):
             table.add_column(col, justify="left" if col == "data given to fit" else "right")
-        for name, runs in a["compute"].items():
-            wait = [r["input_wait_fraction"] for r in runs if r.get("input_wait_fraction") is not None]
-            ratio = a["summary"]["compute"].get(name)
-            table.add_row(name, f"{_median(runs, 'samples_per_s'):,.0f}", "1.00x" if ratio is None else f"{ratio:.2f}x",
-                          f"{statistics.median(wait):.1%}" if wait else "-",
-                          "" if ratio is None else ">= 0.90x " + ("met" if ratio >= 0.9 else "missed"))
-        console.print(table)
-        table = Table(title=f"input-bound: linear model, batch {BATCH}, medians")
-        for col in ("loader", "alone samples/s", "training samples/s", "training / alone", "target"):
-            table.add_column(col, justify="left" if col == "loader" else "right")
-        for kind, ratio in a["summary"]["input"].items():
-            table.add_row(kind, f"{_median(a['input'][f'{kind} alone'], 'samples_per_s'):,.0f}",
-                          f"{_median(a['input'][f'{kind} training'], 'samples_per_s'):,.0f}", f"{ratio:.2f}x",
-                          ">= 0.90x " + ("met" if ratio >= 0.9 else "missed"))
+        table.add_row("arrays (on the device)", f"{_median(a['runs']['arrays'], 'samples_per_s'):,.0f}", "-", "-",
+                      "1.00x", "-", "")
+        for kind, s in a["summary"].items():
+            table.add_row(kind, f"{_median(a['runs'][kind], 'samples_per_s'):,.0f}",
+                          f"{_median(a['runs'][f'{kind} alone'], 'samples_per_s'):,.0f}", s["bound"],
+                          f"{s['vs_arrays']:.2f}x", f"{s['ratio']:.2f}x",
+                          ">= 0.90x " + ("met" if s["ratio"] >= 0.9 else "missed"))
         console.print(table)
     if "shards" in results:
         s = results["shards"]
