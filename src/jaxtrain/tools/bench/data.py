@@ -107,7 +107,7 @@ def main(config: DataBenchConfig) -> int:
         raise ConfigError(f"unknown part {sorted(unknown)[0]!r}; choose among hdf5, adapters, shards")
     out = Path(config.dir)
     out.mkdir(parents=True, exist_ok=True)
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=max(120, Console().width))
     results: dict = {"config": dataclasses.asdict(config), "device": device_description(_device())}
     try:
         if "hdf5" in config.parts:

@@ -175,8 +175,8 @@ def _child(spec: dict) -> dict:
                          checkpoint=CheckpointConfig(enabled=False), log_every=10_000,
                          data=DataConfig(placement=placement, memory_budget_gb=spec.get("budget_gb", 0.0),
                                          shuffle_window_mb=spec.get("window_mb", 32)))
-    if spec.get("epochs"):
-        config = dataclasses.replace(config, epochs=spec["epochs"])
+    if spec.get("epochs"):  # the shards part: one epoch, one compiled program whatever the rows
+        config = dataclasses.replace(config, epochs=spec["epochs"], steps_per_call=50)
     result = fit(model, loss, data, None, config, verbosity="silent")
     return {"samples_per_s": result.summary["samples_per_s"], "peak_rss_mib": peak_rss_mib(),
             "input_wait_fraction": result.history[-1].get("input_wait_fraction")}
