@@ -339,3 +339,39 @@ def test_adapt_passes_arrays_and_sources_through_and_picks_the_kind():
     assert isinstance(adapt(lambda: iter([TRAIN])), BatchStream)
     with pytest.raises(DataError, match="open it first: jaxtrain.data.HDF5Source"):
         adapt("data.h5", "train_data")
+
+
+def test_shards_that_cannot_be_read_in_place_or_change_are_one_line(tmp_path):
+    (tmp_path / "z").mkdir()
+    np.savez_compressed(tmp_path / "z" / "00000.npz", x=TRAIN["x"])
+    with pytest.raises(DataError) as e:
+        NpySource(tmp_path / "z")
+    assert "'x' in " in _one_line(e) and "is compressed (np.savez_compressed)" in _one_line(e)
+    (tmp_path / "n").mkdir()
+    np.save(tmp_path / "n" / "x-0.npy", TRAIN["x"])
+    np.save(tmp_path / "n" / "y-0.npy", TRAIN["y"][:-1])
+    with pytest.raises(DataError) as e:
+        NpySource(tmp_path / "n")
+    assert "have different numbers of rows (x: 200, y: 199)" in _one_line(e)
+    np.save(tmp_path / "n" / "y-0.npy", TRAIN["y"])
+    source = NpySource(tmp_path / "n", {"features": "x"}, start=10, stop=-10)
+    assert len(source) == 180 and source.names == ("features",)
+    np.testing.assert_array_equal(source.read(0, 5)["features"], TRAIN["x"][10:15])
+    with open(tmp_path / "n" / "x-0.npy", "r+b") as f:  # cut short under a running source
+        f.truncate(1000)
+    with pytest.raises(DataError) as e:
+        source.read(100, 150)
+    assert "changed while it was being read (size" in _one_line(e)
+    with pytest.raises(DataError, match="has no array 'z'"):
+        NpySource(tmp_path / "n", {"x": "z"})
+
+
+def test_validation_data_of_every_kind_give_the_arrays_validation_loss(on_arrays):
+    expected = on_arrays.history[-1]["val_loss"]
+    as_dicts = [{"x": x, "y": y} for x, y in zip(*(torch.from_numpy(VAL[k]).split(16) for k in ("x", "y")))]
+    for val in (Rows(VAL),                                            # map-style: on the device whole
+                datasets.Dataset.from_dict(VAL),
+                lambda: iter(as_dicts),                               # batches of 16, 16 and a short 8
+                grain.MapDataset.source(Rows(VAL)).batch(B)):         # Grain's batches by index
+        result = _fit(TRAIN, val=val)
+        assert result.history[-1]["val_loss"] == pytest.approx(expected, rel=1e-6), type(val).__name__

@@ -5,6 +5,7 @@ the change reaches training, and the newest checkpoint stays the last one traine
 import json
 import os
 import threading
+from unittest import mock
 
 import h5py
 import numpy as np
@@ -107,29 +108,40 @@ def test_a_change_during_a_read_is_caught_by_that_read(tmp_path, monkeypatch):
 
 
 def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_path):
-    """The change comes at the last call of epoch 1 (with tiny data the whole epoch was read at its
-    start); epoch 2's first read raises, so no step and no checkpoint ever sees changed rows."""
+    """The change comes in the middle of epoch 1. Each epoch's rows are read whole (one shuffle
+    window), ahead of training (the reader runs on into the next epoch): the epochs read before the
+    change train to the end, and the first read after it raises, so no step and no checkpoint ever
+    sees changed rows."""
     path = _aged(_write(tmp_path / "d.h5", regression_data(320), chunks=16))
-    changed_at = []
+    changed_at, window_reads = [], []  # window_reads: True for a read of the whole file after the change
+    original = HDF5Source.read
 
-    class RewriteAtEpochEnd(RunHook):  # sees the loop's position in the epoch
+    def read(self, start, stop):
+        if (start, stop) == (0, 320):
+            window_reads.append(bool(changed_at))
+        return original(self, start, stop)
+
+    class RewriteMidEpoch(RunHook):  # sees the loop's position in the epoch
         def after_call(self, run, k, metrics):
-            if run.loop.position == run.feed.steps_per_epoch and not changed_at:
+            if run.loop.position == 4 and not changed_at:
                 _rewrite_in_place(path, tmp_path)  # other.h5 has 500 rows: a larger file, other values
                 changed_at.append(run.step)
 
-    config = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, data=DataConfig(placement="stream"),
+    config = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, data=DataConfig(placement="stream", prefetch=1),
                          checkpoint=CheckpointConfig(every_steps=4, keep_last=100, keep_best=0))
-    with pytest.raises(DataError, match=r"changed while it was being read \(size [\d,]+ -> [\d,]+ bytes; modified"):
+    with pytest.raises(DataError, match=r"changed while it was being read \(size [\d,]+ -> [\d,]+ bytes; modified"), \
+            mock.patch.object(HDF5Source, "read", read):
         run_fit(small_mlp(), mse, HDF5Source(path, KEYS), regression_data(40, seed=1), config,
-                hooks=[RewriteAtEpochEnd()], run_dir=tmp_path / "run", verbosity="summary",
+                hooks=[RewriteMidEpoch()], run_dir=tmp_path / "run", verbosity="summary",
                 session=Session(console=silent()))
-    assert changed_at == [20]
+    assert changed_at == [4]
+    read_before = window_reads.index(True)  # epochs whose rows were read before the change (1 or 2)
+    assert read_before >= 1 and window_reads[read_before:] == [True]  # one read after it: it raised
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"].startswith(f"failed: {path} changed while it was being read")
-    assert summary["steps"] == 20  # not one step of epoch 2
+    assert summary["steps"] == 20 * read_before  # exactly the epochs read before the change
     steps = Checkpointer(tmp_path / "run" / "checkpoints").steps()
-    assert steps == [4, 8, 12, 16, 20]  # all trained on rows read before the change; 20 is the last good one
+    assert steps == list(range(4, 20 * read_before + 1, 4))  # all trained on rows read before the change
 
 
 def test_a_changed_validation_file_stops_streamed_evaluation(tmp_path):

@@ -19,6 +19,7 @@ besides the loop's epoch and position, fixes the data order, and `set_state()` t
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Any, Callable, Protocol
@@ -33,7 +34,7 @@ from jaxtrain._src.data.adapters import BatchStream, adapt
 from jaxtrain._src.data.arrays import Placement, bytes_used_in_place
 from jaxtrain._src.data.fingerprint import fingerprint
 from jaxtrain._src.data.sources import ArraySource
-from jaxtrain._src.data.stream import BackgroundIterator, DevicePrefetcher, StreamLoader
+from jaxtrain._src.data.stream import EPOCH_END, BackgroundIterator, DevicePrefetcher, StreamLoader
 from jaxtrain._src.errors import ConfigError, DataError, setting
 from jaxtrain._src.sharding import Layout
 from jaxtrain._src.step import epoch_permutation, make_multi_step, make_scan_steps
@@ -52,8 +53,9 @@ class Feed(Protocol):
     timing: dict[str, float]  # cumulative seconds of the run's input work (optional; see `hooks.profile`)
     fingerprint: dict[str, Any] | None  # of the training data (`data.fingerprint`); None: data made in the run
 
-    def setup(self, compile: Compile) -> None:
-        """Places what must live on the device and compiles helpers (compile time is counted)."""
+    def setup(self, compile: Compile, start: tuple[int, int] = (1, 0)) -> None:
+        """Places what must live on the device and compiles helpers (compile time is counted); a
+        feed that reads ahead may start reading at `start` (epoch, step), where training will begin."""
 
     def make_call(self, train_step: Callable, k: int) -> Callable: ...
 
@@ -120,7 +122,7 @@ class DeviceFeed:
         self._position = 0
         self.timing = {"setup_copy_s": 0.0}  # placing the training set on the device, once
 
-    def setup(self, compile: Compile) -> None:
+    def setup(self, compile: Compile, start: tuple[int, int] = (1, 0)) -> None:
         t0 = time.perf_counter()
         layout, host = self._layout, jax.tree.map(np.asarray, self._host)
         if self.placement.split:  # rows split over the devices: pad to a multiple (never indexed)
@@ -186,6 +188,7 @@ class StreamFeed:
         self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
         self.device_bytes = 0
         self._B, self._seed, self._prefetch = config.samples_per_step, config.seed, config.data.prefetch
+        self._epochs = config.epochs
         self._loader = StreamLoader(source, self._B, seed=config.seed, queue_depth=max(16, 2 * self._prefetch),
                                     window_bytes=config.data.shuffle_window_mb << 20,
                                     share=(jax.process_index(), jax.process_count()))
@@ -193,13 +196,16 @@ class StreamFeed:
         self._spec = {name: (v.shape[1:], v.dtype) for name, v in row.items()}
         self._epoch, self._position = 1, 0
         self._prefetcher: DevicePrefetcher | None = None
+        self._next: tuple[int, int] | None = None  # (epoch, step) the running prefetcher delivers next
+        self._host: Any = None  # host batches started by `setup`, before the prefetcher takes them
         self._wait_s = 0.0
         # input_wait_s: the loop waited for batches; device_wait_s: it waited for the running call;
         # background_copy_s: the transfer thread's host-to-device copies (overlapped with computing)
         self.timing = {"input_wait_s": 0.0, "device_wait_s": 0.0, "background_copy_s": 0.0}
 
-    def setup(self, compile: Compile) -> None:
-        pass
+    def setup(self, compile: Compile, start: tuple[int, int] = (1, 0)) -> None:
+        """Starts reading at `start` while the training call compiles."""
+        self._host, self._next = self._host_batches(*start), start
 
     def make_call(self, train_step: Callable, k: int) -> Callable:
         scan_steps, treedef, names = make_scan_steps(train_step), self._treedef, list(self._spec)
@@ -221,7 +227,8 @@ class StreamFeed:
         return placed
 
     def start_epoch(self, epoch: int, position: int) -> None:
-        self.close()
+        if self._next != (epoch, position):  # the stream runs on across epochs; else it starts here
+            self.close()
         self._epoch, self._position, self._wait_s = epoch, position, 0.0
 
     def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
@@ -230,18 +237,22 @@ class StreamFeed:
             jax.block_until_ready(previous)
             self.timing["device_wait_s"] += time.perf_counter() - t0
         if self._prefetcher is None:  # one transfer per call of k batches, `prefetch` calls ahead
-            batches = self._host_batches(self._epoch, self._position)
+            batches = self._host if self._host is not None else self._host_batches(self._epoch, self._position)
+            self._host = None
             self._prefetcher = DevicePrefetcher(batches, depth=self._prefetch * k, group=k, device=self._place)
         t0 = time.perf_counter()
         stacked = self._prefetcher.next_batches(k)
         self._wait_s += time.perf_counter() - t0
         self.timing["input_wait_s"] += time.perf_counter() - t0
         self._position += k
+        done = self._position == self.steps_per_epoch
+        self._next = (self._epoch + 1, 0) if done else (self._epoch, self._position)
         return (stacked,)
 
     def _host_batches(self, epoch: int, position: int) -> Any:
-        """Host batches {name: (B, ...)} of `epoch` from step `position` on, read ahead in a thread."""
-        return self._loader.iter_epoch(epoch, position)
+        """Host batches {name: (B, ...)} from step `position` of `epoch` on, through the last epoch,
+        `steps_per_epoch` an epoch, read ahead in a thread."""
+        return self._loader.iter_epochs(epoch, position, self._epochs, self.steps_per_epoch)
 
     def epoch_stats(self, train_s: float) -> dict[str, float]:
         return {"input_wait_s": self._wait_s, "input_wait_fraction": self._wait_s / max(train_s, 1e-9)}
@@ -261,8 +272,12 @@ class StreamFeed:
 
     def close(self) -> None:
         if self._prefetcher is not None:
-            self._prefetcher.close()
+            self._prefetcher.close()  # and the host batches it reads
             self._prefetcher = None
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+        self._next = None
 
 
 class IterFeed(StreamFeed):
@@ -303,7 +318,9 @@ class IterFeed(StreamFeed):
         self.device_bytes, self._last = 0, last
         self.fingerprint = None
         self._epoch, self._position, self._saved = 1, 0, None
-        self._states: dict[int, Any] = {}  # step of the epoch -> the iterator's state after it
+        # ((epoch, step), the iterator's state after it), appended by the reader, dropped once trained past
+        self._states: collections.deque = collections.deque()
+        self._epochs, self._next, self._host = config.epochs, None, None
         self._prefetcher: DevicePrefetcher | None = None
         self._wait_s, self._started = 0.0, False
         self.timing = {"input_wait_s": 0.0, "device_wait_s": 0.0, "background_copy_s": 0.0}
@@ -334,13 +351,25 @@ class IterFeed(StreamFeed):
         skip, state = position * accum, None
         if self._saved is not None and self._saved.get("epoch") == epoch and self._saved.get("position") == position:
             state = self._saved.get("iter_state")
+        if position and self._saved is not None:  # a resume: say how the loader's position comes back
+            how = ("from the loader's saved state" if state is not None else
+                   f"by skipping the {position * accum:,} batches of epoch {epoch} already trained on")
+            why = None if state is not None else stream.reproducible()
+            exact = "" if why is None else f"; not exact: {why}"
+            self._note(f"{stream.name}: resuming step {position:,} of epoch {epoch} {how}{exact}")
         if stream.once and not self._started:  # a fresh one-shot iterator: pass what earlier epochs trained on
             skip += (epoch - 1) * steps * accum
         self._started, self._saved = True, None
-        states, pad = self._states, self._pad
+        states, pad, last_epoch = self._states, self._pad, self._epochs
         states.clear()
 
-        def produce(put: Callable[[Any], None]) -> None:
+        def produce(put: Callable[[Any], None]) -> None:  # epoch after epoch: the next loader starts early
+            for e in range(epoch, last_epoch + 1):
+                produce_epoch(e, position if e == epoch else 0, skip if e == epoch else 0,
+                              state if e == epoch else None, put)
+                put(EPOCH_END)
+
+        def produce_epoch(epoch: int, position: int, skip: int, state: Any, put: Callable[[Any], None]) -> None:
             step, group = position, []
             for batch, after in stream.batches(epoch, skip, state):
                 n = len(next(iter(batch.values())))
@@ -351,7 +380,8 @@ class IterFeed(StreamFeed):
                 group.append(batch)
                 if len(group) < accum:
                     continue
-                states[step] = after
+                if after is not None:
+                    states.append(((epoch, step), after))
                 put(group[0] if accum == 1 else {k: np.concatenate([g[k] for g in group]) for k in group[0]})
                 group, step = [], step + 1
                 if step == steps:
@@ -363,15 +393,6 @@ class IterFeed(StreamFeed):
 
         return BackgroundIterator(produce, max(16, 2 * self._prefetch), name=f"jaxtrain-iter-epoch{epoch}")
 
-    def start_epoch(self, epoch: int, position: int) -> None:
-        if position and self._saved is not None:
-            exact = self._saved.get("iter_state") is not None or self._stream.reproducible() is None
-            how = ("from the loader's saved state" if self._saved.get("iter_state") is not None else
-                   f"by skipping the {position * self._accum:,} batches of epoch {epoch} already trained on")
-            self._note(f"{self._stream.name}: resuming step {position:,} of epoch {epoch} {how}"
-                       + ("" if exact else f"; not exact: {self._stream.reproducible()}"))
-        super().start_epoch(epoch, position)
-
     def describe(self) -> str:
         last = ""
         if self._last:
@@ -379,10 +400,17 @@ class IterFeed(StreamFeed):
         return (f"streamed from {type(self._stream.data).__name__} in its order ({self._stream.batch_size} rows a "
                 f"batch{last}; up to {self._prefetch} calls read ahead onto the device)")
 
+    def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
+        args = super().next_args(k, previous)
+        last, states = (self._epoch, self._position - 1), self._states
+        while states and states[0][0] < last:  # the states of steps trained past
+            states.popleft()
+        return args
+
     def get_state(self) -> dict[str, Any]:
-        position = self._position
-        return {"placement": "loader", "epoch": self._epoch, "position": position,
-                "iter_state": self._states.get(position - 1) if position else None}
+        position, states = self._position, self._states
+        saved = states[0][1] if position and states and states[0][0] == (self._epoch, position - 1) else None
+        return {"placement": "loader", "epoch": self._epoch, "position": position, "iter_state": saved}
 
     def set_state(self, state: dict[str, Any], arrays: Any = None) -> None:
         self._saved = state
@@ -434,8 +462,8 @@ def adapt_inputs(train_data: Any, val_data: Any, config: TrainConfig) -> tuple[A
     if isinstance(train_data, BatchStream):
         size = train_data.batch_size * jax.process_count()
         if size != config.batch_size and config.batch_size != TrainConfig.batch_size:
-            note(f"train_data yields batches of {train_data.batch_size} rows: {setting('batch_size', config.batch_size)} "
-                 "is not used (the loader's batch size is)")
+            note(f"train_data yields batches of {train_data.batch_size} rows: "
+                 f"{setting('batch_size', config.batch_size)} is not used (the loader's batch size is)")
         config = dataclasses.replace(config, batch_size=size)
     return train_data, val_data, config
 

@@ -277,7 +277,7 @@ def run_fit(
 
         status = "interrupted"
         try:
-            feed.setup(calls.compile)
+            feed.setup(calls.compile, (loop.epoch, loop.position))  # a streamed feed starts reading meanwhile
             calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
             if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
                 raise TrainingStopped(signals.signum, run.step,

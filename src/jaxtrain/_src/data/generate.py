@@ -156,7 +156,8 @@ def _generate_shards(workload: str, out: Path, samples: int, seq_len: int, seed:
                     on_rows(stop)
             attrs = {"workload": workload, "seed": seed, "samples": samples}
             if moments is not None:
-                attrs.update(feature_mean=moments.mean.tolist(), feature_std=moments.std.tolist(), label_noise=LABEL_NOISE)
+                attrs.update(feature_mean=moments.mean.tolist(), feature_std=moments.std.tolist(),
+                             label_noise=LABEL_NOISE)
             else:
                 attrs.update(seq_len=seq_len, alphabet_size=len(ALPHABET), alphabet=ALPHABET, num_classes=NUM_CLASSES)
             (tmp / "attrs.json").write_text(json.dumps(attrs))

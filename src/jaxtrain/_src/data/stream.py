@@ -29,7 +29,6 @@ import math
 import queue
 import threading
 import time
-from itertools import islice
 from typing import Any, Callable, Iterator
 
 import jax
@@ -43,6 +42,7 @@ BLOCK_BYTES = 1 << 20  # default block: about 1 MiB of rows, rounded to whole ch
 WINDOW_BYTES = 32 << 20  # default shuffle window: about 32 MiB of rows
 
 _ITEM, _DONE, _ERROR = range(3)
+EPOCH_END = object()  # put after each epoch's batches by a stream of several epochs: no stack spans two
 
 
 class _Stopped(Exception):
@@ -294,6 +294,20 @@ class StreamLoader:
         produce = lambda put: self._produce(epoch, start_batch, put)  # noqa: E731
         return BackgroundIterator(produce, self.queue_depth, name=f"jaxtrain-stream-epoch{epoch}")
 
+    def iter_epochs(self, epoch: int, start_batch: int, last_epoch: int, batches: int) -> BackgroundIterator:
+        """`iter_epoch` of epochs `epoch`..`last_epoch` one after another, `batches` of each (the
+        first from `start_batch`), read by one thread: the next epoch's first window is read while
+        the batches read ahead of this epoch's end are trained on, not after."""
+        if not 0 <= start_batch <= batches <= self.num_batches:
+            raise ValueError(f"batches={batches}, start_batch={start_batch}: at most the epoch's {self.num_batches}")
+
+        def produce(put: Callable[[dict], None]) -> None:
+            for e in range(epoch, last_epoch + 1):
+                self._produce(e, start_batch if e == epoch else 0, put, batches)
+                put(EPOCH_END)
+
+        return BackgroundIterator(produce, self.queue_depth, name=f"jaxtrain-stream-epoch{epoch}")
+
     def _keep(self, plan: EpochPlan, window: int) -> np.ndarray | None:
         """The window-buffer rows this process serves (sorted), or None for all."""
         lo, hi = self.share
@@ -306,10 +320,12 @@ class StreamLoader:
     def _reader(self, plan: EpochPlan, window: int) -> _WindowReader:
         return _WindowReader(self.source, plan, window, self._shapes, self._dtypes, self._keep(plan, window))
 
-    def _produce(self, epoch: int, start_batch: int, put: Callable[[dict], None]) -> None:
+    def _produce(self, epoch: int, start_batch: int, put: Callable[[dict], None], batches: int | None = None) -> None:
         B, (lo, hi) = self.batch_size, self.share
         plan = self.plan(epoch)
         end = self.num_batches * B if self.drop_last else len(self.source)  # epoch rows served
+        if batches is not None:
+            end = min(end, batches * B)
         row = start_batch * B
         if row >= end:
             return
@@ -357,7 +373,9 @@ class DevicePrefetcher:
       device: a `jax.Device` or `Sharding` for `jax.device_put` (default: the default device), or a
         function that places a host stack {name: (g, B, ...)} and returns the device arrays.
       group: batches per transfer; default the k of the first `next_batches(k)` (1 for `next()`).
-        The thread starts at that first request.
+        The thread starts at that first request. A later request for more batches than a group
+        raises the group to it (the queue holds `depth / group` groups: a run whose K grows after
+        its first calls, or a stream that runs on across epochs, keeps calls, not batches, ahead).
     """
 
     def __init__(self, batches: Iterator[dict[str, np.ndarray]], depth: int = 2, device: Any = None,
@@ -365,6 +383,7 @@ class DevicePrefetcher:
         if depth < 1 or (group is not None and group < 1):
             raise ConfigError(f"depth={depth} and group={group} must be >= 1")
         self._source, self._depth, self._device, self._group = batches, depth, device, group
+        self._size = [group or 0]  # the group the transfer thread stacks next (a list it reads each time)
         self._leftover: dict[str, jax.Array] | None = None
         self._it: BackgroundIterator | None = None
 
@@ -375,8 +394,9 @@ class DevicePrefetcher:
 
     def _start(self, k: int) -> BackgroundIterator:
         group = self._group or k
-        batches, device = self._source, self._device
-        produce = lambda put: _transfer(batches, device, group, put)  # noqa: E731 - must not hold `self`
+        self._size[0] = group
+        batches, device, size = self._source, self._device, self._size
+        produce = lambda put: _transfer(batches, device, size, put)  # noqa: E731 - must not hold `self`
         self._it = BackgroundIterator(produce, -(-self._depth // group), name="jaxtrain-device-prefetch")
         return self._it
 
@@ -388,6 +408,8 @@ class DevicePrefetcher:
         Raises:
           StopIteration: no batches are left.
         """
+        if self._it is not None and k > self._size[0]:
+            self._size[0] = k  # from the next group on
         parts, count = [], 0
         while count < k:
             stack = self._leftover if self._leftover is not None else self._next_stack(not parts, k)
@@ -436,16 +458,28 @@ class DevicePrefetcher:
         self.close()
 
 
-def _transfer(batches: Iterator[dict], device: Any, group: int, put: Callable[[dict], None]) -> None:
-    """Stacks up to `group` host batches of one size and puts them on the device."""
+def _transfer(batches: Iterator[dict], device: Any, group: list[int], put: Callable[[dict], None]) -> None:
+    """Stacks up to `group[0]` host batches of one size and puts them on the device."""
     place = device if callable(device) else lambda host: jax.device_put(host, device)
-    it = iter(batches)
-    while pending := list(islice(it, group)):
+    for pending in _groups(iter(batches), group):
         while pending:  # split where the batch size changes (the last batch without drop_last)
             n = next((i for i, b in enumerate(pending) if _shape(b) != _shape(pending[0])), len(pending))
             run, pending = pending[:n], pending[n:]
             host = {k: np.stack([b[k] for b in run]) for k in run[0]}  # (g, B, ...)
             put(jax.block_until_ready(place(host)))
+
+
+def _groups(it: Iterator[Any], group: list[int]) -> Iterator[list[dict]]:
+    """Lists of up to `group[0]` batches of `it`, none across an `EPOCH_END`."""
+    pending: list[dict] = []
+    for batch in it:
+        if batch is not EPOCH_END:
+            pending.append(batch)
+        if pending and (batch is EPOCH_END or len(pending) >= group[0]):
+            yield pending
+            pending = []
+    if pending:
+        yield pending
 
 
 def _shape(batch: dict, skip: int = 0) -> tuple:

@@ -143,8 +143,8 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
     if "input_wait_fraction" in record:
         lines.append(f"  Input Wait:     {record['input_wait_fraction']:.1%} of training time (streamed data)")
         if record["input_wait_fraction"] > INPUT_BOUND_FRACTION and placement == "loader":
-            lines.append("  Input-bound: the compiled step waited for the loader's batches. Give it more worker processes "
-                         "(DataLoader num_workers, Grain worker_count), or pass its map-style dataset itself so "
+            lines.append("  Input-bound: the compiled step waited for the loader's batches. Give it more worker "
+                         "processes (DataLoader num_workers, Grain worker_count), or pass its map-style dataset so "
                          "jaxtrain reads it on threads, or holds it on the device when it fits.")
         elif record["input_wait_fraction"] > INPUT_BOUND_FRACTION:
             lines.append(

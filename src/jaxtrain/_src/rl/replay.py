@@ -127,7 +127,7 @@ class ReplayFeed:
         """Appends self-play positions (the previous ring's buffers are reused)."""
         self.ring = self._add(self.ring, positions)
 
-    def setup(self, compile: Callable) -> None:
+    def setup(self, compile: Callable, start: tuple[int, int] = (1, 0)) -> None:
         pass
 
     def make_call(self, train_step: Callable, k: int) -> Callable:

@@ -6,7 +6,8 @@ deterministic from a seed: features with per-feature offsets and scales (so norm
 matters), targets from a fixed random two-layer tanh teacher plus Gaussian noise.
 
 `--data.path FILE.h5` trains on a file from `jaxtrain data generate mlp-regression` instead (or
-`--data.npy DIR` on a folder of .npy shards from `... --format npy`), of any size: `--data.placement auto` holds it on the device when it fits the budget, else streams it.
+`--data.npy DIR` on a folder of .npy shards from `... --format npy`), of any size:
+`--data.placement auto` holds it on the device when it fits the budget, else streams it.
 """
 
 from __future__ import annotations
