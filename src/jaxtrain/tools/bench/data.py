@@ -46,13 +46,16 @@ class DataBenchConfig:
     """Where the files and results.json go."""
     keep: bool = False
     """Keep the generated HDF5 files (deleted at the end by default)."""
-    parts: tuple[str, ...] = ("hdf5", "adapters", "shards")
+    parts: tuple[str, ...] = ("hdf5", "adapters", "agreement", "shards")
     """Which parts to run: hdf5 (streaming from HDF5, above), adapters (others' datasets and loaders
-    against arrays, and against the loader alone), shards (.npy shards of 1x and 10x the budget: RSS)."""
+    against arrays, and against the data read alone), agreement (the validation loss each gives),
+    shards (.npy shards of 1x and 10x the budget: peak RSS)."""
     adapter_rows: int = 50_000
     """Rows of the adapters part (mlp-regression's: 768 bytes each)."""
     adapter_steps: int = 1000
     """Steps per epoch (2 epochs) of the adapters part."""
+    agreement_rows: int = 20_000
+    """Training rows of the agreement part (and a tenth more to validate)."""
     shard_rows: int = 40_000
     """Rows of the 1x-budget shards (10x that for the large run; 768 bytes each)."""
     shard_budget_gb: float = 0.03
@@ -101,10 +104,11 @@ def main(config: DataBenchConfig) -> int:
 
     if config.quick:
         config = dataclasses.replace(config, rows=40_000, small_rows=4_000, steps=100, repeats=1, adapter_rows=2_000,
-                                     adapter_steps=20, shard_rows=2_000, shard_budget_gb=0.001)
-    unknown = set(config.parts) - {"hdf5", "adapters", "shards"}
+                                     adapter_steps=20, shard_rows=2_000, shard_budget_gb=0.001,
+                                     agreement_rows=640)
+    unknown = set(config.parts) - {"hdf5", "adapters", "agreement", "shards"}
     if unknown:
-        raise ConfigError(f"unknown part {sorted(unknown)[0]!r}; choose among hdf5, adapters, shards")
+        raise ConfigError(f"unknown part {sorted(unknown)[0]!r}; choose among hdf5, adapters, agreement, shards")
     out = Path(config.dir)
     out.mkdir(parents=True, exist_ok=True)
     console = Console(highlight=False, width=max(120, Console().width))
@@ -115,6 +119,8 @@ def main(config: DataBenchConfig) -> int:
         if "adapters" in config.parts:
             results["adapters"] = data_adapters.adapters(config.adapter_rows, config.adapter_steps, config.repeats,
                                                          out, console)
+        if "agreement" in config.parts:
+            results["agreement"] = data_adapters.agreement(config.agreement_rows, 2, console)
         if "shards" in config.parts:
             results["shards"] = data_adapters.shards(config.shard_rows, config.shard_budget_gb, config.repeats, out,
                                                      console)

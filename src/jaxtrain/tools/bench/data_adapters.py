@@ -10,6 +10,8 @@ Grain `MapDataset`, .npy shards), and iterables of batches (PyTorch `DataLoader`
 training, in its own process (a loader iterated; a map-style dataset through jaxtrain's reader):
 a run is compute-bound when its data alone come faster than the arrays' training, else
 input-bound, and its target is 0.9x the slower of the two.
+agreement: the same MLP trained from the same rows in each form for 2 epochs, validated on held-out
+rows: the validation losses side by side.
 shards: .npy shards of 1x and 10x a small device budget, streamed for one epoch with a 4 MiB
 shuffle window: peak RSS of each process (flat: host memory does not grow with the data).
 """
@@ -227,6 +229,39 @@ def adapters(rows: int, steps: int, repeats: int, out: Path, console: Console) -
     return {"runs": measured, "summary": summary}
 
 
+def agreement(rows: int, epochs: int, console: Console) -> dict:
+    """The agreement part: the same MLP trained from the same rows in each form, validated on the
+    same held-out rows (arrays). Map-style data in jaxtrain's order must give the arrays' validation
+    loss to 1e-6; loaders in their own order within the spread of the arrays' runs over seeds."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxtrain import CheckpointConfig, TrainConfig, fit
+    from jaxtrain._src.models import MLP
+
+    x, y = _rows(rows + rows // 10)
+    val = {"x": x[rows:], "y": y[rows:]}
+    x, y = x[:rows], y[:rows]
+
+    def loss(model, batch, key):
+        return jnp.mean((model(batch["x"]) - batch["y"]) ** 2), {}
+
+    def val_loss(data, seed: int = 0) -> float:
+        config = TrainConfig(epochs=epochs, batch_size=BATCH, seed=seed, tensorboard=False,
+                             checkpoint=CheckpointConfig(enabled=False))
+        model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(seed))
+        return fit(model, loss, data, val, config, verbosity="silent").history[-1]["val_loss"]
+
+    reference = val_loss(make_data("arrays", x, y))
+    seeds = [reference] + [val_loss(make_data("arrays", x, y), seed) for seed in (1, 2)]
+    out = {"arrays": reference, "arrays over seeds 0-2": seeds}
+    console.print(f"agreement: {rows:,} rows, {epochs} epochs, validation on {len(val['x']):,} rows")
+    for kind in ("torch-dataset", "hf-dataset", "grain-mapdataset", "torch-dataloader", "generator"):
+        out[kind] = val_loss(make_data(kind, x, y))
+        console.print(f"  {kind}: val_loss {out[kind]:.8f}")
+    return out
+
+
 def shards(rows: int, budget_gb: float, repeats: int, out: Path, console: Console) -> dict:
     """The shards part: one streamed epoch over shards of 1x and 10x the budget; peak RSS of each."""
     from jaxtrain._src.data.generate import generate_dataset
@@ -258,6 +293,23 @@ def report(results: dict, console: Console) -> None:
                           f"{_median(a['runs'][f'{kind} alone'], 'samples_per_s'):,.0f}", s["bound"],
                           f"{s['vs_arrays']:.2f}x", f"{s['ratio']:.2f}x",
                           ">= 0.90x " + ("met" if s["ratio"] >= 0.9 else "missed"))
+        console.print(table)
+    if "agreement" in results:
+        a = results["agreement"]
+        ref, seeds = a["arrays"], a["arrays over seeds 0-2"]
+        spread = (max(seeds) - min(seeds)) / ref
+        table = Table(title=f"validation loss after training on the same rows (arrays over seeds 0-2: "
+                            f"{min(seeds):.6f}-{max(seeds):.6f}, spread {spread:.2%})")
+        for col in ("data given to fit", "order", "val_loss", "vs arrays", "expected"):
+            table.add_column(col, justify="left" if col in ("data given to fit", "order") else "right")
+        for kind, value in a.items():
+            if kind.startswith("arrays over"):
+                continue
+            ours = kind in ("arrays", *MAPS)
+            diff = abs(value - ref) / ref
+            ok = diff <= 1e-6 if ours else abs(value - ref) <= max(seeds) - min(seeds)
+            table.add_row(kind, "jaxtrain's" if ours else "the loader's", f"{value:.8f}", f"{diff:.2e}",
+                          ("equal to 1e-6 " if ours else "within the seeds' spread ") + ("met" if ok else "missed"))
         console.print(table)
     if "shards" in results:
         s = results["shards"]
