@@ -3,7 +3,11 @@ order equal the arrays they hold; iterables of batches (DataLoader, Grain, gener
 their own order, resume exactly, and every bad input is one line."""
 
 import json
+import os
+import re
 import shutil
+import signal
+import time
 
 import jax
 import numpy as np
@@ -323,13 +327,26 @@ def test_bad_inputs_are_one_line_each():
     assert "val_data is a one-shot iterator" in _one_line(e)
 
 
-def test_a_dataloader_worker_error_is_one_line_not_a_hang():
+class Dying(Crashing):
+    def __getitem__(self, i):
+        if i == 50:
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies (out of memory, a crash in native code)
+        return super().__getitem__(i - 1)
+
+
+@pytest.mark.slow  # worker processes
+def test_a_dataloader_worker_error_or_death_is_one_line_not_a_hang():
     loader = torch.utils.data.DataLoader(Crashing(), batch_size=B, num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(DataError) as e:
         _fit(loader, epochs=1)
     line = _one_line(e)
     assert "train_data raised ValueError at batch 3 of epoch 1: ValueError in DataLoader worker process 0" in line
     assert line.endswith("ValueError: corrupt record 50")
+    loader = torch.utils.data.DataLoader(Dying(), batch_size=B, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(DataError) as e:
+        _fit(loader, epochs=1)
+    assert re.search(r"train_data raised RuntimeError at batch 3 of epoch 1: DataLoader worker \(pid \d+\) is killed "
+                     "by signal", _one_line(e))
 
 
 def test_adapt_passes_arrays_and_sources_through_and_picks_the_kind():
@@ -375,3 +392,18 @@ def test_validation_data_of_every_kind_give_the_arrays_validation_loss(on_arrays
                 grain.MapDataset.source(Rows(VAL)).batch(B)):         # Grain's batches by index
         result = _fit(TRAIN, val=val)
         assert result.history[-1]["val_loss"] == pytest.approx(expected, rel=1e-6), type(val).__name__
+
+
+def test_sample_by_sample_reads_keep_threads_where_they_help():
+    class Waiting(Rows):  # waits outside the GIL for each sample, as a file read does
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return super().__getitem__(int(i))
+
+    source = MapSource(Waiting(TRAIN))
+    assert source.mode == "samples" and source._threads is None
+    for start in range(0, 96, 16):  # three reads timed on 1 thread, three on 4: 32 ms against 8 ms each
+        np.testing.assert_array_equal(source.read(start, start + 16)["x"], TRAIN["x"][start : start + 16])
+    source.read(96, 112)
+    assert source._threads == 4
+    assert MapSource(Waiting(TRAIN), threads=1)._threads == 1

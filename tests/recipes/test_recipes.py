@@ -135,3 +135,7 @@ def test_hdf5_sequence_recipe_learns_from_a_streamed_file(tmp_path, capsys):
     assert main(["train", "mlp-regression", "--data.path", str(tmp_path / "missing.h5"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.h5" in err[0]
+    (tmp_path / "empty").mkdir()
+    assert main(["train", "mlp-regression", "--data.npy", str(tmp_path / "empty"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds no .npy or .npz files" in err[0]

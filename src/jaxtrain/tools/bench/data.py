@@ -54,6 +54,8 @@ class DataBenchConfig:
     """Rows of the adapters part (mlp-regression's: 768 bytes each)."""
     adapter_steps: int = 1000
     """Steps per epoch (2 epochs) of the adapters part."""
+    adapter_kinds: tuple[str, ...] = data_adapters.MAPS + data_adapters.ITERABLES
+    """The forms of the data the adapters part measures (each against arrays and alone)."""
     agreement_rows: int = 20_000
     """Training rows of the agreement part (and a tenth more to validate)."""
     shard_rows: int = 40_000
@@ -118,7 +120,7 @@ def main(config: DataBenchConfig) -> int:
             _hdf5(config, out, console, results)
         if "adapters" in config.parts:
             results["adapters"] = data_adapters.adapters(config.adapter_rows, config.adapter_steps, config.repeats,
-                                                         out, console)
+                                                         out, console, config.adapter_kinds)
         if "agreement" in config.parts:
             results["agreement"] = data_adapters.agreement(config.agreement_rows, 2, console)
         if "shards" in config.parts:
