@@ -183,17 +183,21 @@ class StreamFeed:
     (`DevicePrefetcher`), up to `config.data.prefetch` calls ahead."""
 
     def __init__(self, source: Any, config: TrainConfig, placement: Placement, layout: Layout, treedef: Any = None):
-        self.placement, self._source, self._treedef, self._layout = placement, source, treedef, layout
+        self._streaming(config, layout, treedef, {n: (v.shape[1:], v.dtype) for n, v in source.read(0, 1).items()})
+        self.placement, self._source = placement, source
         self.num_samples = len(source)
         self.steps_per_epoch, self.dropped = epoch_steps(config, self.num_samples)
-        self.device_bytes = 0
-        self._B, self._seed, self._prefetch = config.samples_per_step, config.seed, config.data.prefetch
-        self._epochs = config.epochs
+        self._seed = config.seed
         self._loader = StreamLoader(source, self._B, seed=config.seed, queue_depth=max(16, 2 * self._prefetch),
                                     window_bytes=config.data.shuffle_window_mb << 20,
                                     share=(jax.process_index(), jax.process_count()))
-        row = source.read(0, 1)
-        self._spec = {name: (v.shape[1:], v.dtype) for name, v in row.items()}
+
+    def _streaming(self, config: TrainConfig, layout: Layout, treedef: Any, spec: dict[str, tuple]) -> None:
+        """What every streamed feed holds: batch `spec` (name -> (row shape, dtype)), the position,
+        the running prefetcher and the input timings."""
+        self._layout, self._treedef, self._spec = layout, treedef, spec
+        self._B, self._prefetch, self._epochs = config.samples_per_step, config.data.prefetch, config.epochs
+        self.device_bytes = 0
         self._epoch, self._position = 1, 0
         self._prefetcher: DevicePrefetcher | None = None
         self._next: tuple[int, int] | None = None  # (epoch, step) the running prefetcher delivers next
@@ -295,11 +299,10 @@ class IterFeed(StreamFeed):
     def __init__(self, stream: Any, config: TrainConfig, layout: Layout):
         from jaxtrain._src.report.notes import note
 
-        self._stream, self._layout, self._treedef = stream, layout, stream.treedef
-        self._accum, self._pad, self._note = config.grad_accum, config.data.last_batch == "pad", note
+        self._streaming(config, layout, stream.treedef, {n: (stream.shapes[n], stream.dtypes[n]) for n in stream.names})
+        self._stream, self._accum, self._note = stream, config.grad_accum, note
+        self._pad = config.data.last_batch == "pad"
         B, self._rows = stream.batch_size, stream.batch_size * config.grad_accum
-        self._B, self._prefetch = config.samples_per_step, config.data.prefetch
-        self._spec = {n: (stream.shapes[n], stream.dtypes[n]) for n in stream.names}
         full, last = self._epoch_batches(config)
         batches = full + (1 if last and self._pad else 0)  # batches an epoch trains on
         if config.steps_per_epoch:
@@ -315,15 +318,9 @@ class IterFeed(StreamFeed):
                                   grad_accum=config.grad_accum)
         self.num_samples = self.steps_per_epoch * self._rows
         self.placement = Placement("loader", f"batches of {B} from {type(stream.data).__name__}, in its order")
-        self.device_bytes, self._last = 0, last
-        self.fingerprint = None
-        self._epoch, self._position, self._saved = 1, 0, None
+        self.fingerprint, self._last, self._saved, self._started = None, last, None, False
         # ((epoch, step), the iterator's state after it), appended by the reader, dropped once trained past
         self._states: collections.deque = collections.deque()
-        self._epochs, self._next, self._host = config.epochs, None, None
-        self._prefetcher: DevicePrefetcher | None = None
-        self._wait_s, self._started = 0.0, False
-        self.timing = {"input_wait_s": 0.0, "device_wait_s": 0.0, "background_copy_s": 0.0}
 
     def _epoch_batches(self, config: TrainConfig) -> tuple[int, int]:
         """(full batches, rows of a short last one or 0) of one epoch."""

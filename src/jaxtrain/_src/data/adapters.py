@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import signal
 import threading
 import time
 import zipfile
@@ -635,6 +636,8 @@ class BatchStream:
         except TypeError:
             raise DataError(f"{self.name} returned {type(source).__name__}, which is not iterable; the callable "
                             "must return an iterator of batches") from None
+        finally:
+            _no_torch_sigchld()
 
     def batches(self, epoch: int, skip: int = 0, state: Any = None,
                 ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
@@ -686,6 +689,22 @@ class BatchStream:
                     check_finite(v, k, 0, f"{where} of {self.name}")
                 yield flat, (_encode_state(raw.get_state()) if self.stateful else None)
             index += 1
+
+
+def _no_torch_sigchld() -> None:
+    """Removes torch's SIGCHLD handler (in the main thread; elsewhere signals cannot change).
+
+    A torch DataLoader with worker processes, iterated in the main thread, installs a handler that
+    raises a dead worker's error in the main thread, wherever that thread is (a compiled call, a
+    checkpoint being written). jaxtrain reads loaders in a thread of its own, and torch's reader
+    finds a dead worker itself (it checks every 5 s), so the error arrives where the batches do, as
+    one line.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGCHLD)
+    if getattr(handler, "__module__", "").startswith("torch.utils.data"):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def _has_len(data: Any) -> bool:
