@@ -12,7 +12,7 @@ import pytest
 def test_data_benchmark_quick(tmp_path, capsys):
     from jaxtrain.tools.bench.data import DataBenchConfig, main
 
-    assert main(DataBenchConfig(quick=True, dir=str(tmp_path))) == 0
+    assert main(DataBenchConfig(quick=True, dir=str(tmp_path), parts=("hdf5",))) == 0
     from jaxtrain.tools.recipes import get_recipe
 
     results = json.loads((tmp_path / "results.json").read_text())
@@ -29,6 +29,30 @@ def test_data_benchmark_quick(tmp_path, capsys):
         median["stream (large file)"]["samples_per_s"] / median["device (small file in memory)"]["samples_per_s"])
     assert results["inspect"]["rows_sampled"] == results["config"]["rows"]  # the whole 40,000-row file
     assert set(results["generate_rows_per_s"]) == {"small", "large"} and not list(tmp_path.glob("*.h5"))  # removed
+
+
+@pytest.mark.slow
+def test_data_benchmark_adapters_agreement_and_shards_quick(tmp_path, capsys):
+    from jaxtrain.tools.bench.data import DataBenchConfig, main
+
+    config = DataBenchConfig(quick=True, dir=str(tmp_path), parts=("adapters", "agreement", "shards"),
+                             adapter_kinds=("generator",))
+    assert main(config) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs, summary = results["adapters"]["runs"], results["adapters"]["summary"]["generator"]
+    assert set(runs) == {"arrays", "generator", "generator alone"}
+    rate = {k: v[0]["samples_per_s"] for k, v in runs.items()}
+    assert summary["vs_arrays"] == pytest.approx(rate["generator"] / rate["arrays"])
+    assert all(0 < r[0]["cpu_s_per_sample"] < 1 for r in runs.values())  # seconds of CPU per sample: a unit check
+    agreement = results["agreement"]
+    for kind in ("torch-dataset", "hf-dataset", "grain-mapdataset"):  # jaxtrain's order: the arrays' result
+        assert agreement[kind] == agreement["arrays"]
+    assert len(agreement["arrays over seeds"]) == 3
+    peaks = {k: v[0]["peak_rss_mib"] for k, v in results["shards"]["runs"].items()}
+    assert results["shards"]["rss_10x_vs_1x"] == pytest.approx(peaks["10x budget"] / peaks["1x budget"])
+    assert "shared-cores bound" in printed and "npy shards streamed, peak RSS" in printed
+    assert not list(tmp_path.glob("shards-*")) and not (tmp_path / "adapter-shards").exists()  # removed
 
 
 @pytest.mark.slow

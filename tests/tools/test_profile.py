@@ -38,7 +38,8 @@ def _check(profile: dict) -> None:
 
 
 def test_streamed_run_with_slow_reads_is_input_bound():
-    config = TrainConfig(epochs=1, batch_size=16, steps_per_call=25, data=DataConfig(placement="stream"))
+    # Three epochs: the first epoch's read overlaps compilation, the later ones wait for theirs.
+    config = TrainConfig(epochs=3, batch_size=16, steps_per_call=25, data=DataConfig(placement="stream"))
     result = fit(small_mlp(), mse, SlowSource(regression_data(2000)), None, config, **NO_FILES)
     p = result.summary["profile"]
     _check(p)

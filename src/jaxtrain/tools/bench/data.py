@@ -122,7 +122,8 @@ def main(config: DataBenchConfig) -> int:
             results["adapters"] = data_adapters.adapters(config.adapter_rows, config.adapter_steps, config.repeats,
                                                          out, console, config.adapter_kinds)
         if "agreement" in config.parts:
-            results["agreement"] = data_adapters.agreement(config.agreement_rows, 2, console)
+            results["agreement"] = data_adapters.agreement(config.agreement_rows, 2, console, 3 if config.quick else
+                                                           data_adapters.SEEDS)
         if "shards" in config.parts:
             results["shards"] = data_adapters.shards(config.shard_rows, config.shard_budget_gb, config.repeats, out,
                                                      console)

@@ -253,7 +253,7 @@ def adapters(rows: int, steps: int, repeats: int, out: Path, console: Console,
     return {"runs": measured, "summary": summary}
 
 
-def agreement(rows: int, epochs: int, console: Console) -> dict:
+def agreement(rows: int, epochs: int, console: Console, seeds: int = SEEDS) -> dict:
     """The agreement part: the same MLP trained from the same rows in each form, validated on the
     same held-out rows (arrays). Map-style data in jaxtrain's order must give the arrays' validation
     loss to 1e-6; loaders in their own order within the spread of the arrays' runs over seeds."""
@@ -277,7 +277,7 @@ def agreement(rows: int, epochs: int, console: Console) -> dict:
         return fit(model, loss, data, val, config, verbosity="silent").history[-1]["val_loss"]
 
     reference = val_loss(make_data("arrays", x, y))
-    seeds = [reference] + [val_loss(make_data("arrays", x, y), seed) for seed in range(1, SEEDS)]
+    seeds = [reference] + [val_loss(make_data("arrays", x, y), seed) for seed in range(1, seeds)]
     out = {"arrays": reference, "arrays over seeds": seeds}
     console.print(f"agreement: {rows:,} rows, {epochs} epochs, validation on {len(val['x']):,} rows")
     for kind in ("torch-dataset", "hf-dataset", "grain-mapdataset", "torch-dataloader", "generator"):
