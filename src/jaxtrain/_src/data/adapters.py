@@ -22,6 +22,7 @@ by what they offer, and torch tensors by their `numpy()` method.
 from __future__ import annotations
 
 import base64
+import collections.abc
 import concurrent.futures
 import itertools
 import json
@@ -563,7 +564,7 @@ class BatchStream:
 
     def __init__(self, data: Any, name: str = "data", seed: int = 0):
         self.data, self.name, self.seed = data, name, seed
-        self.once = iter(data) is data if hasattr(data, "__iter__") else False
+        self.once = isinstance(data, collections.abc.Iterator)  # a generator; iter() of a loader would start it
         self._iterator: Iterator | None = None  # the one-shot iterator, continued across epochs
         first_iter = self._new_iterator(1)
         try:
@@ -592,10 +593,6 @@ class BatchStream:
             self.num_full, self.last_rows = (self.num_batches, 0) if last == self.batch_size else (
                 self.num_batches - 1, last)
         self.stateful = False  # set by the first epoch's iterator (Grain's get_state/set_state)
-
-    @property
-    def row_nbytes(self) -> int:
-        return sum(d.itemsize * math.prod(self.shapes[k]) for k, d in self.dtypes.items())
 
     def abstract_batch(self, batch_size: int) -> Any:
         """One batch as shapes ((B, ...) per array, B the loader's)."""
