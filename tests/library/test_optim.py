@@ -91,3 +91,14 @@ def test_weight_decay_skips_biases_and_norm_scales(name):
     # A matrix gets the extra -lr * wd * w on its first step: sgd adds wd * w to the gradient before scaling by
     # -lr; adamw adds it to the normalised update before scaling by -lr.
     np.testing.assert_allclose(updates[0.1]["w"] - updates[0.0]["w"], np.full((2, 3), -0.1 * 0.1), rtol=RTOL)
+
+
+def test_exponential_schedule_rises_from_min_lr_to_lr_by_one_factor_a_step():
+    from jaxtrain._src.errors import ConfigError
+
+    schedule = build_schedule(OptimConfig(schedule="exponential", lr=10.0, min_lr=1e-6, decay_steps=8), 100)
+    values = [float(schedule(i)) for i in range(10)]
+    expected = [1e-6 * 10.0**i for i in range(8)] + [10.0, 10.0]  # x10 a step: 1e-6 ... 10, then held
+    assert values == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ConfigError, match="rises from optim.min_lr, which must be > 0"):
+        OptimConfig(schedule="exponential", lr=1.0)

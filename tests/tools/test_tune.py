@@ -193,3 +193,27 @@ def test_cli_unknown_recipe_or_command_is_exit_code_2(capsys):
     assert cli.main(["tune", "learning-rate", "mlp-regression"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and "unknown recipe 'nope'" in errors[0] and "unknown tune command" in errors[1]
+
+
+def test_lr_range_suggests_the_steepest_descent_of_a_known_curve():
+    lrs = list(np.geomspace(1e-6, 10.0, 100))
+    # falls fastest (against log lr) at 1e-3, bottoms out near 0.1, then diverges
+    losses = [1.0 - 0.8 / (1 + (1e-3 / lr) ** 2) + (30 * lr if lr > 0.3 else 0.0) for lr in lrs]
+    result = tune.analyse_lr_range(lrs, losses)
+    assert 1e-3 / 2 < result.steepest < 1e-3 * 3  # the smoothing lags the raw curve by a few steps
+    assert result.end < 100 and lrs[result.end] > 0.3  # the divergence is cut off
+    assert result.min_loss_lr > result.steepest
+    with pytest.raises(tune.ConfigError, match="diverged after 5 steps"):
+        tune.analyse_lr_range(lrs, losses[:5] + [float("nan")] * 95)
+
+
+def test_cli_lr_range_prints_the_suggestion_and_writes_the_plot(tmp_path, capsys):
+    out = tmp_path / "lr.png"
+    code = cli.main(["tune", "lr", "mlp-regression", *MLP_FLAGS, "--steps", "40", "--max-lr", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "learning-rate range test, adam, 40 steps" in captured.out
+    lr = float(captured.out.split("train with: jaxtrain train mlp-regression --optim.lr ")[1].split()[0])
+    assert 1e-7 <= lr <= 1 and out.is_file()
+    assert cli.main(["tune", "lr", "mlp-regression", *MLP_FLAGS, "--steps", "5"]) == 2
+    assert "needs at least 20 steps" in capsys.readouterr().err

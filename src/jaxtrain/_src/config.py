@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 from jaxtrain._src.errors import ConfigError
 
 Optimizer = Literal["sgd", "adam", "adamw"]
-Schedule = Literal["constant", "warmup-cosine"]
+Schedule = Literal["constant", "warmup-cosine", "exponential"]
 Placement = Literal["auto", "device", "stream"]
 LastBatch = Literal["drop", "pad"]
 OnNaN = Literal["stop", "skip"]
@@ -60,7 +60,8 @@ class OptimConfig:
     lr: float = 1e-3
     """Peak learning rate."""
     schedule: Schedule = "constant"
-    """Learning-rate schedule: constant, or linear warmup then cosine decay."""
+    """Learning-rate schedule: constant; linear warmup then cosine decay; or exponential, from min_lr
+    up to lr over decay_steps by the same factor each step (the learning-rate range test)."""
     warmup_steps: int = 0
     """Steps of linear warmup from 0 to lr (warmup-cosine only)."""
     decay_steps: int = 0
@@ -89,6 +90,8 @@ class OptimConfig:
             _check(isinstance(value, int) and value >= 0, f"optim.{field}={value!r} must be an integer >= 0")
         _check_non_negative("optim.min_lr", self.min_lr)
         _check(self.min_lr <= self.lr, f"optim.min_lr={self.min_lr} must not exceed optim.lr={self.lr}")
+        _check(self.schedule != "exponential" or self.min_lr > 0,
+               "optim.schedule=exponential rises from optim.min_lr, which must be > 0 (e.g. 1e-7)")
         _check(0 <= self.momentum < 1, f"optim.momentum={self.momentum} must be in [0, 1)")
         _check(0 <= self.b1 < 1, f"optim.b1={self.b1} must be in [0, 1)")
         _check(0 <= self.b2 < 1, f"optim.b2={self.b2} must be in [0, 1)")

@@ -17,10 +17,14 @@ def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
 
     `warmup-cosine` rises linearly from 0 to `lr` over `warmup_steps`, then follows
     `min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2` to `min_lr` at `decay_steps`
-    (the whole run when 0).
+    (the whole run when 0). `exponential` is `min_lr * (lr / min_lr) ** (step / (decay_steps - 1))`,
+    capped at `lr`.
     """
     if config.schedule == "constant":
         return optax.constant_schedule(config.lr)
+    if config.schedule == "exponential":  # min_lr at step 0, lr at decay_steps - 1 (and after)
+        steps = max(2, config.decay_steps or total_steps)
+        return optax.exponential_decay(config.min_lr, steps - 1, config.lr / config.min_lr, end_value=config.lr)
     decay_steps = config.decay_steps or total_steps
     decay_steps = max(decay_steps, config.warmup_steps + 1)
     return optax.warmup_cosine_decay_schedule(

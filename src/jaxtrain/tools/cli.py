@@ -60,6 +60,9 @@ commands:
                     [--out FILE.png] [OPTIONS]
                            the largest batch whose training step fits a memory cap (default: the device's memory),
                            samples/s at each power of two up to it, and the learning rate for the fastest
+  tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--out FILE.png] [OPTIONS]
+                           the learning-rate range test: the loss while the rate grows exponentially, and the
+                           rate where it falls fastest
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
   bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
@@ -390,9 +393,11 @@ def _tune(args: Sequence[str]) -> int:
   --out FILE.png      the plot (default runs/tune-RECIPE-batch-size.png)
   --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
         return 0
+    if args[:1] == ["lr"]:
+        return _tune_lr(list(args[1:]))
     if not args or args[0] != "batch-size":
         given = f" {args[0]!r}" if args else ""
-        raise ConfigError(f"unknown tune command{given}; choose one of: batch-size ({usage})")
+        raise ConfigError(f"unknown tune command{given}; choose one of: batch-size ({usage}), lr ({LR_USAGE})")
     if len(args) < 2 or args[1].startswith("-"):
         raise ConfigError(f"missing recipe; {usage} (see `jaxtrain recipes`)")
     recipe, rest = get_recipe(args[1]), list(args[2:])
@@ -410,6 +415,42 @@ def _tune(args: Sequence[str]) -> int:
     command = f"jaxtrain train {recipe.name}" + (f" --preset {preset}" if preset else "")
     print_batch_size(result, console, command)
     console.print(f"plot: {plot_batch_size(result, out)}")
+    return 0
+
+
+LR_USAGE = "usage: jaxtrain tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--out FILE.png] [OPTIONS]"
+
+
+def _tune_lr(args: list[str]) -> int:
+    """`jaxtrain tune lr RECIPE`: the learning-rate range test."""
+    from rich.console import Console
+
+    from jaxtrain.tools import tune
+    from jaxtrain.tools.recipes import get_recipe
+    from jaxtrain.tools.report.tune import plot_lr_range, print_lr_range
+
+    if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
+        print(f"""{LR_USAGE}
+
+  Trains RECIPE for N steps (default 100) with its optimizer while the learning rate grows from A
+  (default 1e-7) to B (default 10) by the same factor each step, and suggests the learning rate
+  where the smoothed loss falls fastest (steepest descent). The run's initial weights and data are
+  the recipe's; nothing is written but the plot.
+  --out FILE.png      the plot (default runs/tune-RECIPE-lr.png)
+  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
+        return 0
+    if not args or args[0].startswith("-"):
+        raise ConfigError(f"missing recipe; {LR_USAGE} (see `jaxtrain recipes`)")
+    recipe, rest = get_recipe(args[0]), args[1:]
+    min_lr = _number(rest, "--min-lr", float, 1e-7)
+    max_lr = _number(rest, "--max-lr", float, 10.0)
+    steps = _number(rest, "--steps", int, 100)
+    _, out = _pop_option(rest, "--out")
+    config, _ = _preset_config(recipe, rest, f"jaxtrain tune lr {recipe.name}")
+    result = tune.lr_range(recipe, config, min_lr, max_lr, steps)
+    console = Console(highlight=False, soft_wrap=True)
+    print_lr_range(result, console, recipe.name, config.optim.name)
+    console.print(f"plot: {plot_lr_range(result, recipe.name, out or f'runs/tune-{recipe.name}-lr.png')}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Tuning tools: the batch-size finder (`jaxtrain tune batch-size`).
+"""Tuning tools: the batch-size finder (`jaxtrain tune batch-size`) and the learning-rate range
+test (`jaxtrain tune lr`, `lr_range` at the end of this file).
 
 `batch_size` finds the largest batch whose training step fits a memory cap and measures training
 throughput up to it:
@@ -48,7 +49,8 @@ from jaxtrain._src.report import device_description
 from jaxtrain._src.sharding import Layout, make_layout
 from jaxtrain.tools.recipes.base import Recipe, Workload
 
-__all__ = ["BatchSizeResult", "BatchTrial", "batch_size", "format_lr", "scale_learning_rate", "step_memory"]
+__all__ = ["BatchSizeResult", "BatchTrial", "LRRange", "analyse_lr_range", "batch_size", "format_lr", "lr_range",
+           "scale_learning_rate", "step_memory"]
 
 GiB = 1024**3
 MAX_BATCH = 2**16  # the default upper end of the search
@@ -520,3 +522,106 @@ def _nbytes(x: Any) -> int:
     return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
 
 
+
+
+# -- the learning-rate range test -----------------------------------------------------------------
+
+SMOOTHING = 0.98  # the loss curve's exponential moving average (bias-corrected), as fastai and Lightning
+DIVERGED = 4.0  # the test stops counting where the smoothed loss passes this many times its minimum
+
+
+@dataclasses.dataclass(frozen=True)
+class LRRange:
+    """A learning-rate range test: the loss of each step while the learning rate grows exponentially.
+
+    Attributes:
+      lrs, losses: each step's learning rate and training loss (NaN where it was not finite).
+      smoothed: the losses' bias-corrected moving average (`SMOOTHING`), up to `end`.
+      end: the steps analysed: up to where the smoothed loss diverged (`DIVERGED` x its minimum, or
+        not finite), else all.
+      steepest: the learning rate where the smoothed loss falls fastest against log(lr): the suggestion.
+      min_loss_lr: the learning rate at the smoothed loss's minimum (too high to train at: the loss
+        is about to rise).
+    """
+
+    lrs: list[float]
+    losses: list[float]
+    smoothed: list[float]
+    end: int
+    steepest: float
+    min_loss_lr: float
+
+    @property
+    def suggestion(self) -> float:
+        return self.steepest
+
+
+def analyse_lr_range(lrs: Sequence[float], losses: Sequence[float]) -> LRRange:
+    """The suggestion of a range test's curve (see `LRRange`).
+
+    Raises:
+      ConfigError: fewer than 10 steps with a finite loss before divergence: no curve to read.
+    """
+    smoothed, average = [], 0.0
+    for i, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            break
+        average = SMOOTHING * average + (1 - SMOOTHING) * loss
+        value = average / (1 - SMOOTHING ** (i + 1))
+        if smoothed and value > DIVERGED * min(smoothed):
+            break
+        smoothed.append(value)
+    end = len(smoothed)
+    if end < 10:
+        raise ConfigError(f"the loss diverged after {end} steps of the range test (at learning rate "
+                          f"{format_lr(lrs[max(0, end - 1)])}); start lower (min_lr) or take more steps")
+    skip = max(1, end // 10)  # the first steps' slope is the average warming up, not the loss
+    log_lr = [math.log(x) for x in lrs[:end]]
+    slopes = [(smoothed[i + 1] - smoothed[i - 1]) / (log_lr[i + 1] - log_lr[i - 1]) for i in range(skip, end - 1)]
+    steepest = skip + min(range(len(slopes)), key=slopes.__getitem__)
+    lowest = min(range(end), key=smoothed.__getitem__)
+    return LRRange(list(lrs), list(losses), smoothed, end, lrs[steepest], lrs[lowest])
+
+
+class _Losses(Hook):
+    """Every step's training loss, read once per compiled call (its metrics hold each step's)."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def after_call(self, run: Any, k: int, metrics: Any) -> None:
+        self.losses.extend(float(x) for x in jax.device_get(metrics["loss"]).reshape(-1))
+
+
+def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100,
+             steps_per_call: int = 10) -> LRRange:
+    """Trains `recipe` for `steps` steps with its optimizer while the learning rate grows from
+    `min_lr` to `max_lr` by the same factor each step (`optim.schedule="exponential"`); returns
+    the losses and the suggestion. Updates whose loss or gradient is not finite are skipped
+    (`on_nan="skip"`), so a diverging end of the range is recorded rather than stopping the run.
+
+    Raises:
+      ConfigError: a bad range, fewer steps than the training set holds, or a curve that diverged
+        before it could be read.
+    """
+    if not 0 < min_lr < max_lr:
+        raise ConfigError(f"min_lr={min_lr:g} and max_lr={max_lr:g}: need 0 < min_lr < max_lr")
+    if steps < 20:
+        raise ConfigError(f"steps={steps}: the range test needs at least 20 steps (100 is usual)")
+    w = recipe.build(config)
+    optim = dataclasses.replace(config.optim, schedule="exponential", lr=max_lr, min_lr=min_lr, decay_steps=steps,
+                                warmup_steps=0)
+    per_epoch = min(steps, data_lib.num_rows(w.train, "train") // config.samples_per_step)  # epochs of fresh orders
+    if per_epoch < 1:
+        raise ConfigError(f"the training set has fewer samples than one step of {config.samples_per_step}")
+    run = dataclasses.replace(
+        config, optim=optim, epochs=math.ceil(steps / per_epoch), steps_per_epoch=per_epoch,
+        steps_per_call=math.gcd(per_epoch, steps_per_call),
+        on_nan="skip", log_every=10**9, tensorboard=False, ema=0.0, track="",
+        checkpoint=dataclasses.replace(config.checkpoint, enabled=False),
+        early_stopping=dataclasses.replace(config.early_stopping, patience=0))
+    losses = _Losses()
+    run_fit(w.model, w.loss_fn, w.train, None, run, hooks=[losses], preprocess=w.preprocess, augment=w.augment,
+            verbosity="silent", session=Session(name=recipe.name))
+    schedule = min_lr * (max_lr / min_lr) ** (jnp.arange(steps) / (steps - 1))
+    return analyse_lr_range([float(x) for x in schedule], losses.losses[:steps])

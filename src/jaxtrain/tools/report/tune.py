@@ -14,7 +14,7 @@ from jaxtrain._src.memory import format_bytes
 from jaxtrain._src.report.plots import save_figure
 
 if TYPE_CHECKING:
-    from jaxtrain.tools.tune import BatchSizeResult
+    from jaxtrain.tools.tune import BatchSizeResult, LRRange
 
 
 def print_batch_size(result: "BatchSizeResult", console: Console, command: str = "") -> None:
@@ -105,3 +105,53 @@ def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
     ax.set_title(f"{result.name} on {result.device}: throughput and memory against batch size", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, Path(out), make_parent=True)  # the default is under runs/, which may not exist yet
+
+
+def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: str) -> None:
+    """The range test's curve at ten points and its suggestion."""
+    from jaxtrain.tools.tune import format_lr
+
+    end = result.end
+    table = Table(title=f"{name}: learning-rate range test, {optimizer}, {len(result.lrs)} steps")
+    for col in ("step", "learning rate", "loss (smoothed)"):
+        table.add_column(col, justify="right")
+    for i in sorted({round(j * (end - 1) / 9) for j in range(10)}):
+        table.add_row(f"{i:,}", format_lr(result.lrs[i]), f"{result.smoothed[i]:.4f}")
+    console.print(table)
+    if end < len(result.lrs):
+        console.print(f"the loss diverged at step {end:,} (learning rate {format_lr(result.lrs[end])}); "
+                      "later steps are not read")
+    console.print(f"steepest descent at learning rate {format_lr(result.steepest)}: the suggestion; the loss is "
+                  f"lowest at {format_lr(result.min_loss_lr)} (too high to train at: it rises after)")
+    console.print(f"train with: jaxtrain train {name} --optim.lr {format_lr(result.suggestion)}")
+
+
+def plot_lr_range(result: "LRRange", name: str, out: str | os.PathLike) -> Path:
+    """Draws the loss (raw and smoothed) against the learning rate (log) with the suggestion to a
+    PNG at `out`; returns its path.
+
+    Raises:
+      ConfigError: the PNG cannot be written there.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    end = result.end
+    ax.plot(result.lrs[:end], result.losses[:end], color="#4c72b0", alpha=0.3, lw=1, label="loss")
+    ax.plot(result.lrs[:end], result.smoothed, color="#4c72b0", lw=2, label="smoothed")
+    at = result.lrs.index(result.steepest)
+    ax.plot([result.steepest], [result.smoothed[at]], "*", ms=15, color="#c44e52",
+            label=f"suggestion (steepest): {result.steepest:.2g}")
+    ax.set_xscale("log")
+    low, high = min(result.smoothed), max(result.smoothed)
+    ax.set_ylim(low - 0.1 * (high - low), high + 0.25 * (high - low))  # the smoothed curve; raw spikes are cut
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{name}: learning-rate range test", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, Path(out), make_parent=True)
