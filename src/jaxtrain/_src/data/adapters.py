@@ -3,8 +3,9 @@
 - **Map-style** (`__len__` and `__getitem__` returning one sample as a pytree of arrays: a PyTorch
   `Dataset`, a Hugging Face `datasets.Dataset`, a Grain `MapDataset`): `MapSource` serves rows as
   the streaming loader reads them, contiguous ranges `read(start, stop)`. It fetches a range in one
-  call where the dataset can (a Hugging Face dataset's slice, `__getitems__`), else sample by sample
-  on a few threads, and stacks the samples. jaxtrain then orders, batches and places them like its
+  call where the dataset can (a Hugging Face dataset's slice; `ds[a:b]` where that stacks the
+  samples; `__getitems__`), else sample by sample on 1 or 4 threads, whichever its first reads
+  measured faster, and stacks the samples. jaxtrain then orders, batches and places them like its
   own arrays: the order is jaxtrain's (a function of the seed and the epoch), so a resumed run is
   exact, and a small dataset goes on the device whole.
 - **Iterables of batches** (a PyTorch or Grain `DataLoader`, a Grain `IterDataset`, a Hugging
@@ -12,7 +13,8 @@
   zero-argument callable returning a fresh iterator each epoch): `BatchStream` hands out their
   batches as NumPy arrays (torch tensors without a copy) in the loader's own order, checking each
   against the first. The feed that stacks and places them is `feeds.IterFeed`.
-- **Shards**: `NpySource` reads a folder of `.npy` / `.npz` files as one row range, memory-mapped.
+- **Shards**: `NpySource` reads a folder of `.npy` / `.npz` files as one row range, with positioned
+  file reads straight into the batch (no memory map).
 
 `adapt(data)` picks among these; arrays, jaxtrain's own sources and data that make their own feed
 pass through unchanged. Torch, datasets and grain are never imported here: objects are recognised
