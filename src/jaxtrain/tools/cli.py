@@ -60,6 +60,9 @@ commands:
                     [--out FILE.png] [OPTIONS]
                            the largest batch whose training step fits a memory cap (default: the device's memory),
                            samples/s at each power of two up to it, and the learning rate for the fastest
+  sweep RECIPE [TRAIN FLAGS] --space NAME=KIND:ARGS ... --trials N --out DIR [--storage URL] [--study NAME]
+                           a hyperparameter search on Optuna: a run directory per trial, pruning, a study
+                           that re-running continues; `sweep report DIR` tables and plots it
   tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--out FILE.png] [OPTIONS]
                            the learning-rate range test: the loss while the rate grows exponentially, and the
                            rate where it falls fastest
@@ -91,7 +94,8 @@ examples:
 """
 
 
-COMPILING = ("train", "eval", "predict", "export", "summary", "sample", "profile", "tune")  # use the compile cache
+# use the compile cache
+COMPILING = ("train", "eval", "predict", "export", "summary", "sample", "profile", "tune", "sweep")
 
 
 def parse_config(cls: type, default: Any, args: Sequence[str], prog: str) -> Any:
@@ -418,6 +422,72 @@ def _tune(args: Sequence[str]) -> int:
     return 0
 
 
+SWEEP_USAGE = ("usage: jaxtrain sweep RECIPE [--preset NAME] [TRAIN FLAGS] --space NAME=KIND:ARGS ... --trials N "
+               "--out DIR [--storage URL] [--study NAME] [--objective val_loss] [--direction min|max] "
+               "[--sampler tpe|random] [--pruner median|hyperband|none] [--seed S]; jaxtrain sweep report DIR")
+
+
+def _sweep(args: Sequence[str]) -> int:
+    """`jaxtrain sweep RECIPE ...` (a search) and `jaxtrain sweep report DIR`."""
+    from rich.console import Console
+
+    from jaxtrain.tools import sweep
+    from jaxtrain.tools.recipes import get_recipe
+
+    if not args or args[0] in ("-h", "--help") or "--help" in args[:2] or "-h" in args[:2]:
+        print(f"""{SWEEP_USAGE}
+
+  Trains RECIPE once per trial with values drawn by Optuna (TPE by default) for each --space, the
+  recipe's other flags fixed; each trial is a run directory DIR/trial-NNNN. The study lives in
+  DIR/study.db (or --storage URL: any SQLAlchemy URL, e.g. postgresql://...); running the command
+  again continues it until N trials are finished. After each epoch the objective is reported and a
+  trial the pruner (median by default) finds behind the others stops there.
+  --space NAME=KIND:ARGS   loguniform:A:B, uniform:A:B, int:A:B, choice:V1,V2,... over any config
+                           field (optim.lr, model.hidden, batch_size, ...); repeat for each field
+  --objective FIELD        an epoch record field (default val_loss); --direction min (default) or max
+  jaxtrain sweep report DIR [--study NAME] [--storage URL]: the trials table, the best trial's
+  command, parameter importances and plots (history, parallel coordinates, slices) in DIR""")
+        return 0
+    console = Console(highlight=False, soft_wrap=True)
+    rest = list(args[1:])
+    _, storage = _pop_option(rest, "--storage")
+    _, study_name = _pop_option(rest, "--study")
+    if args[0] == "report":
+        if not rest or rest[0].startswith("-"):
+            raise ConfigError(f"missing the sweep folder; {SWEEP_USAGE}")
+        study = sweep.load_study(rest[0], storage, study_name)
+        objective = study.user_attrs.get("objective", "val_loss")
+        sweep.print_report(study, console, objective)
+        for path in sweep.plot_report(study, rest[0]):
+            console.print(f"plot: {path}")
+        return 0
+    recipe = get_recipe(args[0])
+    spaces = []
+    while "--space" in rest:
+        _, spec = _pop_option(rest, "--space")
+        if spec is None:
+            raise ConfigError(f"--space needs NAME=KIND:ARGS after it; {SWEEP_USAGE}")
+        spaces.append(sweep.parse_space(spec))
+    trials = _number(rest, "--trials", int, None)
+    _, out = _pop_option(rest, "--out")
+    if trials is None or out is None:
+        raise ConfigError(f"a sweep needs --trials N and --out DIR; {SWEEP_USAGE}")
+    _, objective = _pop_option(rest, "--objective")
+    _, direction = _pop_option(rest, "--direction")
+    _, sampler = _pop_option(rest, "--sampler")
+    _, pruner = _pop_option(rest, "--pruner")
+    seed = _number(rest, "--seed", int, 0)
+    if direction not in (None, "min", "max"):
+        raise ConfigError(f"--direction {direction}: choose min or max")
+    flags = list(rest)
+    config, _ = _preset_config(recipe, rest, f"jaxtrain sweep {recipe.name}")
+    study = sweep.sweep(recipe, config, spaces, trials, out, storage=storage, study=study_name,
+                        objective=objective or "val_loss", direction="maximize" if direction == "max" else "minimize",
+                        sampler=sampler or "tpe", pruner=pruner or "median", seed=seed, flags=flags, console=console)
+    sweep.print_report(study, console, objective or "val_loss")
+    return 0
+
+
 LR_USAGE = "usage: jaxtrain tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--out FILE.png] [OPTIONS]"
 
 
@@ -678,6 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "compare": lambda: _compare(rest), "doctor": lambda: _doctor(rest),
                 "recipes": _recipes, "tune": lambda: _tune(rest),
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),
+                "sweep": lambda: _sweep(rest),
                 "profile": lambda: _profile(rest)}
     if command in COMPILING:
         from jaxtrain._src.compile_cache import enable_compile_cache

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import optax
@@ -22,7 +22,7 @@ from jaxtrain._src.config import from_dict, to_dict
 from jaxtrain._src.data.datasets import CharTokenizer
 from jaxtrain._src.data.transforms import to_spec
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.hooks import LambdaHook
+from jaxtrain._src.hooks import Hook, LambdaHook
 from jaxtrain._src.load import load_with_step, read_config
 from jaxtrain._src.loop import FitResult, Session, run_fit
 from jaxtrain._src.predict import Forward
@@ -39,10 +39,10 @@ PREDICT_INFO = "predict.json"  # what prediction feeds the model: its input fiel
 
 
 def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | None = None, resume: bool = False,
-          console: Console | None = None, overwrite: bool = False) -> FitResult:
+          console: Console | None = None, overwrite: bool = False, hooks: Sequence[Hook] = ()) -> FitResult:
     """Builds `recipe`'s workload for `config` and fits it into `run_dir` (a new timestamped
     directory under runs/ by default); the data sources it opened are closed afterwards. `resume`
-    and `overwrite` are `fit`'s."""
+    and `overwrite` are `fit`'s; `hooks` join the recipe's (a sweep's pruning)."""
     if distributed.initialize(config.dist) > 1 and not (run_dir or config.run_dir):
         raise ConfigError("a job of several processes needs one run directory on a filesystem they share; "
                           "pass --run-dir DIR")
@@ -65,8 +65,9 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
 
     try:
         verbosity = "summary" if config.quiet and config.verbosity == "progress" else config.verbosity
-        return run_fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[LambdaHook(on_start=save_info), *w.hooks],
-                       preprocess=w.preprocess, augment=w.augment, run_dir=run_dir,
+        return run_fit(w.model, w.loss_fn, w.train, w.val, config,
+                       hooks=[LambdaHook(on_start=save_info), *w.hooks, *hooks], preprocess=w.preprocess,
+                       augment=w.augment, run_dir=run_dir,
                        resume="overwrite" if overwrite else resume, verbosity=verbosity,
                        session=Session(name=recipe.name, saved_config=config, console=console))
     finally:

@@ -1,0 +1,342 @@
+"""`jaxtrain sweep`: a hyperparameter search over a recipe, on Optuna.
+
+Each trial is a normal run directory under the sweep's folder (`OUT/trial-0003`), trained by the
+same code as `jaxtrain train`, so `compare`, `eval`, `predict` and `export` work on it. The study
+lives in Optuna's RDB storage (SQLite in the sweep folder by default, any SQLAlchemy URL with
+`storage`): running the same command again continues the study until `trials` trials are
+finished (complete or pruned), never more, and trial numbers, which name the run directories,
+come from the storage, so no directory holds two trials.
+
+Pruning: after each epoch the trial reports its objective (`val_loss` by default) to Optuna;
+when the pruner (median by default) says so, the run stops at that epoch's end and the trial is
+marked pruned.
+
+Search spaces are written `NAME=KIND:ARGS` over any config field: `optim.lr=loguniform:1e-4:1e-2`,
+`optim.b1=uniform:0.8:0.99`, `batch_size=int:16:128`, `model.hidden=choice:64,128,256` (a field
+holding a tuple, such as the MLP's widths, takes the chosen value in each of its places).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from jaxtrain import Hook
+from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools.recipes.base import Recipe
+
+__all__ = ["Space", "apply_values", "load_study", "parse_space", "print_report", "sweep", "without_flags"]
+
+KINDS = ("loguniform", "uniform", "int", "choice")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("median", "hyperband", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """One dimension of the search: a config field (dotted) and what it may take."""
+
+    name: str
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] = ()
+
+    def suggest(self, trial: Any) -> Any:
+        if self.kind == "loguniform":
+            return trial.suggest_float(self.name, self.low, self.high, log=True)
+        if self.kind == "uniform":
+            return trial.suggest_float(self.name, self.low, self.high)
+        if self.kind == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high))
+        return trial.suggest_categorical(self.name, list(self.choices))
+
+
+def _number(text: str, spec: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--space {spec}: {text!r} is not a number") from None
+
+
+def _choice(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_space(spec: str) -> Space:
+    """`optim.lr=loguniform:1e-4:1e-2` as a `Space`.
+
+    Raises:
+      ConfigError: not NAME=KIND:ARGS, an unknown kind, a range that is empty or not positive for
+        loguniform, no choices.
+    """
+    name, _, rest = spec.partition("=")
+    kind, _, args = rest.partition(":")
+    if not name or not rest:
+        raise ConfigError(f"--space {spec}: write NAME=KIND:ARGS, e.g. optim.lr=loguniform:1e-4:1e-2")
+    if kind not in KINDS:
+        raise ConfigError(f"--space {spec}: unknown kind {kind!r}; choose {', '.join(KINDS)}")
+    if kind == "choice":
+        choices = tuple(_choice(c) for c in args.split(",") if c)
+        if not choices:
+            raise ConfigError(f"--space {spec}: choice needs values, e.g. choice:64,128,256")
+        return Space(name, kind, choices=choices)
+    bounds = args.split(":")
+    if len(bounds) != 2:
+        raise ConfigError(f"--space {spec}: {kind} needs LOW:HIGH, e.g. {kind}:1e-4:1e-2")
+    low, high = (_number(b, spec) for b in bounds)
+    if not low < high or (kind == "loguniform" and low <= 0):
+        raise ConfigError(f"--space {spec}: need LOW < HIGH" + (" and LOW > 0" if kind == "loguniform" else ""))
+    if kind == "int" and (low != int(low) or high != int(high)):
+        raise ConfigError(f"--space {spec}: int needs whole numbers")
+    return Space(name, kind, low, high)
+
+
+def apply_values(config: Any, values: dict[str, Any]) -> Any:
+    """`config` with each dotted field set to its value (a tuple field takes the value in each place).
+
+    Raises:
+      ConfigError: a field the config does not have, or a value its checks refuse.
+    """
+    for name, value in values.items():
+        config = _replace(config, name.split("."), value, name)
+    return config
+
+
+def _replace(config: Any, path: list[str], value: Any, name: str) -> Any:
+    fields = {f.name for f in dataclasses.fields(config)}
+    if path[0] not in fields:
+        raise ConfigError(f"--space {name}: the config has no field {path[0]!r} (it has: {', '.join(sorted(fields))})")
+    current = getattr(config, path[0])
+    if len(path) > 1:
+        if not dataclasses.is_dataclass(current):
+            raise ConfigError(f"--space {name}: {path[0]!r} is not a section of the config")
+        return dataclasses.replace(config, **{path[0]: _replace(current, path[1:], value, name)})
+    if isinstance(current, tuple) and not isinstance(value, tuple):
+        value = tuple(value for _ in current)
+    return dataclasses.replace(config, **{path[0]: value})
+
+
+class _Report(Hook):
+    """Reports the objective after each epoch and stops the run when the pruner says so."""
+
+    def __init__(self, trial: Any, objective: str):
+        self.trial, self.objective, self.pruned = trial, objective, False
+
+    def on_epoch_end(self, run: Any, record: dict[str, Any]) -> None:
+        value = record.get(self.objective)
+        if value is None or not math.isfinite(value):
+            return
+        self.trial.report(value, run.epoch)
+        if self.trial.should_prune():
+            self.pruned = True
+            run.stop(f"pruned by the sweep at epoch {run.epoch}")
+
+
+def _best(history: list[dict[str, Any]], objective: str, direction: str) -> float:
+    values = [r[objective] for r in history if r.get(objective) is not None and math.isfinite(r[objective])]
+    if not values:
+        raise ConfigError(f"the runs record no {objective!r}; choose an objective among the epoch records' "
+                          f"fields: {', '.join(sorted(k for k in history[-1] if k.startswith(('val_', 'train_'))))}")
+    return min(values) if direction == "minimize" else max(values)
+
+
+def _sampler(name: str, seed: int) -> Any:
+    import optuna
+
+    if name not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {name!r}; choose {', '.join(SAMPLERS)}")
+    return optuna.samplers.TPESampler(seed=seed) if name == "tpe" else optuna.samplers.RandomSampler(seed=seed)
+
+
+def _pruner(name: str) -> Any:
+    import optuna
+
+    if name not in PRUNERS:
+        raise ConfigError(f"unknown pruner {name!r}; choose {', '.join(PRUNERS)}")
+    return {"median": optuna.pruners.MedianPruner(n_startup_trials=2), "hyperband": optuna.pruners.HyperbandPruner(),
+            "none": optuna.pruners.NopPruner()}[name]
+
+
+def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out: str | Path, *,
+          storage: str | None = None, study: str | None = None, objective: str = "val_loss",
+          direction: str = "minimize", sampler: str = "tpe", pruner: Any = "median", seed: int = 0,
+          flags: Sequence[str] = (), console: Console | None = None) -> Any:
+    """Runs trials of `recipe` until the study holds `trials` finished ones; returns the Optuna study.
+
+    Args:
+      recipe, config: the recipe and its config for the fixed settings (the command's train flags).
+      spaces: the search space.
+      trials: finished trials (complete or pruned) the study should hold.
+      out: the sweep folder: `study.db` (the default storage) and a run directory per trial.
+      storage: an SQLAlchemy URL (`sqlite:///...`, `postgresql://...`); default SQLite in `out`.
+      study: the study's name (default the recipe's).
+      objective, direction: the epoch record field to optimise, "minimize" or "maximize".
+      sampler: "tpe" or "random"; pruner: "median", "hyperband", "none", or an Optuna pruner.
+      flags: the command's own train flags, written into each trial's command line.
+
+    Raises:
+      ConfigError: a bad space, trials < 1, an unknown sampler, pruner or direction, a field the
+        recipe's config does not have.
+    """
+    import optuna
+
+    from jaxtrain.tools import runs
+
+    if trials < 1:
+        raise ConfigError(f"trials={trials} must be >= 1")
+    if direction not in ("minimize", "maximize"):
+        raise ConfigError(f"direction={direction!r}: choose minimize or maximize")
+    if not spaces:
+        raise ConfigError("a sweep needs at least one --space NAME=KIND:ARGS")
+    for space in spaces:  # every field exists and takes a value of its kind, before a trial runs
+        apply_values(config, {space.name: space.choices[0] if space.kind == "choice" else
+                              (int(space.low) if space.kind == "int" else space.low)})
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study_obj = optuna.create_study(storage=storage or f"sqlite:///{out.resolve() / 'study.db'}",
+                                    study_name=study or recipe.name, direction=direction, load_if_exists=True,
+                                    sampler=_sampler(sampler, seed),
+                                    pruner=_pruner(pruner) if isinstance(pruner, str) else pruner)
+    study_obj.set_user_attr("objective", objective)  # for `sweep report`
+    console = console or Console(highlight=False)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+    def run_trial(trial: optuna.Trial) -> float:
+        values = {s.name: s.suggest(trial) for s in spaces}
+        run_dir = out / f"trial-{trial.number:04d}"
+        trial_config = dataclasses.replace(apply_values(config, values), quiet=True, run_dir="")
+        command = shlex.join(["jaxtrain", "train", recipe.name, *without_flags(flags, list(values)),
+                              *(x for k in values for x in _flag_args(k, _value_at(trial_config, k))),
+                              "--run-dir", str(run_dir)])
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("command", command)
+        report = _Report(trial, objective)
+        t0 = time.perf_counter()
+        result = runs.train(recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True))
+        value = _best(result.history, objective, direction)
+        console.print(f"trial {trial.number}: {objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
+                      f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
+        if report.pruned:
+            raise optuna.TrialPruned()
+        return value
+
+    done = sum(t.state in finished for t in study_obj.trials)
+    if done < trials:
+        study_obj.optimize(run_trial, n_trials=trials - done,
+                           callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])
+    return study_obj
+
+
+def _flag(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)  # repr: the float itself, to the last bit
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def without_flags(flags: Sequence[str], names: Sequence[str]) -> list[str]:
+    """`flags` less those that set one of the dotted `names` (each with the values after it)."""
+    drop = {"--" + n.replace("_", "-") for n in names}
+    out, skipping = [], False
+    for arg in flags:
+        if arg.startswith("--"):
+            skipping = arg.split("=", 1)[0] in drop
+        if not skipping:
+            out.append(arg)
+    return out
+
+
+def _value_at(config: Any, name: str) -> Any:
+    for part in name.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def _flag_args(name: str, value: Any) -> list[str]:
+    """`--optim.lr 0.003`, or `--model.hidden 64 64` for a tuple."""
+    flag = "--" + name.replace("_", "-")
+    return [flag, *(_flag(v) for v in value)] if isinstance(value, tuple) else [flag, _flag(value)]
+
+
+def print_report(study: Any, console: Console, objective: str) -> None:
+    """The trials table and the best trial's command."""
+    import optuna
+
+    table = Table(title=f"study {study.study_name}: {len(study.trials)} trials")
+    names = sorted({k for t in study.trials for k in t.params})
+    for col in ("trial", *names, "state", objective, "seconds"):
+        table.add_column(col, justify="left" if col == "state" else "right")
+    for t in study.trials:
+        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
+        value = t.value if t.value is not None else (t.intermediate_values[max(t.intermediate_values)]
+                                                     if t.intermediate_values else None)
+        table.add_row(str(t.number), *(_short(t.params[n]) if n in t.params else "-" for n in names),
+                      t.state.name.lower(), "-" if value is None else f"{value:.6g}",
+                      "-" if seconds is None else f"{seconds:.1f}")
+    console.print(table)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if complete:
+        best = study.best_trial
+        console.print(f"best: trial {best.number}, {objective} {best.value:.6g}; reproduce it with:\n"
+                      f"  {best.user_attrs.get('command', '')}")
+    if len(complete) >= 2 and len(study.trials[0].params) >= 1:
+        importances = optuna.importance.get_param_importances(study)
+        console.print("parameter importances (fANOVA): " + ", ".join(f"{k} {v:.2f}" for k, v in importances.items()))
+
+
+def load_study(out: str | Path, storage: str | None = None, study: str | None = None) -> Any:
+    """The study of the sweep folder `out` (or of `storage`); its only study when `study` is None.
+
+    Raises:
+      ConfigError: no study there, or several and none named.
+    """
+    import optuna
+
+    url = storage or f"sqlite:///{Path(out).resolve() / 'study.db'}"
+    if storage is None and not (Path(out) / "study.db").is_file():
+        raise ConfigError(f"{out} holds no study.db; pass the folder a sweep wrote (its --out), or --storage URL")
+    names = [s.study_name for s in optuna.study.get_all_study_summaries(url)]
+    if study is None and len(names) != 1:
+        raise ConfigError(f"{url} holds {len(names)} studies ({', '.join(names) or 'none'}); name one with --study")
+    if study is not None and study not in names:
+        raise ConfigError(f"{url} holds no study {study!r} (it has: {', '.join(names) or 'none'})")
+    return optuna.load_study(study_name=study or names[0], storage=url)
+
+
+def plot_report(study: Any, out: str | Path) -> list[Path]:
+    """PNGs of the optimization history, parallel coordinates and slices in `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import warnings
+
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as vis
+
+    paths = []
+    for name, draw in (("history", vis.plot_optimization_history), ("parallel", vis.plot_parallel_coordinate),
+                       ("slices", vis.plot_slice)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+            draw(study)
+        path = Path(out) / f"sweep-{name}.png"
+        plt.gcf().set_size_inches(8, 4.5)
+        plt.gcf().savefig(path, dpi=100, bbox_inches="tight")
+        plt.close("all")
+        paths.append(path)
+    return paths

@@ -1,0 +1,86 @@
+"""`jaxtrain sweep`: spaces, a study that re-running continues, trials as run directories whose
+command reproduces them, pruning, the report, and bad input as one line."""
+
+import json
+import shlex
+
+import optuna
+import pytest
+
+from jaxtrain._src.errors import ConfigError
+from jaxtrain.tools import cli, sweep
+from jaxtrain.tools.recipes import get_recipe
+
+FLAGS = ["--data.samples", "600", "--data.val-samples", "88", "--data.features", "8", "--data.targets", "4",
+         "--data.teacher-width", "8", "--model.hidden", "32", "--epochs", "3"]
+SPACE = ["--space", "optim.lr=loguniform:1e-4:1e-1", "--space", "model.hidden=choice:16,32"]
+
+
+def test_spaces_parse_and_apply_to_any_field():
+    assert sweep.parse_space("optim.lr=loguniform:1e-4:1e-2") == sweep.Space("optim.lr", "loguniform", 1e-4, 1e-2)
+    assert sweep.parse_space("model.hidden=choice:64,128").choices == (64, 128)
+    assert sweep.parse_space("batch_size=int:16:64").kind == "int"
+    for bad, message in (("optim.lr", "write NAME=KIND:ARGS"), ("optim.lr=normal:0:1", "unknown kind 'normal'"),
+                         ("optim.lr=loguniform:0:1", "LOW > 0"), ("x=uniform:2:1", "need LOW < HIGH"),
+                         ("x=int:1:2.5", "whole numbers"), ("x=choice:", "choice needs values")):
+        with pytest.raises(ConfigError, match=message):
+            sweep.parse_space(bad)
+    config = get_recipe("mlp-regression").config
+    changed = sweep.apply_values(config, {"optim.lr": 0.01, "model.hidden": 64, "batch_size": 16})
+    assert (changed.optim.lr, changed.model.hidden, changed.batch_size) == (0.01, (64, 64), 16)
+    with pytest.raises(ConfigError, match="no field 'lrr'"):
+        sweep.apply_values(config, {"optim.lrr": 0.1})
+    with pytest.raises(ConfigError, match="must be a positive number"):
+        sweep.apply_values(config, {"optim.lr": -1.0})
+    assert sweep.without_flags(["--epochs", "3", "--model.hidden", "8", "8", "--seed", "1"], ["model.hidden"]) == [
+        "--epochs", "3", "--seed", "1"]
+
+
+def test_sweep_runs_trials_as_run_directories_continues_and_reproduces_the_best(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "3", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "study mlp-regression: 3 trials" in printed and "reproduce it with:" in printed
+    study = sweep.load_study(out)
+    finished = [t for t in study.trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                       optuna.trial.TrialState.PRUNED)]
+    assert len(finished) == 3 and sorted(p.name for p in out.glob("trial-*")) == [f"trial-000{i}" for i in range(3)]
+    # the same command with more trials continues the study: one more, never a second directory per trial
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "4", "--out", str(out)]) == 0
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "4", "--out", str(out)]) == 0
+    assert len(sweep.load_study(out).trials) == 4 and len(list(out.glob("trial-*"))) == 4
+    best = sweep.load_study(out).best_trial
+    summary = json.loads((out / f"trial-{best.number:04d}" / "summary.json").read_text())
+    assert summary["best_val_loss"] == pytest.approx(best.value, rel=1e-9)
+    command = shlex.split(best.user_attrs["command"])
+    command[command.index("--run-dir") + 1] = str(tmp_path / "again")
+    assert cli.main(command[1:] + ["--quiet"]) == 0  # the best trial's command, run again
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["best_val_loss"] == pytest.approx(best.value, rel=1e-6)
+    capsys.readouterr()
+    assert cli.main(["sweep", "report", str(out)]) == 0
+    assert "parameter importances" in capsys.readouterr().out
+    assert all((out / f"sweep-{name}.png").is_file() for name in ("history", "parallel", "slices"))
+
+
+def test_a_pruned_trial_stops_at_the_epoch_the_pruner_names(tmp_path):
+    recipe = get_recipe("mlp-regression")
+    config = cli.parse_config(type(recipe.config), recipe.config, list(FLAGS), "test")
+    study = sweep.sweep(recipe, config, [sweep.parse_space("optim.lr=loguniform:1e-4:1e-1")], 2, tmp_path,
+                        pruner=optuna.pruners.ThresholdPruner(upper=0.0))  # any loss is too high: prune
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.PRUNED] * 2
+    for t in study.trials:
+        summary = json.loads((tmp_path / f"trial-{t.number:04d}" / "summary.json").read_text())
+        assert summary["status"] == "stopped early" and summary["epochs"] == 1  # not the 3 asked for
+
+
+def test_bad_sweeps_are_one_line_and_exit_2(tmp_path, capsys):
+    for args, message in ((["--space", "optim.nope=uniform:0:1", "--trials", "1"], "the config has no field 'nope'"),
+                          (["--trials", "1"], "a sweep needs at least one --space"),
+                          (SPACE, "a sweep needs --trials N and --out DIR")):
+        out = [] if "--trials" not in args else ["--out", str(tmp_path / "s")]
+        assert cli.main(["sweep", "mlp-regression", *FLAGS, *args, *out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert cli.main(["sweep", "report", str(tmp_path / "none")]) == 2
+    assert "holds no study.db" in capsys.readouterr().err
