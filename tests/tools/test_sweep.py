@@ -74,6 +74,15 @@ def test_a_pruned_trial_stops_at_the_epoch_the_pruner_names(tmp_path):
         assert summary["status"] == "stopped early" and summary["epochs"] == 1  # not the 3 asked for
 
 
+def test_a_diverging_trial_fails_and_the_sweep_goes_on(tmp_path):
+    recipe = get_recipe("mlp-regression")
+    config = cli.parse_config(type(recipe.config), recipe.config, list(FLAGS), "test")
+    study = sweep.sweep(recipe, config, [sweep.parse_space("optim.lr=choice:1e12")], 2, tmp_path, pruner="none")
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL] * 2  # both ran, neither stopped it
+    summary = json.loads((tmp_path / "trial-0001" / "summary.json").read_text())
+    assert summary["status"] == "stopped: non-finite loss"
+
+
 def test_bad_sweeps_are_one_line_and_exit_2(tmp_path, capsys):
     for args, message in ((["--space", "optim.nope=uniform:0:1", "--trials", "1"], "the config has no field 'nope'"),
                           (["--trials", "1"], "a sweep needs at least one --space"),

@@ -9,7 +9,8 @@ come from the storage, so no directory holds two trials.
 
 Pruning: after each epoch the trial reports its objective (`val_loss` by default) to Optuna;
 when the pruner (median by default) says so, the run stops at that epoch's end and the trial is
-marked pruned.
+marked pruned. A trial whose loss is not finite fails (its run directory says so) and the sweep
+goes on; a failed trial counts toward the trials run this time, not toward the finished ones.
 
 Search spaces are written `NAME=KIND:ARGS` over any config field: `optim.lr=loguniform:1e-4:1e-2`,
 `optim.b1=uniform:0.8:0.99`, `batch_size=int:16:128`, `model.hidden=choice:64,128,256` (a field
@@ -29,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain import Hook
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, NonFiniteLossError
 from jaxtrain.tools.recipes.base import Recipe
 
 __all__ = ["Space", "apply_values", "load_study", "parse_space", "print_report", "sweep", "without_flags"]
@@ -226,7 +227,11 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         trial.set_user_attr("command", command)
         report = _Report(trial, objective)
         t0 = time.perf_counter()
-        result = runs.train(recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True))
+        try:
+            result = runs.train(recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True))
+        except NonFiniteLossError as e:  # a diverging trial fails; the sweep goes on
+            console.print(f"trial {trial.number}: failed ({e})")
+            raise
         value = _best(result.history, objective, direction)
         console.print(f"trial {trial.number}: {objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
                       f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
@@ -236,7 +241,7 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
 
     done = sum(t.state in finished for t in study_obj.trials)
     if done < trials:
-        study_obj.optimize(run_trial, n_trials=trials - done,
+        study_obj.optimize(run_trial, n_trials=trials - done, catch=(NonFiniteLossError,),
                            callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])
     return study_obj
 
