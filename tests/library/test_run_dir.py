@@ -206,11 +206,11 @@ def test_verbosity_levels_and_plain_progress_lines_in_a_piped_log():
 
 
 def test_every_imported_distribution_is_declared():
-    # Optional packages (the trackers' mlflow and wandb) are declared as extras and imported only
-    # where they are used (test_api checks that `import jaxtrain` loads neither).
+    # Optional packages (the trackers' mlflow and wandb, the sweep's optuna) are declared as extras
+    # and imported only where they are used (test_api checks that `import jaxtrain` loads none).
     declared = {name.split(">")[0].split("<")[0].split("=")[0].split(";")[0].strip().lower().replace("_", "-")
                 for name in metadata.requires("jaxtrain")
-                if "extra ==" not in name or 'extra == "track"' in name}
+                if "extra ==" not in name or any(f'extra == "{x}"' in name for x in ("track", "sweep"))}
     src = Path(jaxtrain.__file__).parent
     modules = set()
     for path in src.rglob("*.py"):
