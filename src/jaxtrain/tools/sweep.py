@@ -300,8 +300,13 @@ def print_report(study: Any, console: Console, objective: str) -> None:
         console.print(f"best: trial {best.number}, {objective} {best.value:.6g}; reproduce it with:\n"
                       f"  {best.user_attrs.get('command', '')}")
     if len(complete) >= 2 and len(study.trials[0].params) >= 1:
-        importances = optuna.importance.get_param_importances(study)
-        console.print("parameter importances (fANOVA): " + ", ".join(f"{k} {v:.2f}" for k, v in importances.items()))
+        try:
+            importances = optuna.importance.get_param_importances(study)
+        except (ValueError, RuntimeError) as e:  # e.g. every complete trial drew the same values
+            console.print(f"parameter importances: not computed ({e})")
+        else:
+            console.print("parameter importances (fANOVA): " + ", ".join(f"{k} {v:.2f}"
+                                                                         for k, v in importances.items()))
 
 
 def load_study(out: str | Path, storage: str | None = None, study: str | None = None) -> Any:
