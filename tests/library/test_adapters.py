@@ -2,7 +2,6 @@
 order equal the arrays they hold; iterables of batches (DataLoader, Grain, generators) train in
 their own order, resume exactly, and every bad input is one line."""
 
-import json
 import os
 import re
 import shutil
@@ -195,7 +194,6 @@ def test_batch_size_is_the_loaders():
     with contextlib.redirect_stderr(err):
         result = _fit(loader, batch_size=64, epochs=1)
     assert result.summary["steps"] == 8 and "yields batches of 25 rows" in err.getvalue()
-    assert json.loads(json.dumps(result.summary))["steps"] == 8
 
 
 def _resume_each_mid_epoch(tmp_path, train, every=5, **overrides):

@@ -36,6 +36,7 @@ from jaxtrain._src.data.fingerprint import fingerprint
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.stream import EPOCH_END, BackgroundIterator, DevicePrefetcher, StreamLoader
 from jaxtrain._src.errors import ConfigError, DataError, setting
+from jaxtrain._src.report.notes import note
 from jaxtrain._src.sharding import Layout
 from jaxtrain._src.step import epoch_permutation, make_multi_step, make_scan_steps
 
@@ -297,10 +298,8 @@ class IterFeed(StreamFeed):
     """
 
     def __init__(self, stream: Any, config: TrainConfig, layout: Layout):
-        from jaxtrain._src.report.notes import note
-
         self._streaming(config, layout, stream.treedef, {n: (stream.shapes[n], stream.dtypes[n]) for n in stream.names})
-        self._stream, self._accum, self._note = stream, config.grad_accum, note
+        self._stream, self._accum = stream, config.grad_accum
         self._pad = config.data.last_batch == "pad"
         B, self._rows = stream.batch_size, stream.batch_size * config.grad_accum
         full, last = self._epoch_batches(config)
@@ -339,7 +338,7 @@ class IterFeed(StreamFeed):
         for batch, _ in stream.batches(1):
             rows = len(next(iter(batch.values())))
             full, last = (full + 1, 0) if rows == stream.batch_size else (full, rows)
-        self._note(f"{stream.name} has no len(): counted {full + (last > 0):,} batches of an epoch in one pass "
+        note(f"{stream.name} has no len(): counted {full + (last > 0):,} batches of an epoch in one pass "
                    f"({time.perf_counter() - t0:.1f} s); {setting('steps_per_epoch', full // self._accum)} skips it")
         return full, last
 
@@ -353,7 +352,7 @@ class IterFeed(StreamFeed):
                    f"by skipping the {position * accum:,} batches of epoch {epoch} already trained on")
             why = None if state is not None else stream.reproducible()
             exact = "" if why is None else f"; not exact: {why}"
-            self._note(f"{stream.name}: resuming step {position:,} of epoch {epoch} {how}{exact}")
+            note(f"{stream.name}: resuming step {position:,} of epoch {epoch} {how}{exact}")
         if stream.once and not self._started:  # a fresh one-shot iterator: pass what earlier epochs trained on
             skip += (epoch - 1) * steps * accum
         self._started, self._saved = True, None
@@ -452,8 +451,6 @@ def adapt_inputs(train_data: Any, val_data: Any, config: TrainConfig) -> tuple[A
     """`(train, val, config)`: others' datasets and loaders adapted (`data.adapters.adapt`); with a
     loader's batches the batch size is the loader's (times the processes of a job), noted when the
     config asked for another."""
-    from jaxtrain._src.report.notes import note
-
     train_data = adapt(train_data, "train_data", config.seed)
     val_data = adapt(val_data, "val_data", config.seed)
     if isinstance(train_data, BatchStream):

@@ -594,7 +594,6 @@ class BatchStream:
                 last = self.batch_size
             self.num_full, self.last_rows = (self.num_batches, 0) if last == self.batch_size else (
                 self.num_batches - 1, last)
-        self.stateful = False  # set by the first epoch's iterator (Grain's get_state/set_state)
 
     def abstract_batch(self, batch_size: int) -> Any:
         """One batch as shapes ((B, ...) per array, B the loader's)."""
@@ -654,8 +653,8 @@ class BatchStream:
         else:
             it = raw = self._new_iterator(epoch)
         self._pending = None
-        self.stateful = hasattr(raw, "get_state") and hasattr(raw, "set_state")
-        if state is not None and self.stateful:
+        stateful = hasattr(raw, "get_state") and hasattr(raw, "set_state")  # Grain's iterators
+        if state is not None and stateful:
             raw.set_state(_decode_state(state))
             it, skip = raw, 0
         index, short = 0, None
@@ -686,7 +685,7 @@ class BatchStream:
             if index >= skip:
                 for k, v in flat.items():
                     check_finite(v, k, 0, f"{where} of {self.name}")
-                yield flat, (_encode_state(raw.get_state()) if self.stateful else None)
+                yield flat, (_encode_state(raw.get_state()) if stateful else None)
             index += 1
 
 

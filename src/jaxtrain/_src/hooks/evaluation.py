@@ -75,8 +75,12 @@ class EvalHook(RunHook):
         if isinstance(self._data, BatchStream):  # each of the loader's batches is a block
             stream = self._data
             treedef, names = stream.treedef, stream.names
-            blocks = lambda: BackgroundIterator(  # noqa: E731
-                lambda put: [put(batch) for batch, _ in stream.batches(1)], 4, name="jaxtrain-eval-iter")
+
+            def read(put: Callable[[dict], None]) -> None:
+                for batch, _ in stream.batches(1):
+                    put(batch)
+
+            blocks = lambda: BackgroundIterator(read, 4, name="jaxtrain-eval-iter")  # noqa: E731
         else:
             source, treedef = self._data
             rows = B * max(1, STREAM_BLOCK_BYTES // (B * max(1, source.row_nbytes)))  # whole batches per call
