@@ -93,3 +93,49 @@ def test_bad_sweeps_are_one_line_and_exit_2(tmp_path, capsys):
         assert len(err) == 1 and message in err[0], err
     assert cli.main(["sweep", "report", str(tmp_path / "none")]) == 2
     assert "holds no study.db" in capsys.readouterr().err
+
+
+def _job(tmp_path, trials, heartbeat=1):
+    recipe = get_recipe("mlp-regression")
+    config = cli.parse_config(type(recipe.config), recipe.config, list(FLAGS), "test")
+    return sweep._Job(recipe, config, (sweep.parse_space("optim.lr=loguniform:1e-4:1e-2"),), trials, str(tmp_path),
+                      f"sqlite:///{tmp_path / 'study.db'}", "s", "val_loss", "minimize", "tpe", "none", 0, (),
+                      heartbeat)
+
+
+def test_a_trial_whose_worker_died_is_failed_and_asked_again_with_its_values(tmp_path, capsys):
+    job = _job(tmp_path, trials=1)
+    study = job.open(0)
+    dead = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    study._storage.record_heartbeat(dead._trial_id)  # one beat, then silence: its worker is gone
+    job.work(study, sweep.Console(), "")
+    states = {t.number: t.state for t in study.trials}
+    assert states == {0: optuna.trial.TrialState.FAIL, 1: optuna.trial.TrialState.COMPLETE}
+    again = study.trials[1]
+    assert again.params == dead.params and again.system_attrs["failed_trial"] == 0
+    assert "waiting for them" in capsys.readouterr().out  # while the dead trial still looked alive
+    assert (tmp_path / "trial-0001" / "summary.json").is_file() and not (tmp_path / "trial-0000").exists()
+
+
+def test_a_trial_asked_past_the_end_is_not_run(tmp_path, capsys):
+    job = _job(tmp_path, trials=1)
+    study = job.open(0)
+    job.work(study, sweep.Console(), "")
+    late = study.ask()  # as a second worker would, between its count and its ask
+    with pytest.raises(sweep._Surplus):
+        job.run(late, sweep.Console(), "")
+    assert late.user_attrs == {"surplus": True} and not (tmp_path / "trial-0001").exists()
+    study.tell(late, state=optuna.trial.TrialState.FAIL)
+    sweep.print_report(study, sweep.Console(), "val_loss")
+    assert "study s: 1 trials" in capsys.readouterr().out
+
+
+def test_two_workers_share_the_study_on_sqlite(tmp_path, capfd):
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "4", "--workers", "2", "--out", str(out),
+                     "--pruner", "none"]) == 0
+    printed = capfd.readouterr().out  # the workers' lines, written by other processes
+    assert "worker 1: trial" in printed and "worker 2: trial" in printed
+    study = sweep.load_study(out)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 4
+    assert sorted(p.name for p in out.glob("trial-*")) == [f"trial-000{i}" for i in range(4)]

@@ -424,7 +424,8 @@ def _tune(args: Sequence[str]) -> int:
 
 SWEEP_USAGE = ("usage: jaxtrain sweep RECIPE [--preset NAME] [TRAIN FLAGS] --space NAME=KIND:ARGS ... --trials N "
                "--out DIR [--storage URL] [--study NAME] [--objective val_loss] [--direction min|max] "
-               "[--sampler tpe|random] [--pruner median|hyperband|none] [--seed S]; jaxtrain sweep report DIR")
+               "[--sampler tpe|random] [--pruner median|hyperband|none] [--seed S] [--workers W] [--heartbeat S]; "
+               "jaxtrain sweep report DIR")
 
 
 def _sweep(args: Sequence[str]) -> int:
@@ -445,6 +446,10 @@ def _sweep(args: Sequence[str]) -> int:
   --space NAME=KIND:ARGS   loguniform:A:B, uniform:A:B, int:A:B, choice:V1,V2,... over any config
                            field (optim.lr, model.hidden, batch_size, ...); repeat for each field
   --objective FIELD        an epoch record field (default val_loss); --direction min (default) or max
+  --workers W              W processes run trials side by side on the one study; the same command on
+                           other machines with one --storage postgresql://... joins them
+  --heartbeat S            seconds between a running trial's heartbeats (default 10); a trial whose
+                           worker died is failed after three missed beats and asked again
   jaxtrain sweep report DIR [--study NAME] [--storage URL]: the trials table, the best trial's
   command, parameter importances and plots (history, parallel coordinates, slices) in DIR""")
         return 0
@@ -477,13 +482,16 @@ def _sweep(args: Sequence[str]) -> int:
     _, sampler = _pop_option(rest, "--sampler")
     _, pruner = _pop_option(rest, "--pruner")
     seed = _number(rest, "--seed", int, 0)
+    workers = _number(rest, "--workers", int, 1)
+    heartbeat = _number(rest, "--heartbeat", int, 10)
     if direction not in (None, "min", "max"):
         raise ConfigError(f"--direction {direction}: choose min or max")
     flags = list(rest)
     config, _ = _preset_config(recipe, rest, f"jaxtrain sweep {recipe.name}")
     study = sweep.sweep(recipe, config, spaces, trials, out, storage=storage, study=study_name,
                         objective=objective or "val_loss", direction="maximize" if direction == "max" else "minimize",
-                        sampler=sampler or "tpe", pruner=pruner or "median", seed=seed, flags=flags, console=console)
+                        sampler=sampler or "tpe", pruner=pruner or "median", seed=seed, flags=flags, workers=workers,
+                        heartbeat=heartbeat, console=console)
     sweep.print_report(study, console, objective or "val_loss")
     return 0
 

@@ -7,6 +7,13 @@ lives in Optuna's RDB storage (SQLite in the sweep folder by default, any SQLAlc
 finished (complete or pruned), never more, and trial numbers, which name the run directories,
 come from the storage, so no directory holds two trials.
 
+Workers: `workers=W` starts W processes that share the study (as do processes on other machines
+pointed at one `storage`, PostgreSQL for instance). Each trial beats a heartbeat into the storage;
+a trial whose worker died (SIGKILL, a lost machine) goes stale after three missed beats, is marked
+failed and is asked again with the same values as a new trial. A worker starts a trial only while
+fewer than `trials` are finished or running, and waits while the rest run elsewhere, so the study
+ends with `trials` finished ones whichever workers die on the way.
+
 Pruning: after each epoch the trial reports its objective (`val_loss` by default) to Optuna;
 when the pruner (median by default) says so, the run stops at that epoch's end and the trial is
 marked pruned. A trial whose loss is not finite fails (its run directory says so) and the sweep
@@ -21,8 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import shlex
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain import Hook
-from jaxtrain._src.errors import ConfigError, NonFiniteLossError
+from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
 from jaxtrain.tools.recipes.base import Recipe
 
 __all__ = ["Space", "apply_values", "load_study", "parse_space", "print_report", "sweep", "without_flags"]
@@ -174,7 +183,7 @@ def _pruner(name: str) -> Any:
 def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out: str | Path, *,
           storage: str | None = None, study: str | None = None, objective: str = "val_loss",
           direction: str = "minimize", sampler: str = "tpe", pruner: Any = "median", seed: int = 0,
-          flags: Sequence[str] = (), console: Console | None = None) -> Any:
+          flags: Sequence[str] = (), workers: int = 1, heartbeat: int = 10, console: Console | None = None) -> Any:
     """Runs trials of `recipe` until the study holds `trials` finished ones; returns the Optuna study.
 
     Args:
@@ -187,17 +196,16 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
       objective, direction: the epoch record field to optimise, "minimize" or "maximize".
       sampler: "tpe" or "random"; pruner: "median", "hyperband", "none", or an Optuna pruner.
       flags: the command's own train flags, written into each trial's command line.
+      workers: processes that run trials side by side (1: this one).
+      heartbeat: seconds between a running trial's heartbeats; three missed ones fail and retry it.
 
     Raises:
-      ConfigError: a bad space, trials < 1, an unknown sampler, pruner or direction, a field the
-        recipe's config does not have.
+      ConfigError: a bad space, trials, workers or heartbeat < 1, an unknown sampler, pruner or
+        direction, a field the recipe's config does not have, a worker that could not run.
     """
-    import optuna
-
-    from jaxtrain.tools import runs
-
-    if trials < 1:
-        raise ConfigError(f"trials={trials} must be >= 1")
+    for name, value in (("trials", trials), ("workers", workers), ("heartbeat", heartbeat)):
+        if value < 1:
+            raise ConfigError(f"{name}={value} must be >= 1")
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"direction={direction!r}: choose minimize or maximize")
     if not spaces:
@@ -207,43 +215,160 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
                               (int(space.low) if space.kind == "int" else space.low)})
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study_obj = optuna.create_study(storage=storage or f"sqlite:///{out.resolve() / 'study.db'}",
-                                    study_name=study or recipe.name, direction=direction, load_if_exists=True,
-                                    sampler=_sampler(sampler, seed),
-                                    pruner=_pruner(pruner) if isinstance(pruner, str) else pruner)
+    job = _Job(recipe, config, tuple(spaces), trials, str(out), storage or f"sqlite:///{out.resolve() / 'study.db'}",
+               study or recipe.name, objective, direction, sampler, pruner, seed, tuple(flags), heartbeat)
+    study_obj = job.open(seed)
     study_obj.set_user_attr("objective", objective)  # for `sweep report`
     console = console or Console(highlight=False)
-    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    if workers == 1:
+        job.work(study_obj, console, "")
+    else:
+        _run_workers(job, workers, console)
+    return study_obj
 
-    def run_trial(trial: optuna.Trial) -> float:
-        values = {s.name: s.suggest(trial) for s in spaces}
-        run_dir = out / f"trial-{trial.number:04d}"
-        trial_config = dataclasses.replace(apply_values(config, values), quiet=True, run_dir="")
-        command = shlex.join(["jaxtrain", "train", recipe.name, *without_flags(flags, list(values)),
+
+FINISHED = ("COMPLETE", "PRUNED")
+
+
+class _Surplus(Exception):
+    """A trial asked while the study already had its trials finished or running elsewhere."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What a worker needs to run the sweep's trials (picklable: workers are started afresh)."""
+
+    recipe: Recipe
+    config: Any
+    spaces: tuple[Space, ...]
+    trials: int
+    out: str
+    url: str
+    name: str
+    objective: str
+    direction: str
+    sampler: str
+    pruner: Any
+    seed: int
+    flags: tuple[str, ...]
+    heartbeat: int
+
+    def open(self, seed: int) -> Any:
+        """The study, created if new, on a storage that beats heartbeats and retries stale trials."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
+            storage = optuna.storages.RDBStorage(
+                self.url, engine_kwargs={"connect_args": {"timeout": 60}} if self.url.startswith("sqlite") else None,
+                heartbeat_interval=self.heartbeat, grace_period=3 * self.heartbeat,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
+        return optuna.create_study(storage=storage, study_name=self.name, direction=self.direction,
+                                   load_if_exists=True, sampler=_sampler(self.sampler, seed),
+                                   pruner=_pruner(self.pruner) if isinstance(self.pruner, str) else self.pruner)
+
+    def work(self, study: Any, console: Console, label: str) -> None:
+        """Runs trials until the study holds `trials` finished ones, or this worker ran that many."""
+        import optuna
+
+        budget, waiting = self.trials - self._count(study, FINISHED), False
+        while budget > 0:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, asked again
+            finished = self._count(study, FINISHED)
+            if finished >= self.trials:
+                return
+            if finished + self._count(study, ("RUNNING",)) >= self.trials:  # the rest run elsewhere
+                if not waiting:
+                    console.print(f"{label}the other trials run elsewhere; waiting for them (a trial whose worker "
+                                  f"died is asked again {3 * self.heartbeat} s after its last heartbeat)")
+                waiting = True
+                time.sleep(min(self.heartbeat, 2))
+                continue
+            waiting = False
+            study.optimize(lambda trial: self.run(trial, console, label), n_trials=1,
+                           catch=(NonFiniteLossError, _Surplus))
+            budget -= 1
+
+    @staticmethod
+    def _count(study: Any, names: Sequence[str]) -> int:
+        import optuna
+
+        return len(study.get_trials(deepcopy=False, states=tuple(optuna.trial.TrialState[n] for n in names)))
+
+    def run(self, trial: Any, console: Console, label: str) -> float:
+        """One trial: a run directory trained with the trial's values; its best objective."""
+        import optuna
+
+        from jaxtrain.tools import runs
+
+        others = trial.study.get_trials(deepcopy=False)
+        taken = {optuna.trial.TrialState[n] for n in (*FINISHED, "RUNNING")}
+        if sum(t.state in taken and t.number < trial.number for t in others) >= self.trials:
+            # another worker took the last place between this worker's count and its ask
+            trial.set_user_attr("surplus", True)
+            raise _Surplus()
+        values = {s.name: s.suggest(trial) for s in self.spaces}
+        run_dir = Path(self.out) / f"trial-{trial.number:04d}"
+        trial_config = dataclasses.replace(apply_values(self.config, values), quiet=True, run_dir="")
+        command = shlex.join(["jaxtrain", "train", self.recipe.name, *without_flags(self.flags, list(values)),
                               *(x for k in values for x in _flag_args(k, _value_at(trial_config, k))),
                               "--run-dir", str(run_dir)])
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("command", command)
-        report = _Report(trial, objective)
+        retry = next(t for t in others if t.number == trial.number).system_attrs.get("failed_trial")
+        name = f"{label}trial {trial.number}" + ("" if retry is None else f" (trial {retry} again: its worker died)")
+        report = _Report(trial, self.objective)
         t0 = time.perf_counter()
         try:
-            result = runs.train(recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True))
+            result = runs.train(self.recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True))
         except NonFiniteLossError as e:  # a diverging trial fails; the sweep goes on
-            console.print(f"trial {trial.number}: failed ({e})")
+            console.print(f"{name}: failed ({e})")
             raise
-        value = _best(result.history, objective, direction)
-        console.print(f"trial {trial.number}: {objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
+        value = _best(result.history, self.objective, self.direction)
+        console.print(f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
                       f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
         if report.pruned:
             raise optuna.TrialPruned()
         return value
 
-    done = sum(t.state in finished for t in study_obj.trials)
-    if done < trials:
-        study_obj.optimize(run_trial, n_trials=trials - done, catch=(NonFiniteLossError,),
-                           callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished)])
-    return study_obj
+
+def _worker(job: _Job, index: int) -> None:
+    """A worker process: its own sampler seed, its lines labelled, a user error as one line and exit 2."""
+    import sys
+
+    console = Console(highlight=False, soft_wrap=True)
+    try:
+        job.work(job.open(job.seed + index), console, f"worker {index}: ")
+    except JaxtrainError as e:
+        print(f"error: worker {index}: {e.for_cli()}", file=sys.stderr)
+        sys.exit(e.exit_code)
+
+
+def _run_workers(job: _Job, workers: int, console: Console) -> None:
+    """Starts `workers` processes on the job, waits for them and says how each that failed ended.
+
+    Raises:
+      JaxtrainError: workers failed and the study holds fewer than `trials` finished trials.
+    """
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked JAX runtime
+    processes = [context.Process(target=_worker, args=(job, i), name=f"jaxtrain-sweep-worker-{i}")
+                 for i in range(1, workers + 1)]
+    for process in processes:
+        process.start()
+    console.print(f"started {workers} workers (pids {', '.join(str(p.pid) for p in processes)})")
+    for process in processes:
+        process.join()
+    failed = [(i, p.exitcode) for i, p in enumerate(processes, 1) if p.exitcode != 0]
+    for i, code in failed:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        console.print(f"worker {i} {how}")
+    finished = job._count(job.open(job.seed), FINISHED)
+    if failed and finished < job.trials:
+        raise JaxtrainError(f"the study holds {finished} of {job.trials} finished trials: {len(failed)} of "
+                            f"{workers} workers failed (above); run the same command again to continue it")
 
 
 def _flag(value: Any) -> str:
@@ -282,11 +407,12 @@ def print_report(study: Any, console: Console, objective: str) -> None:
     """The trials table and the best trial's command."""
     import optuna
 
-    table = Table(title=f"study {study.study_name}: {len(study.trials)} trials")
-    names = sorted({k for t in study.trials for k in t.params})
+    shown = [t for t in study.trials if not t.user_attrs.get("surplus")]  # asked past the end, never run
+    table = Table(title=f"study {study.study_name}: {len(shown)} trials")
+    names = sorted({k for t in shown for k in t.params})
     for col in ("trial", *names, "state", objective, "seconds"):
         table.add_column(col, justify="left" if col == "state" else "right")
-    for t in study.trials:
+    for t in shown:
         seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete else None
         value = t.value if t.value is not None else (t.intermediate_values[max(t.intermediate_values)]
                                                      if t.intermediate_values else None)
