@@ -19,6 +19,7 @@ from jaxtrain.tools.bench import (
     scan_corpus,
     selfplay,
     shortrun,
+    sweep,
     xla_flags,
 )
 
@@ -42,6 +43,7 @@ BENCHMARKS = {
     "scan-corpus": (scan_corpus.ScanCorpusConfig, scan_corpus.main),
     "selfplay": (selfplay.SelfPlayBenchConfig, selfplay.main),
     "shortrun": (shortrun.ShortRunBenchConfig, shortrun.main),
+    "sweep": (sweep.SweepBenchConfig, sweep.main),
     "xla-flags": (xla_flags.XlaFlagsBenchConfig, xla_flags.main),
 }
 
