@@ -139,3 +139,15 @@ def test_two_workers_share_the_study_on_sqlite(tmp_path, capfd):
     study = sweep.load_study(out)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 4
     assert sorted(p.name for p in out.glob("trial-*")) == [f"trial-000{i}" for i in range(4)]
+
+
+@pytest.mark.slow
+def test_sweep_benchmark_quick_runs_both_parts(capsys):
+    from jaxtrain.tools.bench import sweep as bench
+
+    assert bench.main(bench.SweepBenchConfig(quick=True, workloads=("mlp-regression",))) == 0
+    printed = capsys.readouterr().out
+    assert "mlp-regression sequential: 2 trials in" in printed and "workers (W=2)" in printed
+    assert "one trial at a time; target ≥ 2×" in printed and "mlp-regression: sweep best" in printed
+    assert bench.main(bench.SweepBenchConfig(quick=True, modes=("parallel",))) == 2
+    assert "unknown mode 'parallel'" in capsys.readouterr().err

@@ -195,7 +195,7 @@ def test_cli_unknown_recipe_or_command_is_exit_code_2(capsys):
     assert len(errors) == 2 and "unknown recipe 'nope'" in errors[0] and "unknown tune command" in errors[1]
 
 
-def test_lr_range_suggests_the_steepest_descent_of_a_known_curve():
+def test_lr_range_reads_the_steepest_descent_and_the_lowest_loss_of_a_known_curve():
     lrs = list(np.geomspace(1e-6, 10.0, 100))
     # falls fastest (against log lr) at 1e-3, bottoms out near 0.1, then diverges
     losses = [1.0 - 0.8 / (1 + (1e-3 / lr) ** 2) + (30 * lr if lr > 0.3 else 0.0) for lr in lrs]
@@ -203,6 +203,8 @@ def test_lr_range_suggests_the_steepest_descent_of_a_known_curve():
     assert 1e-3 / 2 < result.steepest < 1e-3 * 3  # the smoothing lags the raw curve by a few steps
     assert result.end < 100 and lrs[result.end] > 0.3  # the divergence is cut off
     assert result.min_loss_lr > result.steepest
+    assert result.suggestion == pytest.approx(result.min_loss_lr / 10)
+    assert 0.05 < result.min_loss_lr < 0.3  # the bottom near 0.1, before the divergence
     with pytest.raises(tune.ConfigError, match="diverged after 5 steps"):
         tune.analyse_lr_range(lrs, losses[:5] + [float("nan")] * 95)
 

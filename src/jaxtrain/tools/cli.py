@@ -510,10 +510,10 @@ def _tune_lr(args: list[str]) -> int:
     if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
         print(f"""{LR_USAGE}
 
-  Trains RECIPE for N steps (default 100) with its optimizer while the learning rate grows from A
-  (default 1e-7) to B (default 10) by the same factor each step, and suggests the learning rate
-  where the smoothed loss falls fastest (steepest descent). The run's initial weights and data are
-  the recipe's; nothing is written but the plot.
+  Trains RECIPE for N steps (default: as many as the run its settings describe, up to 1,000) with
+  its optimizer while the learning rate grows from A (default 1e-7) to B (default 10) by the same
+  factor each step, and suggests a tenth of the learning rate where the smoothed loss is lowest.
+  The run's initial weights and data are the recipe's; nothing is written but the plot.
   --out FILE.png      the plot (default runs/tune-RECIPE-lr.png)
   --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
         return 0
@@ -522,7 +522,7 @@ def _tune_lr(args: list[str]) -> int:
     recipe, rest = get_recipe(args[0]), args[1:]
     min_lr = _number(rest, "--min-lr", float, 1e-7)
     max_lr = _number(rest, "--max-lr", float, 10.0)
-    steps = _number(rest, "--steps", int, 100)
+    steps = _number(rest, "--steps", int, None)
     _, out = _pop_option(rest, "--out")
     config, _ = _preset_config(recipe, rest, f"jaxtrain tune lr {recipe.name}")
     result = tune.lr_range(recipe, config, min_lr, max_lr, steps)

@@ -528,6 +528,8 @@ def _nbytes(x: Any) -> int:
 
 SMOOTHING = 0.98  # the loss curve's exponential moving average (bias-corrected), as fastai and Lightning
 DIVERGED = 4.0  # the test stops counting where the smoothed loss passes this many times its minimum
+SUGGESTION_BELOW_MIN = 10.0  # the suggestion: the rate at the lowest loss over this
+MAX_STEPS = 1000  # the test's default length: the run's own optimizer steps, up to this many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -539,7 +541,7 @@ class LRRange:
       smoothed: the losses' bias-corrected moving average (`SMOOTHING`), up to `end`.
       end: the steps analysed: up to where the smoothed loss diverged (`DIVERGED` x its minimum, or
         not finite), else all.
-      steepest: the learning rate where the smoothed loss falls fastest against log(lr): the suggestion.
+      steepest: the learning rate where the smoothed loss falls fastest against log(lr).
       min_loss_lr: the learning rate at the smoothed loss's minimum (too high to train at: the loss
         is about to rise).
     """
@@ -553,7 +555,10 @@ class LRRange:
 
     @property
     def suggestion(self) -> float:
-        return self.steepest
+        """A tenth of the rate at the lowest loss (fastai's `lr_min`): the steepest point of a test
+        as long as the run falls on the same rate for some curves and far from it for others (see
+        docs/benchmarks.md, "Learning-rate range test")."""
+        return self.min_loss_lr / SUGGESTION_BELOW_MIN
 
 
 def analyse_lr_range(lrs: Sequence[float], losses: Sequence[float]) -> LRRange:
@@ -593,12 +598,14 @@ class _Losses(Hook):
         self.losses.extend(float(x) for x in jax.device_get(metrics["loss"]).reshape(-1))
 
 
-def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int = 100,
+def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int | None = None,
              steps_per_call: int = 10) -> LRRange:
     """Trains `recipe` for `steps` steps with its optimizer while the learning rate grows from
     `min_lr` to `max_lr` by the same factor each step (`optim.schedule="exponential"`); returns
     the losses and the suggestion. Updates whose loss or gradient is not finite are skipped
     (`on_nan="skip"`), so a diverging end of the range is recorded rather than stopping the run.
+    `steps` defaults to the optimizer steps of the run `config` describes, up to `MAX_STEPS`: the
+    rate a run trains best at depends on its length, and so does the test's curve.
 
     Raises:
       ConfigError: a bad range, fewer steps than the training set holds, or a curve that diverged
@@ -606,9 +613,12 @@ def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 
     """
     if not 0 < min_lr < max_lr:
         raise ConfigError(f"min_lr={min_lr:g} and max_lr={max_lr:g}: need 0 < min_lr < max_lr")
+    w = recipe.build(config)
+    if steps is None:
+        per_epoch = config.steps_per_epoch or data_lib.num_rows(w.train, "train") // config.samples_per_step
+        steps = min(MAX_STEPS, max(20, config.epochs * per_epoch))
     if steps < 20:
         raise ConfigError(f"steps={steps}: the range test needs at least 20 steps (100 is usual)")
-    w = recipe.build(config)
     optim = dataclasses.replace(config.optim, schedule="exponential", lr=max_lr, min_lr=min_lr, decay_steps=steps,
                                 warmup_steps=0)
     per_epoch = min(steps, data_lib.num_rows(w.train, "train") // config.samples_per_step)  # epochs of fresh orders

@@ -1,11 +1,17 @@
-"""`jaxtrain bench sweep`: trials per hour of `jaxtrain sweep`, one trial at a time against workers.
+"""`jaxtrain bench sweep`: trials per hour of `jaxtrain sweep`, one trial at a time against workers;
+and `tune lr`'s suggestion against the best rate a sweep finds.
 
-Each measured run is the whole command, `jaxtrain sweep WORKLOAD ... --trials N` in a fresh
+Part `trials`: each measured run is the whole command, `jaxtrain sweep WORKLOAD ... --trials N` in a fresh
 process and a fresh sweep folder (process start, data, compilation, training, evaluation,
 checkpoints and the study's bookkeeping included), timed from start to exit. The modes run
 interleaved for `--rounds` rounds; the figure is the median of N trials / wall time, as trials per
 hour, and its ratio to one trial at a time. The trials draw the learning rate only (the random
 sampler, no pruning), so every trial of a workload does the same work whichever mode runs it.
+
+Part `lr`: for each case (a recipe with fixed settings; the last cases were not looked at when
+the suggestion's rule was chosen) a sweep of `--lr-trials` trials over the learning rate alone
+(TPE, median pruning) and the range test `tune lr` on the same settings; the figure is the
+factor between the suggestion and the sweep's best rate (target ≤ 3×).
 """
 
 from __future__ import annotations
@@ -23,6 +29,18 @@ from rich.console import Console
 from rich.table import Table
 
 TARGET, AIM = 2.0, 3.0  # trials per hour against one trial at a time, on a 2-core CPU
+LR_FACTOR = 3.0  # tune lr's suggestion within this factor of the sweep's best rate
+# name -> (recipe, flags); the rule (a tenth of the lowest-loss rate, over the run's own length) was
+# chosen on the first two; the others were run only after it was fixed
+LR_CASES = {
+    "mlp-regression": ("mlp-regression", ["--data.samples", "8000", "--data.val-samples", "1000", "--epochs", "3"]),
+    "mnist-cnn": ("mnist-cnn", ["--data.limit", "12000", "--epochs", "2"]),
+    "mlp-regression sgd (held out)": ("mlp-regression", ["--data.samples", "8000", "--data.val-samples", "1000",
+                                                         "--epochs", "3", "--optim.name", "sgd",
+                                                         "--optim.momentum", "0.9"]),
+    "fashion-mnist cnn (held out)": ("mnist-cnn", ["--data.dataset", "fashion_mnist", "--data.limit", "12000",
+                                                   "--epochs", "2"]),
+}
 
 WORKLOADS = {
     "mlp-regression": ["--data.samples", "8000", "--data.val-samples", "1000", "--epochs", "3"],
@@ -38,6 +56,8 @@ QUICK = {
 class SweepBenchConfig:
     """Settings of the sweep benchmark."""
 
+    parts: tuple[str, ...] = ("trials", "lr")
+    """trials: trials per hour by mode; lr: tune lr against a sweep."""
     workloads: tuple[str, ...] = ("mlp-regression", "mnist-cnn")
     """Recipes swept (each with its small fixed settings above)."""
     modes: tuple[str, ...] = ("sequential", "workers")
@@ -48,6 +68,10 @@ class SweepBenchConfig:
     """Trials per measured sweep."""
     rounds: int = 3
     """Interleaved rounds (every mode once per round)."""
+    lr_trials: int = 16
+    """Trials of each lr part sweep."""
+    lr_cases: tuple[str, ...] = tuple(LR_CASES)
+    """The lr part's cases."""
     quick: bool = False
     """A cut-down run for smoke tests (1 round, 2 trials, tiny data)."""
 
@@ -63,25 +87,29 @@ def _command(workload: str, mode: str, config: SweepBenchConfig, out: Path) -> l
 
 def main(config: SweepBenchConfig) -> int:
     if config.quick:
-        config = dataclasses.replace(config, rounds=1, trials=2)
-    for mode in config.modes:
-        if mode not in ("sequential", "workers"):
-            print(f"error: unknown mode {mode!r}; choose sequential, workers", file=sys.stderr)
+        config = dataclasses.replace(config, rounds=1, trials=2, lr_trials=2, lr_cases=("mlp-regression",))
+    for what, given, known in (("part", config.parts, ("trials", "lr")),
+                               ("mode", config.modes, ("sequential", "workers")),
+                               ("workload", config.workloads, tuple(WORKLOADS)),
+                               ("case", config.lr_cases, tuple(LR_CASES))):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            print(f"error: unknown {what} {unknown[0]!r}; choose {', '.join(known)}", file=sys.stderr)
             return 2
-    unknown = [w for w in config.workloads if w not in WORKLOADS]
-    if unknown:
-        print(f"error: unknown workload {unknown[0]!r}; choose {', '.join(WORKLOADS)}", file=sys.stderr)
-        return 2
     console = Console(highlight=False)
+    code = _trials(config, console) if "trials" in config.parts else 0
+    return code or (_lr(config, console) if "lr" in config.parts else 0)
+
+
+def _trials(config: SweepBenchConfig, console: Console) -> int:
     rates: dict[tuple[str, str], list[float]] = {(w, m): [] for w in config.workloads for m in config.modes}
     with tempfile.TemporaryDirectory(prefix="jaxtrain-bench-sweep-") as tmp:
         for round_ in range(1, config.rounds + 1):
             for workload in config.workloads:
                 for mode in config.modes:
                     out = Path(tmp) / f"{workload}-{mode}-{round_}"
-                    command = _command(workload, mode, config, out)
                     t0 = time.perf_counter()
-                    done = subprocess.run(command, capture_output=True, text=True)
+                    done = subprocess.run(_command(workload, mode, config, out), capture_output=True, text=True)
                     wall = time.perf_counter() - t0
                     if done.returncode != 0:
                         console.print(f"round {round_} {workload} {mode}: FAILED (exit {done.returncode}): "
@@ -109,4 +137,35 @@ def main(config: SweepBenchConfig) -> int:
         verdict = "met" if ratio >= TARGET else "missed"
         console.print(f"{workload}: best {ratio:.2f}× one trial at a time; target ≥ {TARGET:.0f}× (aim {AIM:.0f}×): "
                       f"{verdict}")
+    return 0
+
+
+def _lr(config: SweepBenchConfig, console: Console) -> int:
+    import optuna
+
+    table = Table(title=f"tune lr against a sweep of {config.lr_trials} trials over the learning rate (TPE)")
+    for column in ("case", "best lr", "val_loss", "tune lr", "factor", f"≤ {LR_FACTOR:.0f}×"):
+        table.add_column(column, justify="left" if column == "case" else "right", no_wrap=True)
+    with tempfile.TemporaryDirectory(prefix="jaxtrain-bench-lr-") as tmp:
+        for case in config.lr_cases:
+            name, flags = LR_CASES[case]
+            flags = QUICK[name] if config.quick else flags
+            out = Path(tmp) / case.replace(" ", "-")
+            jaxtrain = [sys.executable, "-m", "jaxtrain"]
+            sweep = subprocess.run([*jaxtrain, "sweep", name, *flags, "--space", "optim.lr=loguniform:1e-5:1",
+                                    "--trials", str(config.lr_trials), "--out", str(out)],
+                                   capture_output=True, text=True)
+            tune = subprocess.run([*jaxtrain, "tune", "lr", name, *flags, "--out", str(out / "lr.png")],
+                                  capture_output=True, text=True)
+            if sweep.returncode or tune.returncode or "--optim.lr " not in tune.stdout:
+                console.print(f"{case}: FAILED: {(sweep.stderr + tune.stderr).strip().splitlines()[-1:]}")
+                return 1
+            best = optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}").best_trial
+            suggestion = float(tune.stdout.split("--optim.lr ")[-1].split()[0])
+            rate = best.params["optim.lr"]
+            factor = max(suggestion, rate) / min(suggestion, rate)
+            table.add_row(case, f"{rate:.2e}", f"{best.value:.4g}", f"{suggestion:.2e}", f"{factor:.1f}×",
+                          "met" if factor <= LR_FACTOR else "missed")
+            console.print(f"{case}: sweep best {rate:.2e}, tune lr {suggestion:.2e}")
+    console.print(table)
     return 0

@@ -121,8 +121,9 @@ def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: st
     if end < len(result.lrs):
         console.print(f"the loss diverged at step {end:,} (learning rate {format_lr(result.lrs[end])}); "
                       "later steps are not read")
-    console.print(f"steepest descent at learning rate {format_lr(result.steepest)}: the suggestion; the loss is "
-                  f"lowest at {format_lr(result.min_loss_lr)} (too high to train at: it rises after)")
+    console.print(f"the loss is lowest at learning rate {format_lr(result.min_loss_lr)} (too high to train at: it "
+                  f"rises after); the suggestion is a tenth of it, {format_lr(result.suggestion)} (steepest descent "
+                  f"at {format_lr(result.steepest)})")
     console.print(f"train with: jaxtrain train {name} --optim.lr {format_lr(result.suggestion)}")
 
 
@@ -142,9 +143,11 @@ def plot_lr_range(result: "LRRange", name: str, out: str | os.PathLike) -> Path:
     end = result.end
     ax.plot(result.lrs[:end], result.losses[:end], color="#4c72b0", alpha=0.3, lw=1, label="loss")
     ax.plot(result.lrs[:end], result.smoothed, color="#4c72b0", lw=2, label="smoothed")
-    at = result.lrs.index(result.steepest)
-    ax.plot([result.steepest], [result.smoothed[at]], "*", ms=15, color="#c44e52",
-            label=f"suggestion (steepest): {result.steepest:.2g}")
+    at = result.lrs.index(result.min_loss_lr)
+    ax.plot([result.min_loss_lr], [result.smoothed[at]], "o", ms=8, color="#8172b2",
+            label=f"lowest loss: {result.min_loss_lr:.2g}")
+    ax.axvline(result.suggestion, color="#c44e52", lw=1.5, ls="--", label=f"suggestion (a tenth): "
+               f"{result.suggestion:.2g}")
     ax.set_xscale("log")
     low, high = min(result.smoothed), max(result.smoothed)
     ax.set_ylim(low - 0.1 * (high - low), high + 0.25 * (high - low))  # the smoothed curve; raw spikes are cut
