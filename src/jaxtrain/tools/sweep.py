@@ -201,7 +201,8 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
 
     Raises:
       ConfigError: a bad space, trials, workers or heartbeat < 1, an unknown sampler, pruner or
-        direction, a field the recipe's config does not have, a worker that could not run.
+        direction, a field the recipe's config does not have.
+      JaxtrainError: workers failed before the study held `trials` finished trials.
     """
     for name, value in (("trials", trials), ("workers", workers), ("heartbeat", heartbeat)):
         if value < 1:
@@ -257,7 +258,8 @@ class _Job:
         """The study, created if new, on a storage that beats heartbeats and retries stale trials."""
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Optuna logs each failed trial with its traceback; the sweep says why in one line itself
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
             storage = optuna.storages.RDBStorage(
@@ -336,7 +338,8 @@ class _Job:
 
 
 def _worker(job: _Job, index: int) -> None:
-    """A worker process: its own sampler seed, its lines labelled, a user error as one line and exit 2."""
+    """A worker process: its own sampler seed, its lines labelled, a user error as one line and its
+    exit code, Ctrl-C (which reaches every worker) without a traceback."""
     import sys
 
     console = Console(highlight=False, soft_wrap=True)
@@ -345,6 +348,8 @@ def _worker(job: _Job, index: int) -> None:
     except JaxtrainError as e:
         print(f"error: worker {index}: {e.for_cli()}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # its trial is failed by Optuna; the command run again continues
+        sys.exit(130)
 
 
 def _run_workers(job: _Job, workers: int, console: Console) -> None:

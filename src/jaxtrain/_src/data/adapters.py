@@ -723,7 +723,11 @@ def _decode_state(state: Any) -> Any:
 
 
 def _iteration_error(e: BaseException, name: str, epoch: int, index: int) -> DataError:
-    return DataError(f"{name} raised {type(e).__name__} at batch {index:,} of epoch {epoch}: {_first_line(e)}")
+    # A loader reading from worker processes meets a broken connection when one of them died (a
+    # killed DataLoader worker shows as this about 1 time in 8, else as torch's own RuntimeError).
+    died = ("; a worker process of the loader died (killed, or out of memory)"
+            if isinstance(e, (ConnectionResetError, BrokenPipeError, EOFError)) else "")
+    return DataError(f"{name} raised {type(e).__name__} at batch {index:,} of epoch {epoch}: {_first_line(e)}{died}")
 
 
 # -- choosing ------------------------------------------------------------------------------------
