@@ -103,6 +103,7 @@ def _job(tmp_path, trials, heartbeat=1):
                       heartbeat)
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the test asks as a worker would
 def test_a_trial_whose_worker_died_is_failed_and_asked_again_with_its_values(tmp_path, capsys):
     job = _job(tmp_path, trials=1)
     study = job.open(0)
@@ -117,6 +118,7 @@ def test_a_trial_whose_worker_died_is_failed_and_asked_again_with_its_values(tmp
     assert (tmp_path / "trial-0001" / "summary.json").is_file() and not (tmp_path / "trial-0000").exists()
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the test asks as a worker would
 def test_a_trial_asked_past_the_end_is_not_run(tmp_path, capsys):
     job = _job(tmp_path, trials=1)
     study = job.open(0)
