@@ -1,7 +1,8 @@
 """Workers of `jaxtrain sweep` sharing one study in a real PostgreSQL server (started here from the
 pgserver wheel): one worker is SIGKILLed mid-trial, the others fail and ask its trial again, the
 study ends with exactly N finished trials, each in a run directory of its own, and the same
-command run again adds nothing."""
+command run again adds nothing. The heartbeat is 2 s (stale after 6 s), not 1: a live trial
+starved of the CPU for 3 s in a loaded test run would be failed too."""
 
 import json
 import os
@@ -37,7 +38,7 @@ def _workers(parent: subprocess.Popen) -> list:
 def test_workers_on_postgresql_survive_a_killed_worker(tmp_path, postgres):
     out = tmp_path / "sweep"
     command = ["sweep", "mlp-regression", *FLAGS, "--space", "optim.lr=loguniform:1e-4:1e-2", "--trials", "4",
-               "--workers", "2", "--storage", postgres, "--study", "pg", "--out", str(out), "--heartbeat", "1",
+               "--workers", "2", "--storage", postgres, "--study", "pg", "--out", str(out), "--heartbeat", "2",
                "--pruner", "none"]
     parent = subprocess.Popen([sys.executable, "-m", "jaxtrain", *command], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
