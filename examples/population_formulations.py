@@ -1,4 +1,4 @@
-"""How to train P trials of one shape at once on this backend: four formulations, timed side by side.
+"""How to train P trials of one shape at once on this backend: five formulations, timed side by side.
 
 mlp-regression's MLP (128→512→512→64, batch 32, Adam through `optax.inject_hyperparams`, each
 member its own learning rate and initialisation) built by jaxtrain's program builder; K steps
@@ -8,14 +8,19 @@ fused with `lax.scan`, each formulation run `REPEATS` times, interleaved, median
             trials compute);
   vmap      `jax.vmap` of the train step over the members' stacked states, one shared batch;
   vmap-own  the same with each member's own batch (each member its own data order);
-  devices   the members split over 2 virtual CPU devices (`shard_map`), `vmap` within each.
+  devices   the members split over 2 virtual CPU devices (`shard_map`), `vmap` within each;
+  lone-const  as lone, each member's rate a constant of its program (the config's Adam);
+  tuple     each member's own train step (its own program's, as lone-const), the P of them in one
+            scanned program, their states a tuple.
 
-Prints member-steps per second and the ratio to `lone`, and checks each member of `vmap` against
-its lone run (largest parameter difference). XLA_FLAGS is set here, before JAX starts.
+Prints member-steps per second and the ratio to `lone`, and checks each member of `vmap` and of
+`tuple` against its lone run (largest parameter difference). XLA_FLAGS is set here, before JAX
+starts.
 
     python examples/population_formulations.py [P ...]
 """
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -43,12 +48,14 @@ def loss(model, batch, key):
     return jnp.mean((model(batch["x"]) - batch["y"]) ** 2), {}
 
 
-def member(seed: int, lr: float):
-    """One member's program: its own initialisation and learning rate (held in the optimizer state)."""
+def member(seed: int, lr: float, inject: bool = True):
+    """One member's program: its own initialisation and learning rate (held in the optimizer state
+    with `inject`, else the config's Adam with the rate as a constant)."""
     config = TrainConfig(batch_size=BATCH, seed=seed, checkpoint=CheckpointConfig(enabled=False), mesh="data=1")
+    config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, lr=lr))
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(seed))
-    return build_program(model, loss, config, optimizer=optax.inject_hyperparams(optax.adam)(learning_rate=lr),
-                         total_steps=K)
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr) if inject else None
+    return build_program(model, loss, config, optimizer=tx, total_steps=K)
 
 
 rows = make_rows("mlp-regression", 0, 0, K * BATCH * 16)
@@ -81,6 +88,14 @@ for P in POPULATIONS:
     split = jax.jit(jax.shard_map(scanned(jax.vmap(step, in_axes=(0, None))), mesh=mesh,
                                   in_specs=(PartitionSpec("members"), PartitionSpec(), PartitionSpec()),
                                   out_specs=PartitionSpec("members")))
+    solo = [member(seed, lr, inject=False) for seed, lr in zip(range(P), np.geomspace(1e-4, 1e-2, P))]
+    solo_runs = [jax.jit(scanned(p.train_step)) for p in solo]
+
+    def steps(states, b):
+        return tuple(p.train_step(s, {"x": b["x"], "y": b["y"]})[0] for p, s in zip(solo, states))
+
+    tupled = jax.jit(scanned(lambda states, b: (steps(states, b), None)))
+    solo_states = tuple(p.state for p in solo)
     together = stack(states)
     on_devices = jax.device_put(together, NamedSharding(mesh, PartitionSpec("members")))
     xs_own = jnp.swapaxes(x[:P], 0, 1)  # (K, P, batch, features): member i reads block i
@@ -90,6 +105,8 @@ for P in POPULATIONS:
         "vmap": lambda: timed(vmapped, together, x[0], y[0]),
         "vmap-own": lambda: timed(own, together, xs_own, ys_own),
         "devices": lambda: timed(split, on_devices, x[0], y[0]) if P % 2 == 0 else float("nan"),
+        "lone-const": lambda: sum(timed(f, s, x[0], y[0]) for f, s in zip(solo_runs, solo_states)),
+        "tuple": lambda: timed(tupled, solo_states, x[0], y[0]),
     }
     seconds = {name: [] for name in runs}
     for _ in range(REPEATS):
@@ -99,9 +116,14 @@ for P in POPULATIONS:
     print(f"P={P}: {K} steps of batch {BATCH} per member; {REPEATS} interleaved repeats, medians")
     for name, values in seconds.items():
         median = statistics.median(values)
-        print(f"  {name:9s} {P * K / median:10,.0f} member-steps/s  {base / median:5.2f}x lone")
+        print(f"  {name:10s} {P * K / median:10,.0f} member-steps/s  {base / median:5.2f}x lone")
     alone = [lone(s, x[0], y[0]) for s in states]
     batched = vmapped(together, x[0], y[0])
     diff = max(float(jnp.max(jnp.abs(a - b[i]))) for i, one in enumerate(alone)
                for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(batched.params)))
     print(f"  vmap member vs its lone run: largest parameter difference {diff:.2e}")
+    alone = [f(s, x[0], y[0]) for f, s in zip(solo_runs, solo_states)]
+    joint = tupled(solo_states, x[0], y[0])
+    diff = max(float(jnp.max(jnp.abs(a - b))) for one, other in zip(alone, joint)
+               for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(other.params)))
+    print(f"  tuple member vs its lone run: largest parameter difference {diff:.2e}")
