@@ -1,0 +1,388 @@
+"""Populations: P runs of one data stream trained side by side as one compiled program.
+
+Each member is a run of its own (its model, its optimizer and settings, its run directory,
+metrics, summary and checkpoints, its hooks) that shares the population's feed: the same data in
+the same order, batch size and epochs. The program builder makes every member's program; the
+population's train step runs the P members' own train steps one after another inside one step,
+so the K-step call is a single compiled program over all of them and each member computes what its
+lone run computes (the formulation that measured fastest on XLA:CPU and equal to the lone runs bit
+for bit: `examples/population_formulations.py`). A member that stops (pruned, early stopping, a
+non-finite loss) is masked: its step is skipped by a `lax.cond` on the population's `active` mask
+while the others go on, and its run is ended and written at once.
+
+The loop here mirrors `fit`'s: one feed, one `CompiledCalls`, one evaluation of every member per
+epoch; each member's hooks see a `Run` of its own, so its files are those a lone run writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from rich.console import Console
+
+from jaxtrain._src.checks import check_fit_inputs, check_path_length
+from jaxtrain._src.config import TrainConfig, to_dict
+from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
+from jaxtrain._src.feeds import adapt_inputs, place_validation
+from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, Run, RunHook
+from jaxtrain._src.loop import _FAILURES, FitResult, TrainingStopped, _end, _model_summary, _run_hooks, _StopSignals
+from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.program import Program, build_program
+from jaxtrain._src.report import build_summary
+from jaxtrain._src.run_guard import RunGuard
+from jaxtrain._src.state import TrainState
+from jaxtrain._src.step import Augment, LossFn, Preprocess
+
+__all__ = ["Member", "PopulationState", "fit_population", "shared_settings"]
+
+PER_MEMBER = ("optim", "checkpoint", "early_stopping", "tensorboard", "track", "log_every", "on_nan")
+"""`TrainConfig` fields members may set each their own way; the rest they share with the feed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One run of a population.
+
+    Attributes:
+      model: its Flax NNX model (trained in place), of any shape.
+      config: its settings; only the fields in `PER_MEMBER` may differ between members.
+      run_dir: its run directory (config.json, metrics.jsonl, summary.json, checkpoints/), or None.
+      hooks: its own hooks (a sweep's pruning, say); they see its run only.
+      optimizer: its own optax transformation; None builds `config.optim`'s.
+      name: the run's name in its files (a recipe's name).
+      saved_config: what its config.json records (default `config`).
+    """
+
+    model: nnx.Module
+    config: TrainConfig
+    run_dir: str | os.PathLike | None = None
+    hooks: Sequence[Hook] = ()
+    optimizer: optax.GradientTransformation | None = None
+    name: str = "fit"
+    saved_config: Any = None
+
+
+class PopulationState(NamedTuple):
+    """The train state of a population: the step of the shared feed, each member's `TrainState`
+    and which members still train (a bool per member)."""
+
+    step: jax.Array
+    members: tuple[TrainState, ...]
+    active: jax.Array
+
+    @property
+    def opt_state(self) -> None:
+        """No optimizer state of its own (evaluation asks for an average of the weights: none)."""
+        return None
+
+
+def shared_settings(config: TrainConfig) -> dict[str, Any]:
+    """The settings of `config` that members of one population must share (all `TrainConfig`
+    fields but `PER_MEMBER`)."""
+    values = to_dict(config)
+    return {f.name: values[f.name] for f in dataclasses.fields(TrainConfig) if f.name not in PER_MEMBER}
+
+
+def _check_members(members: Sequence[Member]) -> None:
+    if not members or not all(isinstance(m, Member) for m in members):
+        raise ConfigError("fit_population needs a non-empty list of jaxtrain.Member(model, config, ...)")
+    first = shared_settings(members[0].config)
+    for i, member in enumerate(members):
+        if not isinstance(member.model, nnx.Module):
+            raise ConfigError(f"member {i}: model must be a flax.nnx.Module; got {type(member.model).__name__}")
+        differ = sorted(k for k, v in shared_settings(member.config).items() if v != first[k])
+        if differ:
+            raise ConfigError(f"member {i} differs from member 0 in {', '.join(differ)}; members share every "
+                              f"setting but {', '.join(PER_MEMBER)} (train the others as another population)")
+        if member.config.ema:
+            raise ConfigError(f"member {i}: an average of the weights (ema) is not kept in populations; "
+                              "train that run alone")
+        check_path_length(member.run_dir, f"member {i} run_dir")
+    dirs = [Path(m.run_dir).resolve() for m in members if m.run_dir is not None]
+    if len(set(dirs)) != len(dirs):
+        raise ConfigError("two members share a run directory; give each its own")
+
+
+def _population_step(programs: Sequence[Program]):
+    """`step(state, batch)`: each active member's own train step; a stopped member's state passes
+    through (`lax.cond`: its step costs nothing) and its metrics are zeros. Metrics are a tuple,
+    one dict per member."""
+
+    def step(state: PopulationState, batch: Any) -> tuple[PopulationState, tuple[dict[str, jax.Array], ...]]:
+        members, metrics = [], []
+        for i, (program, member) in enumerate(zip(programs, state.members)):
+            shapes = jax.eval_shape(program.train_step, member, batch)[1]
+
+            def skip(member: TrainState, batch: Any, shapes: Any = shapes) -> tuple[TrainState, dict]:
+                return member, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), shapes)
+
+            new, m = jax.lax.cond(state.active[i], program.train_step, skip, member, batch)
+            members.append(new)
+            metrics.append(m)
+        return PopulationState(state.step + 1, tuple(members), state.active), tuple(metrics)
+
+    return step
+
+
+def _population_eval(programs: Sequence[Program]):
+    """`eval_step(state, batch)`: every member's evaluation metrics, keyed `"<member>/<metric>"`."""
+
+    def eval_step(state: PopulationState, batch: Any) -> dict[str, jax.Array]:
+        out = {}
+        for i, (program, member) in enumerate(zip(programs, state.members)):
+            out.update({f"{i}/{k}": v for k, v in program.eval_step(member, batch).items()})
+        return out
+
+    return eval_step
+
+
+class _MemberCalls:
+    """A member's view of the population's compiled calls: the same K, compile time and
+    programs; FLOPs per step its share; closing it leaves the population's calls open."""
+
+    def __init__(self, calls: Any, members: int):
+        self._calls, self._members = calls, members
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._calls, name)
+
+    def flops_per_step(self, *args: Any, **kwargs: Any) -> float | None:
+        flops = self._calls.flops_per_step(*args, **kwargs)
+        return None if flops is None else flops / self._members
+
+    def close(self) -> None: ...
+
+
+class _Validation(RunHook):
+    """Puts a member's evaluation results (computed for the whole population) into its epoch
+    record, where a lone run's evaluation would."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        record.update(self.values)
+        self.values = {}
+
+
+@dataclasses.dataclass
+class _Runner:
+    """A member's run in the population loop: its `Run`, its run-directory guard, where its
+    results go, and how it ended."""
+
+    run: Run
+    model: nnx.Module
+    validation: _Validation
+    status: str | None = None  # set once the member's run has ended
+    error: JaxtrainError | None = None
+    result: FitResult | None = None
+
+    def end(self, status: str, error: JaxtrainError | None = None) -> None:
+        run = self.run
+        self.status, self.error = status, error
+        nnx.update(self.model, run.state.params, run.state.model_state)
+        try:
+            _end(run, build_summary(run, status))
+        except Exception as e:  # noqa: BLE001 - a hook's failure at the end (a full disk) fails this member only
+            self.status, self.error = f"failed: {e}", self.error or JaxtrainError(str(e))
+        self.result = FitResult(self.model, run.state, run.loop.history, run.summary, run.run_dir)
+
+
+def fit_population(
+    members: Sequence[Member],
+    loss_fn: LossFn,
+    train_data: Any,
+    val_data: Any = None,
+    *,
+    preprocess: Preprocess | None = None,
+    augment: Augment | None = None,
+    verbosity: str = "summary",
+    console: Console | None = None,
+) -> list[FitResult]:
+    """Trains every member on the same data as one compiled program; returns a `FitResult` each.
+
+    Each member's result (its parameters, metrics, validation losses) is what `fit` gives for its
+    model, loss, data and config alone (checked to 1e-5 in the tests). Members may differ in their
+    model (shapes included) and in the settings `PER_MEMBER` lists (the optimizer and its
+    learning rate, weight decay, schedule, ...); they share the data, its order (the seed), batch
+    size, epochs and every other setting. A member whose hooks stop it (a sweep's pruner, early
+    stopping) or whose loss is not finite ends there: its summary says how (`"status"`), and the
+    others train on. The run directories are new runs (a population does not resume).
+
+    Args:
+      members: the runs (`Member`s).
+      loss_fn, train_data, val_data, preprocess, augment: as `fit` takes them, for every member.
+      verbosity: "summary" prints a line per epoch; "silent" nothing.
+      console: where to print.
+
+    Raises:
+      ConfigError, DataError: members that cannot share a population, data that cannot work.
+      TrainingStopped: SIGINT or SIGTERM arrived (members' checkpoints were saved first).
+    """
+    t_start = time.perf_counter()
+    _check_members(members)
+    if verbosity not in ("summary", "silent"):
+        raise ConfigError(f"verbosity={verbosity!r} must be summary or silent")
+    train_data, val_data, config = adapt_inputs(train_data, val_data, members[0].config)
+    members = [dataclasses.replace(m, config=dataclasses.replace(m.config, **_shared(config))) for m in members]
+    check_fit_inputs(members[0].model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)
+    console = console or Console(highlight=False, soft_wrap=True, quiet=verbosity == "silent")
+    quiet = Console(quiet=True)
+    with _StopSignals() as signals, contextlib.ExitStack() as guards:
+        claimed = []
+        for m in members:
+            saved = {"recipe": m.name, **to_dict(m.saved_config or m.config)}
+            claimed.append((guards.enter_context(RunGuard(m.run_dir, saved)).path, saved))
+        first = build_program(members[0].model, loss_fn, members[0].config, train_data=train_data,
+                              optimizer=members[0].optimizer, preprocess=preprocess, augment=augment)
+        feed, layout = first.feed, first.layout
+        programs = [first] + [build_program(m.model, loss_fn, m.config, optimizer=m.optimizer, preprocess=preprocess,
+                                            augment=augment, total_steps=first.total_steps, layout=layout)
+                              for m in members[1:]]
+        state = PopulationState(layout.put(np.int32(0), first.state_shardings.step), tuple(p.state for p in programs),
+                                layout.put(np.ones(len(members), bool), layout.replicated))
+        shardings = PopulationState(first.state_shardings.step, tuple(p.state_shardings for p in programs),
+                                    layout.replicated)
+        population = dataclasses.replace(first, train_step=_population_step(programs),
+                                         eval_step=_population_eval(programs), state=state, state_shardings=shardings)
+        val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
+        calls = population.calls(config.steps_per_call)
+        evaluation = None if val is None else EvalHook(population.eval_step, val, val_streamed,
+                                                       config.eval_batch_size or config.batch_size, config.eval_every)
+        loop = LoopState(feed=feed.get_state())
+        shared = Run("population", config, quiet, None, jax.local_devices()[0], layout, feed, calls, state, 0, loop,
+                     [evaluation] if evaluation else [], num_val=evaluation.num_samples if evaluation else 0)
+        runners = []
+        for i, (m, program, (run_dir, saved)) in enumerate(zip(members, programs, claimed)):
+            checkpoints = (CheckpointHook(run_dir / "checkpoints", m.config.checkpoint, m.name, saved)
+                           if run_dir is not None and m.config.checkpoint.enabled else None)
+            validation = _Validation()
+            run = Run(m.name, m.config, quiet, run_dir, shared.device, layout, feed, _MemberCalls(calls, len(members)),
+                      program.state, 0, LoopState(feed=feed.get_state()), [], num_val=shared.num_val, t_start=t_start)
+            run.model_summary = _model_summary(m.model, loss_fn, train_data, preprocess, config.batch_size)
+            run.hooks = _run_hooks(m.config, m.hooks, validation, checkpoints, Hook(), run_dir, saved, run.loop)
+            runners.append(_Runner(run, m.model, validation))
+        _train(shared, runners, signals, console)
+    return [r.result for r in runners]
+
+
+def _shared(config: TrainConfig) -> dict[str, Any]:
+    """The shared settings as `adapt_inputs` may have changed them (steps per epoch of a loader)."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in PER_MEMBER}
+
+
+def _train(shared: Run, runners: list[_Runner], signals: _StopSignals, console: Console) -> None:
+    """The population's loop: `fit`'s, each call's and epoch's results handed to every member
+    still training."""
+    feed, calls, config = shared.feed, shared.calls, shared.config
+    live = lambda: [(i, r) for i, r in enumerate(runners) if r.status is None]  # noqa: E731
+
+    def stop_member(i: int, runner: _Runner, status: str, error: JaxtrainError | None = None) -> None:
+        runner.end(status, error)
+        active = np.array([r.status is None for r in runners])
+        shared.state = shared.state._replace(active=shared.layout.put(active, shared.layout.replicated))
+
+    def each(event: str, *args: Any) -> None:
+        for i, runner in live():
+            try:
+                runner.run.each(event, *args)
+            except NonFiniteLossError as e:  # this member diverged: the others go on
+                stop_member(i, runner, _FAILURES[NonFiniteLossError], e)
+
+    status = "interrupted"
+    try:
+        feed.setup(calls.compile, (1, 0))
+        calls.get(calls.next_length(feed.steps_per_epoch))
+        shared.each("on_start")
+        each("on_start")
+        for epoch in range(1, config.epochs + 1):
+            shared.loop.epoch = epoch
+            for _, r in live():
+                r.run.loop.epoch = epoch
+            feed.start_epoch(epoch, 0)
+            each("on_epoch_start")
+            t_epoch, compile_before, running = time.perf_counter(), calls.compile_s, None
+            while shared.loop.position < feed.steps_per_epoch:
+                k = calls.next_length(feed.steps_per_epoch - shared.loop.position)
+                args = feed.next_args(k, previous=running)
+                shared.state, metrics = calls(k, shared.state, args)
+                if running is not None:
+                    calls.wait(running)
+                running = metrics
+                shared.loop.position += k
+                shared.step += k
+                signal = signals.poll()
+                for i, r in live():
+                    r.run.state, r.run.loop.position, r.run.stop_signal = shared.state.members[i], shared.loop.position, signal
+                    r.run.step = int(r.run.step) + k
+                for i, r in live():
+                    try:
+                        r.run.each("after_call", k, metrics[i])
+                    except NonFiniteLossError as e:
+                        stop_member(i, r, _FAILURES[NonFiniteLossError], e)
+                if signal is not None and shared.loop.position < feed.steps_per_epoch:
+                    raise TrainingStopped(signal, shared.step, "members' checkpoints saved; start the population "
+                                          "again, or resume a member alone with its run directory")
+                if not live():
+                    break
+            calls.wait(running)
+            train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
+            record = {"epoch": epoch, "step": shared.step, "samples": feed.steps_per_epoch * config.samples_per_step,
+                      "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
+                      "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
+            shared.each("on_epoch_end", record)  # every member's validation metrics, "val_<member>/<name>"
+            for i, r in live():
+                prefix = f"val_{i}/"
+                r.validation.values = {"val_" + k[len(prefix):]: v for k, v in record.items() if k.startswith(prefix)}
+                r.run.loop.train_time_s += train_s
+                member_record = {k: v for k, v in record.items() if not k.startswith("val_")}
+                r.run.loop.history.append(member_record)
+            for i, r in live():
+                try:
+                    r.run.each("on_epoch_end", r.run.loop.history[-1])
+                except NonFiniteLossError as e:
+                    stop_member(i, r, _FAILURES[NonFiniteLossError], e)
+                    continue
+                r.run.loop.position = 0
+                if r.run.stop_reason is not None:
+                    stop_member(i, r, "stopped early")
+            shared.loop.position = 0
+            _print_epoch(console, epoch, config.epochs, runners)
+            if not live():
+                break
+            if signals.signum is not None and epoch < config.epochs:
+                raise TrainingStopped(signals.signum, shared.step, "members' checkpoints saved")
+        status = "completed"
+    except JaxtrainError as e:
+        status = _FAILURES.get(type(e), f"failed: {e}")
+        raise
+    except Exception as e:
+        status = f"failed: {type(e).__name__}: {e}"
+        raise
+    finally:
+        feed.close()
+        for i, r in live():
+            r.end(status)
+        calls.close()
+
+
+def _print_epoch(console: Console, epoch: int, epochs: int, runners: list[_Runner]) -> None:
+    losses = [(r.run.loop.history[-1].get("val_loss"), i) for i, r in enumerate(runners)
+              if r.run.loop.history and r.run.loop.history[-1]["epoch"] == epoch]
+    losses = [(v, i) for v, i in losses if v is not None and np.isfinite(v)]
+    training = sum(r.status is None for r in runners)
+    line = f"epoch {epoch}/{epochs}: {training} of {len(runners)} members training"
+    if losses:
+        best, worst = min(losses), max(losses)
+        line += f"; val_loss {best[0]:.6g} (member {best[1]}) to {worst[0]:.6g} (member {worst[1]})"
+    console.print(line)
