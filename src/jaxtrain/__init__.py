@@ -24,6 +24,7 @@ from jaxtrain._src.hooks.base import Hook, LambdaHook, RunView
 from jaxtrain._src.load import load
 from jaxtrain._src.loop import FitResult, TrainingStopped, fit
 from jaxtrain._src.optim import build_optimizer, build_schedule
+from jaxtrain._src.population import Member, fit_population
 from jaxtrain._src.predict import predict
 from jaxtrain._src.run_guard import RESUMABLE
 from jaxtrain._src.state import TrainState
@@ -43,6 +44,7 @@ __all__ = [
     "Hook",
     "JaxtrainError",
     "LambdaHook",
+    "Member",
     "NonFiniteLossError",
     "OptimConfig",
     "RESUMABLE",
@@ -57,6 +59,7 @@ __all__ = [
     "enable_compile_cache",
     "export",
     "fit",
+    "fit_population",
     "hooks",
     "load",
     "load_weights",

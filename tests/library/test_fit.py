@@ -199,15 +199,17 @@ def test_steps_per_call_choice_from_two_timed_lengths():
     assert short.checking and short.check(128, 0.5) is None and short.k == 128 and not short.checking
     slow = StepsPerCall(0, 512, total_steps=2560)
     assert "K=16" in slow.check(128, 5.0) and slow.k == 16  # slow steps: K_a keeps progress responsive
+    patient = StepsPerCall(0, 512, AutoSteps(slow_call_s=8.0), total_steps=2560)  # a population of 8's call
+    assert patient.check(128, 5.0) is None and patient.k == 128
 
 
-def test_a_short_run_with_slow_calls_runs_k_a_on_k_bs_program(monkeypatch):
-    from jaxtrain._src import calls
+def test_a_short_run_with_slow_calls_runs_k_a_on_k_bs_program():
+    from jaxtrain._src.calls import AutoSteps
 
-    monkeypatch.setattr(calls, "SLOW_CALL_S", 0.0)  # every call counts as slow
     data = regression_data(640)  # 40 steps per epoch of 16, 2 epochs: a short run, K_b = 40
     config = TrainConfig(epochs=2, batch_size=16, steps_per_call=0)
-    auto = fit(small_mlp(), mse, data, None, config, verbosity="silent")
+    slow = Session(auto_steps=AutoSteps(slow_call_s=0.0))  # every call counts as slow
+    auto = run_fit(small_mlp(), mse, data, None, config, verbosity="silent", session=slow)
     one = fit(small_mlp(), mse, data, None, dataclasses.replace(config, steps_per_call=1), verbosity="silent")
     assert auto.summary["steps_per_call"] == 16
     assert [c["k"] for c in auto.summary["profile"]["compiles"] if "k" in c] == [40]  # no second program

@@ -61,12 +61,16 @@ class AutoSteps:
         fixed cost, milliseconds each) cannot repay its compile, or in K_a, no faster; and its timed
         calls wait for every background compile (evaluation's) instead of training beside it.
         0 measures every run.
+      slow_call_s: a short run's first call of K_b slower than this switches it to K_a (see
+        `StepsPerCall.check`); a population, whose call trains every member, allows its members'
+        share each.
     """
 
     probe_lengths: tuple[int, int] = (16, 128)
     repeats: int = 3
     overhead_target: float = 0.02
     short_run_calls: int = 32
+    slow_call_s: float = 1.0
 
     def __post_init__(self) -> None:
         k_a, k_b = self.probe_lengths
@@ -74,9 +78,6 @@ class AutoSteps:
             raise ConfigError(f"AutoSteps.probe_lengths={self.probe_lengths} must be two integers 1 <= K_a < K_b")
         if self.repeats < 1 or not self.overhead_target > 0 or self.short_run_calls < 0:
             raise ConfigError("AutoSteps.repeats must be >= 1, overhead_target > 0 and short_run_calls >= 0")
-
-
-SLOW_CALL_S = 1.0  # a short run's call of K_b slower than this switches it to K_a (see `StepsPerCall.check`)
 
 
 class StepsPerCall:
@@ -87,7 +88,7 @@ class StepsPerCall:
     costs, and K becomes the smallest length whose overhead is under `overhead_target` of its
     compute, never below K_a and never above an epoch. Epochs too short to measure use K_a; runs
     shorter than `short_run_calls` calls of K_b use K_b unmeasured (K_a if their first call of K_b
-    takes over `SLOW_CALL_S`). A length beyond K_b means compiling one more program: given the
+    takes over `slow_call_s`). A length beyond K_b means compiling one more program: given the
     run's `total_steps`, it is chosen only when its saving over the steps left exceeds a compile's
     time (`record`'s `compile_s`).
     """
@@ -107,7 +108,7 @@ class StepsPerCall:
         self._target = auto.overhead_target
         self._remaining = steps_per_epoch  # steps left in the epoch at the last `next_length`
         self._steps_left = total_steps  # steps of the run not yet timed (None: unknown)
-        self._k_a, self._checked = k_a, False
+        self._k_a, self._checked, self._slow_s = k_a, False, auto.slow_call_s
 
     @property
     def measuring(self) -> bool:
@@ -131,10 +132,10 @@ class StepsPerCall:
 
     def check(self, k: int, seconds: float) -> str | None:
         """Takes the time of a short run's first full call of K_b: a call slower than
-        `SLOW_CALL_S` means steps so slow that K_a's overhead is negligible too, and K_a keeps
+        `slow_call_s` means steps so slow that K_a's overhead is negligible too, and K_a keeps
         progress and stop signals responsive (its calls run K_b's program, masked: no compile)."""
         self._checked = True
-        if k < self.k or seconds <= SLOW_CALL_S:
+        if k < self.k or seconds <= self._slow_s:
             return None
         self.k = self._k_a
         return (f"K={self.k} steps per compiled call (a call of {k} steps took {seconds:.1f} s: steps this slow "

@@ -139,12 +139,15 @@ class Session:
       saved_config: what config.json records (the recipe's whole config); default the TrainConfig.
       console: where to print; a new rich Console by default.
       auto_steps: how the automatic K is measured (when `config.steps_per_call` is 0).
+      plots: draw the loss curves (curves.png) when the run ends; a sweep's trials leave them to
+        `jaxtrain plot RUN_DIR` (drawing takes a few tenths of a second, a trial's seconds).
     """
 
     name: str = "fit"
     saved_config: Any = None
     console: Console | None = None
     auto_steps: AutoSteps = AutoSteps()
+    plots: bool = True
 
 
 def fit(
@@ -273,7 +276,7 @@ def run_fit(
                   resumed_step=int(state.step) if resuming else None, t_start=t_start)
         run.model_summary = _model_summary(model, loss_fn, train_data, preprocess, config.batch_size)
         run.hooks = [memory, *_run_hooks(config, hooks, evaluation, checkpoints, progress,
-                                         run_dir if primary else None, saved, loop)]
+                                         run_dir if primary else None, saved, loop, session.plots)]
 
         status = "interrupted"
         try:
@@ -364,11 +367,13 @@ def _end(run: Run, summary: dict[str, Any]) -> None:
 
 
 def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
-               progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState) -> list[Hook]:
+               progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState,
+               plots: bool = True) -> list[Hook]:
     """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
     user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, run
     files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
-    plots, TensorBoard, the trackers of `config.track`, progress; each restored from `loop` when it has saved state."""
+    plots (unless not `plots`), TensorBoard, the trackers of `config.track`, progress; each
+    restored from `loop` when it has saved state."""
     ordered = [
         MetricsHook(config.log_every, config.on_nan),
         *([evaluation] if evaluation else []),
@@ -377,7 +382,7 @@ def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | No
         *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
         *([RunFilesHook(run_dir, saved)] if run_dir else []),  # an epoch's row is written before its checkpoint
         *([checkpoints] if checkpoints else []),
-        *([PlotHook()] if run_dir else []),
+        *([PlotHook()] if run_dir and plots else []),
         *([TensorBoard()] if run_dir and config.tensorboard else []),
         *(make_trackers(config.track) if run_dir else []),
         progress,

@@ -12,27 +12,37 @@ from jaxtrain._src.config import OptimConfig, TrainConfig
 from jaxtrain._src.precision import LossScaleState, policy_of
 
 
-def build_schedule(config: OptimConfig, total_steps: int) -> optax.Schedule:
+VALUES = ("lr", "min_lr", "momentum", "b1", "b2", "eps", "weight_decay", "clip_norm")
+"""The numbers of an `OptimConfig` that `with_values` holds in the optimizer state."""
+
+
+def build_schedule(config: OptimConfig, total_steps: int, values: dict[str, Any] | None = None) -> optax.Schedule:
     """The learning rate as a function of the step.
 
     `warmup-cosine` rises linearly from 0 to `lr` over `warmup_steps`, then follows
     `min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2` to `min_lr` at `decay_steps`
     (the whole run when 0). `exponential` is `min_lr * (lr / min_lr) ** (step / (decay_steps - 1))`,
-    capped at `lr`.
+    capped at `lr`. `values` (arrays, see `with_values`) replace the config's `lr` and `min_lr`.
     """
+    lr, min_lr = (config.lr, config.min_lr) if values is None else (values["lr"], values["min_lr"])
     if config.schedule == "constant":
-        return optax.constant_schedule(config.lr)
+        return optax.constant_schedule(lr)
     if config.schedule == "exponential":  # min_lr at step 0, lr at decay_steps - 1 (and after)
         steps = max(2, config.decay_steps or total_steps)
-        return optax.exponential_decay(config.min_lr, steps - 1, config.lr / config.min_lr, end_value=config.lr)
+        return optax.exponential_decay(min_lr, steps - 1, lr / min_lr, end_value=lr)
     decay_steps = config.decay_steps or total_steps
     decay_steps = max(decay_steps, config.warmup_steps + 1)
+    if values is not None:  # optax's own, whose check of the peak in Python a traced rate cannot pass
+        return optax.join_schedules(
+            [optax.linear_schedule(0.0, lr, config.warmup_steps),
+             optax.cosine_decay_schedule(lr, decay_steps - config.warmup_steps, alpha=min_lr / lr)],
+            [config.warmup_steps])
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
-        peak_value=config.lr,
+        peak_value=lr,
         warmup_steps=config.warmup_steps,
         decay_steps=decay_steps,
-        end_value=config.min_lr,
+        end_value=min_lr,
     )
 
 
@@ -42,8 +52,8 @@ def decay_mask(params: optax.Params) -> optax.Params:
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def build_optimizer(config: OptimConfig, total_steps: int, schedule: optax.Schedule | None = None
-                    ) -> optax.GradientTransformation:
+def build_optimizer(config: OptimConfig, total_steps: int, schedule: optax.Schedule | None = None,
+                    values: dict[str, Any] | None = None) -> optax.GradientTransformation:
     """An optax chain: [clip by global norm] → [L2 decay] → update rule with the schedule.
 
     Weight decay (L2 for sgd/adam, decoupled for adamw) skips parameters with ndim < 2 (`decay_mask`).
@@ -52,23 +62,61 @@ def build_optimizer(config: OptimConfig, total_steps: int, schedule: optax.Sched
       config: optimizer settings.
       total_steps: optimizer steps in the whole run (the default cosine decay length).
       schedule: `build_schedule(config, total_steps)` when the caller has it already.
+      values: the numbers of `VALUES` (arrays, possibly traced: see `with_values`) in place of the
+        config's; the config still decides which parts the chain has.
     """
-    lr = schedule if schedule is not None else build_schedule(config, total_steps)
+    v = values if values is not None else {name: getattr(config, name) for name in VALUES}
+    lr = schedule if schedule is not None else build_schedule(config, total_steps, values)
     parts: list[optax.GradientTransformation] = []
     if config.clip_norm > 0:
-        parts.append(optax.clip_by_global_norm(config.clip_norm))
+        parts.append(optax.clip_by_global_norm(v["clip_norm"]))
     if config.weight_decay > 0 and config.name != "adamw":
-        parts.append(optax.add_decayed_weights(config.weight_decay, mask=decay_mask))
+        parts.append(optax.add_decayed_weights(v["weight_decay"], mask=decay_mask))
     if config.name == "sgd":
-        parts.append(optax.sgd(lr, momentum=config.momentum or None))
+        parts.append(optax.sgd(lr, momentum=v["momentum"] if config.momentum else None))
     elif config.name == "adam":
-        parts.append(optax.adam(lr, b1=config.b1, b2=config.b2, eps=config.eps))
+        parts.append(optax.adam(lr, b1=v["b1"], b2=v["b2"], eps=v["eps"]))
     else:
         parts.append(
-            optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay,
-                        mask=decay_mask)
+            optax.adamw(lr, b1=v["b1"], b2=v["b2"], eps=v["eps"], weight_decay=v["weight_decay"], mask=decay_mask)
         )
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+
+class ValuesState(NamedTuple):
+    """`with_values`' state: the optimizer's numbers, the rate of the last update and the inner state."""
+
+    count: jax.Array
+    values: dict[str, jax.Array]
+    learning_rate: jax.Array
+    inner: optax.OptState
+
+
+def with_values(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    """`build_optimizer(config)` with its numbers (`VALUES`: learning rate, betas, weight decay, ...)
+    held in the optimizer state rather than in the program, as `optax.inject_hyperparams` does, so
+    that runs which differ only in them share one update function (a population's members, stacked
+    and vmapped). The config decides the chain's parts and the schedule's shape; `learning_rate` in
+    the state is the rate of the last update, as `learning_rate_fn` reads it.
+
+    Raises:
+      ValueError: the exponential schedule (optax checks its rates in Python).
+    """
+    if config.schedule == "exponential":
+        raise ValueError("with_values does not take the exponential schedule")
+
+    def init(params: optax.Params) -> ValuesState:
+        values = {name: jnp.asarray(getattr(config, name), jnp.float32) for name in VALUES}
+        return ValuesState(jnp.zeros([], jnp.int32), values, jnp.asarray(config.lr, jnp.float32),
+                           build_optimizer(config, total_steps, values=values).init(params))
+
+    def update(updates: optax.Updates, state: ValuesState, params: optax.Params | None = None):
+        tx = build_optimizer(config, total_steps, values=state.values)
+        updates, inner = tx.update(updates, state.inner, params)
+        lr = jnp.asarray(build_schedule(config, total_steps, state.values)(state.count), jnp.float32)
+        return updates, ValuesState(optax.safe_int32_increment(state.count), state.values, lr, inner)
+
+    return optax.GradientTransformation(init, update)
 
 
 def build_train_optimizer(
@@ -126,8 +174,11 @@ def ema_params(opt_state: optax.OptState) -> optax.Params | None:
 def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
     """The `learning_rate` hyperparameter of the first `optax.inject_hyperparams` state inside
     `opt_state`, or None."""
-    is_injected = lambda x: isinstance(x, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState))  # noqa: E731
+    is_injected = lambda x: isinstance(x, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState,  # noqa: E731
+                                           ValuesState))
     for leaf in jax.tree.leaves(opt_state, is_leaf=is_injected):
+        if isinstance(leaf, ValuesState):
+            return leaf.learning_rate
         if is_injected(leaf) and "learning_rate" in leaf.hyperparams:
             return leaf.hyperparams["learning_rate"]
     return None

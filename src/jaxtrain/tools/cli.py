@@ -424,7 +424,8 @@ def _tune(args: Sequence[str]) -> int:
 
 SWEEP_USAGE = ("usage: jaxtrain sweep RECIPE [--preset NAME] [TRAIN FLAGS] --space NAME=KIND:ARGS ... --trials N "
                "--out DIR [--storage URL] [--study NAME] [--objective val_loss] [--direction min|max] "
-               "[--sampler tpe|random] [--pruner median|hyperband|none] [--seed S] [--workers W] [--heartbeat S]; "
+               "[--sampler tpe|random] [--pruner median|hyperband|none] [--seed S] [--workers W] [--heartbeat S] "
+               "[--population P]; "
                "jaxtrain sweep report DIR")
 
 
@@ -450,6 +451,9 @@ def _sweep(args: Sequence[str]) -> int:
                            other machines with one --storage postgresql://... joins them
   --heartbeat S            seconds between a running trial's heartbeats (default 10); a trial whose
                            worker died is failed after three missed beats and asked again
+  --population P           ask P trials at once and train them side by side as one compiled program
+                           (trials that differ in more than the optimizer's settings, such as a
+                           model's width, are grouped with those they share the rest with)
   jaxtrain sweep report DIR [--study NAME] [--storage URL]: the trials table, the best trial's
   command, parameter importances and plots (history, parallel coordinates, slices) in DIR""")
         return 0
@@ -484,6 +488,7 @@ def _sweep(args: Sequence[str]) -> int:
     seed = _number(rest, "--seed", int, 0)
     workers = _number(rest, "--workers", int, 1)
     heartbeat = _number(rest, "--heartbeat", int, 10)
+    population = _number(rest, "--population", int, 1)
     if direction not in (None, "min", "max"):
         raise ConfigError(f"--direction {direction}: choose min or max")
     flags = list(rest)
@@ -491,7 +496,7 @@ def _sweep(args: Sequence[str]) -> int:
     study = sweep.sweep(recipe, config, spaces, trials, out, storage=storage, study=study_name,
                         objective=objective or "val_loss", direction="maximize" if direction == "max" else "minimize",
                         sampler=sampler or "tpe", pruner=pruner or "median", seed=seed, flags=flags, workers=workers,
-                        heartbeat=heartbeat, console=console)
+                        heartbeat=heartbeat, population=population, console=console)
     sweep.print_report(study, console, objective or "val_loss")
     return 0
 

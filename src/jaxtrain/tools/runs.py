@@ -39,10 +39,12 @@ PREDICT_INFO = "predict.json"  # what prediction feeds the model: its input fiel
 
 
 def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | None = None, resume: bool = False,
-          console: Console | None = None, overwrite: bool = False, hooks: Sequence[Hook] = ()) -> FitResult:
+          console: Console | None = None, overwrite: bool = False, hooks: Sequence[Hook] = (),
+          plots: bool = True) -> FitResult:
     """Builds `recipe`'s workload for `config` and fits it into `run_dir` (a new timestamped
     directory under runs/ by default); the data sources it opened are closed afterwards. `resume`
-    and `overwrite` are `fit`'s; `hooks` join the recipe's (a sweep's pruning)."""
+    and `overwrite` are `fit`'s; `hooks` join the recipe's (a sweep's pruning); `plots=False`
+    leaves curves.png to `jaxtrain plot`."""
     if distributed.initialize(config.dist) > 1 and not (run_dir or config.run_dir):
         raise ConfigError("a job of several processes needs one run directory on a filesystem they share; "
                           "pass --run-dir DIR")
@@ -69,9 +71,62 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
                        hooks=[LambdaHook(on_start=save_info), *w.hooks, *hooks], preprocess=w.preprocess,
                        augment=w.augment, run_dir=run_dir,
                        resume="overwrite" if overwrite else resume, verbosity=verbosity,
-                       session=Session(name=recipe.name, saved_config=config, console=console))
+                       session=Session(name=recipe.name, saved_config=config, console=console, plots=plots))
     finally:
         w.close()
+
+
+def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: Sequence[str | os.PathLike],
+                     hooks: Sequence[Sequence[Hook]] = (), console: Console | None = None) -> list[FitResult]:
+    """Trains one run of `recipe` per config, side by side as one population
+    (`jaxtrain.fit_population`), each into its run directory; the workload (data, loss,
+    preprocessing) is built once, from the first config, and each member's model from its own.
+    The configs may differ only where members of a population may (their optimizer settings, ...);
+    `hooks[i]` join member i's. Returns a `FitResult` per member, in order.
+
+    Raises:
+      ConfigError: a recipe whose runs carry hooks of their own (self-play), or configs that cannot
+        share a population.
+    """
+    from jaxtrain import Member, fit_population
+
+    hooks = list(hooks) or [()] * len(configs)
+    if len(hooks) != len(configs) or len(run_dirs) != len(configs):
+        raise ConfigError("train_population needs one run directory and one list of hooks per config")
+    for run_dir in run_dirs:
+        check_path_length(Path(run_dir), "run_dir")
+    w = recipe.build(configs[0])
+    if w.hooks:
+        w.close()
+        raise ConfigError(f"{recipe.name}'s runs carry hooks of their own ({', '.join(type(h).__name__ for h in w.hooks)}); "
+                          "train its trials one at a time")
+
+    def save_info(run_dir: Path) -> Hook:
+        def save(run: Any) -> None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
+            if w.inputs is not None:
+                (run_dir / PREDICT_INFO).write_text(json.dumps(predict_info(w), indent=2) + "\n")
+        return LambdaHook(on_start=save)
+
+    try:
+        same = _member_free(configs[0])  # members that differ only in per-member settings share an init
+        models = [w.model] + [nnx.clone(w.model) if _member_free(c) == same else recipe.model(c, w.info)
+                              for c in configs[1:]]
+        members = [Member(model, c, Path(d), hooks=[save_info(Path(d)), *h], name=recipe.name, saved_config=c)
+                   for model, c, d, h in zip(models, configs, run_dirs, hooks)]
+        return fit_population(members, w.loss_fn, w.train, w.val, preprocess=w.preprocess, augment=w.augment,
+                              verbosity="silent" if console is None else "summary", console=console)
+    finally:
+        w.close()
+
+
+def _member_free(config: RecipeConfig) -> dict[str, Any]:
+    """`config` less the settings that members of a population may set each their own way."""
+    from jaxtrain._src.population import PER_MEMBER
+
+    values = to_dict(config)
+    return {k: v for k, v in values.items() if k not in (*PER_MEMBER, "run_dir")}
 
 
 def predict_info(w: Workload) -> dict[str, Any]:

@@ -27,9 +27,11 @@ holding a tuple, such as the MLP's widths, takes the chosen value in each of its
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import multiprocessing
 import shlex
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -183,7 +185,8 @@ def _pruner(name: str) -> Any:
 def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out: str | Path, *,
           storage: str | None = None, study: str | None = None, objective: str = "val_loss",
           direction: str = "minimize", sampler: str = "tpe", pruner: Any = "median", seed: int = 0,
-          flags: Sequence[str] = (), workers: int = 1, heartbeat: int = 10, console: Console | None = None) -> Any:
+          flags: Sequence[str] = (), workers: int = 1, heartbeat: int = 10, population: int = 1,
+          console: Console | None = None) -> Any:
     """Runs trials of `recipe` until the study holds `trials` finished ones; returns the Optuna study.
 
     Args:
@@ -198,13 +201,16 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
       flags: the command's own train flags, written into each trial's command line.
       workers: processes that run trials side by side (1: this one).
       heartbeat: seconds between a running trial's heartbeats; three missed ones fail and retry it.
+      population: trials asked at once and trained side by side as one compiled program
+        (`jaxtrain.fit_population`); those whose values change more than the optimizer's settings
+        (a model's width, the batch size) are grouped with the trials they share the rest with.
 
     Raises:
-      ConfigError: a bad space, trials, workers or heartbeat < 1, an unknown sampler, pruner or
+      ConfigError: a bad space, trials, workers, heartbeat or population < 1, an unknown sampler, pruner or
         direction, a field the recipe's config does not have.
       JaxtrainError: workers failed before the study held `trials` finished trials.
     """
-    for name, value in (("trials", trials), ("workers", workers), ("heartbeat", heartbeat)):
+    for name, value in (("trials", trials), ("workers", workers), ("heartbeat", heartbeat), ("population", population)):
         if value < 1:
             raise ConfigError(f"{name}={value} must be >= 1")
     if direction not in ("minimize", "maximize"):
@@ -217,7 +223,7 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     job = _Job(recipe, config, tuple(spaces), trials, str(out), storage or f"sqlite:///{out.resolve() / 'study.db'}",
-               study or recipe.name, objective, direction, sampler, pruner, seed, tuple(flags), heartbeat)
+               study or recipe.name, objective, direction, sampler, pruner, seed, tuple(flags), heartbeat, population)
     study_obj = job.open(seed)
     study_obj.set_user_attr("objective", objective)  # for `sweep report`
     console = console or Console(highlight=False)
@@ -253,6 +259,7 @@ class _Job:
     seed: int
     flags: tuple[str, ...]
     heartbeat: int
+    population: int = 1
 
     def open(self, seed: int) -> Any:
         """The study, created if new, on a storage that beats heartbeats and retries stale trials."""
@@ -290,6 +297,10 @@ class _Job:
                 time.sleep(min(self.heartbeat, 2))
                 continue
             waiting = False
+            if self.population > 1:
+                budget -= self.run_population(study, min(self.population, budget, self.trials - finished),
+                                              console, label)
+                continue
             study.optimize(lambda trial: self.run(trial, console, label), n_trials=1,
                            catch=(NonFiniteLossError, _Surplus))
             budget -= 1
@@ -306,12 +317,35 @@ class _Job:
 
         from jaxtrain.tools import runs
 
+        prepared = self.prepare(trial, label)
+        if prepared is None:  # another worker took the last place between this worker's count and its ask
+            raise _Surplus()
+        values, trial_config, run_dir, name = prepared
+        report = _Report(trial, self.objective)
+        t0 = time.perf_counter()
+        try:
+            result = runs.train(self.recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True),
+                                plots=False)
+        except NonFiniteLossError as e:  # a diverging trial fails; the sweep goes on
+            console.print(f"{name}: failed ({e})")
+            raise
+        value = _best(result.history, self.objective, self.direction)
+        console.print(f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
+                      f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
+        if report.pruned:
+            raise optuna.TrialPruned()
+        return value
+
+    def prepare(self, trial: Any, label: str) -> tuple[dict[str, Any], Any, Path, str] | None:
+        """A trial's values, config, run directory and printed name (its command saved with it);
+        None for a trial asked past the end (marked surplus)."""
+        import optuna
+
         others = trial.study.get_trials(deepcopy=False)
         taken = {optuna.trial.TrialState[n] for n in (*FINISHED, "RUNNING")}
         if sum(t.state in taken and t.number < trial.number for t in others) >= self.trials:
-            # another worker took the last place between this worker's count and its ask
             trial.set_user_attr("surplus", True)
-            raise _Surplus()
+            return None
         values = {s.name: s.suggest(trial) for s in self.spaces}
         run_dir = Path(self.out) / f"trial-{trial.number:04d}"
         trial_config = dataclasses.replace(apply_values(self.config, values), quiet=True, run_dir="")
@@ -322,19 +356,89 @@ class _Job:
         trial.set_user_attr("command", command)
         retry = next(t for t in others if t.number == trial.number).system_attrs.get("failed_trial")
         name = f"{label}trial {trial.number}" + ("" if retry is None else f" (trial {retry} again: its worker died)")
-        report = _Report(trial, self.objective)
-        t0 = time.perf_counter()
-        try:
-            result = runs.train(self.recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True))
-        except NonFiniteLossError as e:  # a diverging trial fails; the sweep goes on
-            console.print(f"{name}: failed ({e})")
-            raise
-        value = _best(result.history, self.objective, self.direction)
-        console.print(f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
-                      f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
-        if report.pruned:
-            raise optuna.TrialPruned()
-        return value
+        return values, trial_config, run_dir, name
+
+    def run_population(self, study: Any, n: int, console: Console, label: str) -> int:
+        """Asks `n` trials at once and trains them as populations, one per group of trials that share
+        everything but the optimizer's settings; tells each its result. Returns the trials asked."""
+        import optuna
+
+        from jaxtrain.tools import runs
+
+        trials = [study.ask() for _ in range(n)]
+        with _Heartbeats(study, trials, self.heartbeat):
+            groups: dict[str, list[tuple[Any, ...]]] = {}
+            for trial in trials:
+                prepared = self.prepare(trial, label)
+                if prepared is None:
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    continue
+                groups.setdefault(_group_key(prepared[1]), []).append((trial, *prepared))
+            for group in groups.values():
+                reports = [_Report(trial, self.objective) for trial, *_ in group]
+                t0 = time.perf_counter()
+                try:
+                    results = runs.train_population(self.recipe, [g[2] for g in group], [g[3] for g in group],
+                                                    hooks=[[r] for r in reports])
+                except JaxtrainError as e:
+                    for trial, *_, name in group:
+                        console.print(f"{name}: failed ({e})")
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    continue
+                seconds = time.perf_counter() - t0
+                for (trial, values, _, _, name), report, result in zip(group, reports, results):
+                    status = result.summary["status"]
+                    shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+                    if status not in ("completed", "stopped early"):
+                        console.print(f"{name}: {status}; {shown}")
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                        continue
+                    value = _best(result.history, self.objective, self.direction)
+                    console.print(f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
+                                  f"{seconds:.1f} s, one of a population of {len(group)}; {shown}")
+                    if report.pruned:
+                        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    else:
+                        study.tell(trial, value)
+        return n
+
+
+def _group_key(config: Any) -> str:
+    """What trials trained as one population must share: every setting but those a member may set
+    its own way (the optimizer's, checkpoints, logging) and where its files go."""
+    from jaxtrain._src.config import to_dict
+    from jaxtrain._src.population import PER_MEMBER
+
+    values = to_dict(config)
+    for name in (*PER_MEMBER, "run_dir", "quiet", "verbosity", "dist"):
+        values.pop(name, None)
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+class _Heartbeats:
+    """Beats the heartbeat of trials asked by hand (`study.ask`) while they run, as `optimize` does
+    for its own: a worker that dies leaves them stale, failed and asked again."""
+
+    def __init__(self, study: Any, trials: Sequence[Any], interval: int):
+        # the study's storage and the trials' ids, as Optuna's own heartbeat thread reads them
+        self._storage, self._ids, self._interval = study._storage, [t._trial_id for t in trials], interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="jaxtrain-sweep-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            for trial_id in self._ids:
+                self._storage.record_heartbeat(trial_id)
+            if self._stop.wait(self._interval):
+                return
+
+    def __enter__(self) -> "_Heartbeats":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _worker(job: _Job, index: int) -> None:

@@ -1,5 +1,5 @@
-"""`jaxtrain bench sweep`: trials per hour of `jaxtrain sweep`, one trial at a time against workers;
-and `tune lr`'s suggestion against the best rate a sweep finds.
+"""`jaxtrain bench sweep`: trials per hour of `jaxtrain sweep`, one trial at a time against workers
+and populations; and `tune lr`'s suggestion against the best rate a sweep finds.
 
 Part `trials`: each measured run is the whole command, `jaxtrain sweep WORKLOAD ... --trials N` in a fresh
 process and a fresh sweep folder (process start, data, compilation, training, evaluation,
@@ -60,11 +60,14 @@ class SweepBenchConfig:
     """trials: trials per hour by mode; lr: tune lr against a sweep."""
     workloads: tuple[str, ...] = ("mlp-regression", "mnist-cnn")
     """Recipes swept (each with its small fixed settings above)."""
-    modes: tuple[str, ...] = ("sequential", "workers")
-    """sequential: one trial at a time (`--workers 1`); workers: `--workers W`."""
+    modes: tuple[str, ...] = ("sequential", "workers", "population")
+    """sequential: one trial at a time (`--workers 1`); workers: `--workers W`; population: `--population P`
+    for each P of `populations`."""
     workers: int = 2
     """W of the worker modes."""
-    trials: int = 8
+    populations: tuple[int, ...] = (4, 8, 16)
+    """P of the population modes."""
+    trials: int = 16
     """Trials per measured sweep."""
     rounds: int = 3
     """Interleaved rounds (every mode once per round)."""
@@ -80,16 +83,24 @@ def _command(workload: str, mode: str, config: SweepBenchConfig, out: Path) -> l
     flags = (QUICK if config.quick else WORKLOADS)[workload]
     command = [sys.executable, "-m", "jaxtrain", "sweep", workload, *flags, "--space",
                "optim.lr=loguniform:1e-4:1e-2", "--trials", str(config.trials), "--out", str(out),
-               "--sampler", "random", "--pruner", "none",
-               "--workers", str(1 if mode == "sequential" else config.workers)]
-    return command
+               "--sampler", "random", "--pruner", "none"]
+    if mode.startswith("population"):
+        return [*command, "--population", mode.split()[1]]
+    return [*command, "--workers", str(1 if mode == "sequential" else config.workers)]
+
+
+def _modes(config: SweepBenchConfig) -> list[str]:
+    """The measured modes, a population mode for each P: `population 4`, ..."""
+    return [m for mode in config.modes
+            for m in ([f"population {p}" for p in config.populations] if mode == "population" else [mode])]
 
 
 def main(config: SweepBenchConfig) -> int:
     if config.quick:
-        config = dataclasses.replace(config, rounds=1, trials=2, lr_trials=2, lr_cases=("mlp-regression",))
+        config = dataclasses.replace(config, rounds=1, trials=2, lr_trials=2, lr_cases=("mlp-regression",),
+                                     populations=(2,))
     for what, given, known in (("part", config.parts, ("trials", "lr")),
-                               ("mode", config.modes, ("sequential", "workers")),
+                               ("mode", config.modes, ("sequential", "workers", "population")),
                                ("workload", config.workloads, tuple(WORKLOADS)),
                                ("case", config.lr_cases, tuple(LR_CASES))):
         unknown = [g for g in given if g not in known]
@@ -102,11 +113,12 @@ def main(config: SweepBenchConfig) -> int:
 
 
 def _trials(config: SweepBenchConfig, console: Console) -> int:
-    rates: dict[tuple[str, str], list[float]] = {(w, m): [] for w in config.workloads for m in config.modes}
+    modes = _modes(config)
+    rates: dict[tuple[str, str], list[float]] = {(w, m): [] for w in config.workloads for m in modes}
     with tempfile.TemporaryDirectory(prefix="jaxtrain-bench-sweep-") as tmp:
         for round_ in range(1, config.rounds + 1):
             for workload in config.workloads:
-                for mode in config.modes:
+                for mode in modes:
                     out = Path(tmp) / f"{workload}-{mode}-{round_}"
                     t0 = time.perf_counter()
                     done = subprocess.run(_command(workload, mode, config, out), capture_output=True, text=True)
@@ -124,10 +136,10 @@ def _trials(config: SweepBenchConfig, console: Console) -> int:
         table.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     best = {}
     for workload in config.workloads:
-        base = statistics.median(rates[workload, "sequential"]) if "sequential" in config.modes else None
-        for mode in config.modes:
+        base = statistics.median(rates[workload, "sequential"]) if "sequential" in modes else None
+        for mode in modes:
             median = statistics.median(rates[workload, mode])
-            label = mode if mode == "sequential" else f"{mode} (W={config.workers})"
+            label = f"{mode} (W={config.workers})" if mode == "workers" else mode
             table.add_row(workload, label, ", ".join(f"{r:,.0f}" for r in rates[workload, mode]), f"{median:,.0f}",
                           "-" if base is None else f"{median / base:.2f}×")
             if base is not None and mode != "sequential":
