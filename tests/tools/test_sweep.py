@@ -153,3 +153,56 @@ def test_sweep_benchmark_quick_runs_both_parts(capsys):
     assert "one trial at a time; target ≥ 2×" in printed and "mlp-regression: sweep best" in printed
     assert bench.main(bench.SweepBenchConfig(quick=True, modes=("parallel",))) == 2
     assert "unknown mode 'parallel'" in capsys.readouterr().err
+
+
+def test_a_population_sweep_groups_trials_by_shape_and_each_trial_reproduces_alone(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "5", "--population", "4",
+                     "--pruner", "none", "--out", str(out)]) == 0
+    assert "one of a population of" in capsys.readouterr().out
+    study = sweep.load_study(out)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 5  # 4 asked at once, then 1
+    summaries = {t.number: json.loads((out / f"trial-{t.number:04d}" / "summary.json").read_text())
+                 for t in study.trials}
+    first = [t for t in study.trials if t.number < 4]
+    for t in first:  # grouped by the model's width: a population holds the trials of one shape
+        same = sum(o.params["model.hidden"] == t.params["model.hidden"] for o in first)
+        assert summaries[t.number]["population"] == {"members": same, "formulation": "tuple"}
+        assert summaries[t.number]["best_val_loss"] == pytest.approx(t.value, rel=1e-12)
+    best = study.best_trial
+    command = shlex.split(best.user_attrs["command"])
+    command[command.index("--run-dir") + 1] = str(tmp_path / "again")
+    assert cli.main(command[1:] + ["--quiet"]) == 0  # the trial trained alone: the same validation loss
+    again = json.loads((tmp_path / "again" / "summary.json").read_text())
+    assert again["best_val_loss"] == pytest.approx(best.value, rel=1e-6)
+
+
+def test_trials_asked_by_hand_beat_their_heartbeats_and_go_stale_when_their_worker_stops(tmp_path):
+    import time
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(storage=storage)
+    with pytest.warns(UserWarning, match="Heartbeat"):
+        trial = study.ask()
+    with sweep._Heartbeats(study, [trial], 1):
+        time.sleep(3)
+        optuna.storages.fail_stale_trials(study)
+        assert study.trials[0].state == optuna.trial.TrialState.RUNNING  # beating: not stale
+    time.sleep(3)  # the worker's beats stopped (as when it dies)
+    optuna.storages.fail_stale_trials(study)
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+
+
+def test_pruned_and_diverging_members_of_a_population_end_alone(tmp_path):
+    recipe = get_recipe("mlp-regression")
+    config = cli.parse_config(type(recipe.config), recipe.config, list(FLAGS), "test")
+    study = sweep.sweep(recipe, config, [sweep.parse_space("optim.lr=loguniform:1e-4:1e-1")], 2, tmp_path / "pruned",
+                        pruner=optuna.pruners.ThresholdPruner(upper=0.0), population=2)  # any loss: prune
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.PRUNED] * 2
+    for t in study.trials:
+        summary = json.loads((tmp_path / "pruned" / f"trial-{t.number:04d}" / "summary.json").read_text())
+        assert summary["status"] == "stopped early" and summary["epochs"] == 1
+    study = sweep.sweep(recipe, config, [sweep.parse_space("optim.lr=choice:1e12,1e-3")], 4, tmp_path / "nan",
+                        pruner="none", population=4, sampler="random")
+    states = {t.params["optim.lr"]: t.state for t in study.trials}
+    assert states == {1e12: optuna.trial.TrialState.FAIL, 1e-3: optuna.trial.TrialState.COMPLETE}

@@ -365,7 +365,9 @@ class _Job:
 
         from jaxtrain.tools import runs
 
-        trials = [study.ask() for _ in range(n)]
+        with warnings.catch_warnings():  # the trials' heartbeats are beaten below, as optimize beats its own
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+            trials = [study.ask() for _ in range(n)]
         with _Heartbeats(study, trials, self.heartbeat):
             groups: dict[str, list[tuple[Any, ...]]] = {}
             for trial in trials:

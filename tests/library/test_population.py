@@ -1,0 +1,100 @@
+"""`fit_population`: P runs of one data stream as one compiled program, each member equal to its
+lone run (the tuple bit for bit, the stacked to 1e-5), each a run directory of its own; a member
+that stops or diverges ends alone; members that cannot share a population are one line."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from conftest import leaves_close, mse, regression_data, small_mlp
+from flax import nnx
+
+import jaxtrain
+from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
+from jaxtrain._src.report.run_dir import read_jsonl
+from jaxtrain.models import MLP
+
+DATA, VAL = regression_data(320), regression_data(70, seed=1)
+LRS = (1e-3, 4e-3, 1e-2)
+
+
+def config(lr: float, **changes) -> TrainConfig:
+    settings = dict(epochs=2, batch_size=32, optim=OptimConfig(name="adam", lr=lr), steps_per_call=4, log_every=4,
+                    tensorboard=False)
+    return TrainConfig(**{**settings, **changes})
+
+
+def rows(run_dir) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("elapsed_s", "train_time_s", "eval_time_s", "epoch_time_s",
+                                                      "samples_per_s", "input_wait_s", "input_wait")}
+            for r in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of_their_own(tmp_path):
+    members = [Member(small_mlp(i), config(lr), run_dir=tmp_path / f"m{i}") for i, lr in enumerate(LRS)]
+    results = fit_population(members, mse, DATA, VAL, formulation="tuple", verbosity="silent")
+    for i, lr in enumerate(LRS):
+        lone = fit(small_mlp(i), mse, DATA, VAL, config(lr), run_dir=tmp_path / f"lone{i}", verbosity="silent")
+        got = results[i]
+        assert leaves_close(got.state.params, lone.state.params) == 0.0
+        assert [r["val_loss"] for r in got.history] == [r["val_loss"] for r in lone.history]
+        assert rows(tmp_path / f"m{i}") == rows(tmp_path / f"lone{i}")  # every metrics row, lr included
+        summary = json.loads((tmp_path / f"m{i}" / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["population"] == {"members": 3, "formulation": "tuple"}
+        assert summary["best_val_loss"] == lone.summary["best_val_loss"]
+        loaded = jaxtrain.load(tmp_path / f"m{i}", checkpoint="latest", model=small_mlp(99))  # its own checkpoint
+        assert leaves_close(nnx.state(loaded, nnx.Param), got.state.params) == 0.0
+        assert (tmp_path / f"m{i}" / "config.json").is_file()
+
+
+def test_stacked_members_agree_with_their_lone_runs_to_1e_5():
+    def adamw(lr: float) -> TrainConfig:  # schedule, decay and clipping: every number held in the state
+        optim = OptimConfig(name="adamw", lr=lr, schedule="warmup-cosine", warmup_steps=5, weight_decay=lr * 10,
+                            clip_norm=1.0 + lr)
+        return dataclasses.replace(config(lr), optim=optim, checkpoint=CheckpointConfig(enabled=False))
+
+    results = fit_population([Member(small_mlp(i), adamw(lr)) for i, lr in enumerate(LRS)], mse, DATA, VAL,
+                             formulation="stacked", verbosity="silent")
+    for i, lr in enumerate(LRS):
+        lone = fit(small_mlp(i), mse, DATA, VAL, adamw(lr), verbosity="silent")
+        assert leaves_close(results[i].state.params, lone.state.params) <= 1e-5
+        assert results[i].history[-1]["val_loss"] == pytest.approx(lone.history[-1]["val_loss"], rel=1e-5)
+        assert results[i].summary["population"]["formulation"] == "stacked"
+
+
+def test_a_member_its_hook_stops_ends_there_and_the_others_train_on(tmp_path):
+    stop = LambdaHook(on_epoch_end=lambda run, record: run.stop("pruned at epoch 1"))
+    nan = config(1e9, checkpoint=CheckpointConfig(enabled=False))  # diverges in the first epoch
+    members = [Member(small_mlp(0), config(1e-3), run_dir=tmp_path / "m0"),
+               Member(small_mlp(1), config(4e-3), run_dir=tmp_path / "m1", hooks=[stop]),
+               Member(small_mlp(2), nan, run_dir=tmp_path / "m2")]
+    results = fit_population(members, mse, DATA, VAL, formulation="tuple", verbosity="silent")
+    assert [r.summary["status"] for r in results] == ["completed", "stopped early", "stopped: non-finite loss"]
+    assert [len(r.history) for r in results] == [2, 1, 0]
+    assert results[1].summary["stop_reason"] == "pruned at epoch 1"
+    lone = fit(small_mlp(0), mse, DATA, VAL, config(1e-3), verbosity="silent")
+    assert leaves_close(results[0].state.params, lone.state.params) == 0.0  # the others' slots changed nothing
+    assert json.loads((tmp_path / "m2" / "summary.json").read_text())["status"] == "stopped: non-finite loss"
+
+
+def test_members_that_cannot_share_a_population_are_one_line(tmp_path):
+    ok = Member(small_mlp(0), config(1e-3))
+    for members, message in (
+        ([ok, Member(small_mlp(1), config(1e-3, batch_size=16))], "differs from member 0 in batch_size"),
+        ([ok, Member(small_mlp(1), config(1e-3, ema=0.9))], "ema"),
+        ([Member(small_mlp(0), config(1e-3), run_dir=tmp_path / "a"),
+          Member(small_mlp(1), config(2e-3), run_dir=tmp_path / "a")], "share a run directory"),
+        ([], "non-empty list"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            fit_population(members, mse, DATA, VAL, verbosity="silent")
+    wide = Member(MLP((8, 32, 3), rngs=nnx.Rngs(0)), config(1e-3))
+    with pytest.raises(ConfigError, match="member 1's model differs"):
+        fit_population([ok, wide], mse, DATA, VAL, formulation="stacked", verbosity="silent")
+    with pytest.raises(ConfigError, match="formulation='bogus'"):
+        fit_population([ok], mse, DATA, VAL, formulation="bogus", verbosity="silent")
+    # the tuple takes members of other shapes: each runs its own step
+    results = fit_population([ok, wide], mse, DATA, VAL, verbosity="silent")
+    assert results[1].summary["population"]["formulation"] == "tuple"  # auto, on the CPU
+    assert np.isfinite(results[1].best_val_loss)
