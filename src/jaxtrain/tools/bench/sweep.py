@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -69,6 +70,9 @@ class SweepBenchConfig:
     """P of the population modes."""
     trials: int = 16
     """Trials per measured sweep."""
+    flags: str = ""
+    """Train flags added to every sweep of part trials after the workload's own (later ones win), as one
+    string, e.g. `--flags="--data.samples 50000 --epochs 5"` for longer trials."""
     rounds: int = 3
     """Interleaved rounds (every mode once per round)."""
     lr_trials: int = 16
@@ -80,7 +84,7 @@ class SweepBenchConfig:
 
 
 def _command(workload: str, mode: str, config: SweepBenchConfig, out: Path) -> list[str]:
-    flags = (QUICK if config.quick else WORKLOADS)[workload]
+    flags = [*(QUICK if config.quick else WORKLOADS)[workload], *shlex.split(config.flags)]
     command = [sys.executable, "-m", "jaxtrain", "sweep", workload, *flags, "--space",
                "optim.lr=loguniform:1e-4:1e-2", "--trials", str(config.trials), "--out", str(out),
                "--sampler", "random", "--pruner", "none"]
