@@ -26,7 +26,7 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -80,10 +80,12 @@ class Member:
 
 
 class PopulationState(NamedTuple):
-    """The train state of a population: the step of the shared feed and each member's `TrainState`."""
+    """The train state of a population: the step of the shared feed and the members' train
+    states (a tuple of `TrainState`s, or one `TrainState` whose arrays have a leading member axis
+    when stacked)."""
 
     step: jax.Array
-    members: tuple[TrainState, ...]
+    members: tuple[TrainState, ...] | TrainState
 
     @property
     def opt_state(self) -> None:
@@ -101,6 +103,9 @@ def shared_settings(config: TrainConfig) -> dict[str, Any]:
 def _check_members(members: Sequence[Member]) -> None:
     if not members or not all(isinstance(m, Member) for m in members):
         raise ConfigError("fit_population needs a non-empty list of jaxtrain.Member(model, config, ...)")
+    for i, member in enumerate(members):
+        if not isinstance(member.config, TrainConfig):
+            raise ConfigError(f"member {i}: config must be a jaxtrain.TrainConfig; got {type(member.config).__name__}")
     first = shared_settings(members[0].config)
     for i, member in enumerate(members):
         if not isinstance(member.model, nnx.Module):
@@ -245,25 +250,26 @@ class _Validation(RunHook):
 
 @dataclasses.dataclass
 class _Runner:
-    """A member's run in the population loop: its `Run`, its run-directory guard, where its
-    results go, and how it ended."""
+    """A member's run in the population loop: its `Run`, its model, where its evaluation results
+    arrive, and how it ended."""
 
     run: Run
     model: nnx.Module
     validation: _Validation
     population: dict[str, Any]  # the summary's "population": members and formulation
     status: str | None = None  # set once the member's run has ended
-    error: JaxtrainError | None = None
     result: FitResult | None = None
 
-    def end(self, status: str, error: JaxtrainError | None = None) -> None:
+    def end(self, status: str) -> None:
+        """Ends the member's run: its model updated, its summary and files written (a hook failing
+        there, on a full disk say, fails this member alone: its summary says so)."""
         run = self.run
-        self.status, self.error = status, error
+        self.status = status
         nnx.update(self.model, run.state.params, run.state.model_state)
         try:
             _end(run, {**build_summary(run, status), "population": self.population})
-        except Exception as e:  # noqa: BLE001 - a hook's failure at the end (a full disk) fails this member only
-            self.status, self.error = f"failed: {e}", self.error or JaxtrainError(str(e))
+        except Exception:  # noqa: BLE001 - `_end` wrote "failed: ..." into the summary
+            self.status = run.summary.get("status", status)
         self.result = FitResult(self.model, run.state, run.loop.history, run.summary, run.run_dir)
 
 
@@ -313,7 +319,7 @@ def fit_population(
     train_data, val_data, config = adapt_inputs(train_data, val_data, members[0].config)
     members = [dataclasses.replace(m, config=dataclasses.replace(m.config, **_shared(config))) for m in members]
     check_fit_inputs(members[0].model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)
-    console = console or Console(highlight=False, soft_wrap=True, quiet=verbosity == "silent")
+    console = Console(quiet=True) if verbosity == "silent" else console or Console(highlight=False, soft_wrap=True)
     quiet = Console(quiet=True)
     with _StopSignals() as signals, contextlib.ExitStack() as guards:
         claimed = []
@@ -382,15 +388,13 @@ def _train(shared: Run, runners: list[_Runner], form: Any, signals: _StopSignals
     feed, calls, config = shared.feed, shared.calls, shared.config
     live = lambda: [(i, r) for i, r in enumerate(runners) if r.status is None]  # noqa: E731
 
-    def stop_member(i: int, runner: _Runner, status: str, error: JaxtrainError | None = None) -> None:
-        runner.end(status, error)
-
-    def each(event: str, *args: Any) -> None:
+    def each(event: str, args: Callable[[int], tuple] = lambda i: ()) -> None:
+        """Announces `event` to every member still training (with `args(member)`)."""
         for i, runner in live():
             try:
-                runner.run.each(event, *args)
-            except NonFiniteLossError as e:  # this member diverged: the others go on
-                stop_member(i, runner, _FAILURES[NonFiniteLossError], e)
+                runner.run.each(event, *args(i))
+            except NonFiniteLossError:  # this member diverged: the others go on
+                runner.end(_FAILURES[NonFiniteLossError])
 
     status = "interrupted"
     try:
@@ -418,12 +422,8 @@ def _train(shared: Run, runners: list[_Runner], form: Any, signals: _StopSignals
                 states = form.members(shared.state.members)
                 for i, r in live():
                     r.run.state, r.run.loop.position, r.run.stop_signal = states[i], shared.loop.position, signal
-                    r.run.step = int(r.run.step) + k
-                for i, r in live():
-                    try:
-                        r.run.each("after_call", k, metrics[i])
-                    except NonFiniteLossError as e:
-                        stop_member(i, r, _FAILURES[NonFiniteLossError], e)
+                    r.run.step += k
+                each("after_call", lambda i: (k, metrics[i]))
                 if signal is not None and shared.loop.position < feed.steps_per_epoch:
                     raise TrainingStopped(signal, shared.step, "members' checkpoints saved; start the population "
                                           "again, or resume a member alone with its run directory")
@@ -441,15 +441,11 @@ def _train(shared: Run, runners: list[_Runner], form: Any, signals: _StopSignals
                 r.run.loop.train_time_s += train_s
                 member_record = {k: v for k, v in record.items() if not k.startswith("val_")}
                 r.run.loop.history.append(member_record)
-            for i, r in live():
-                try:
-                    r.run.each("on_epoch_end", r.run.loop.history[-1])
-                except NonFiniteLossError as e:
-                    stop_member(i, r, _FAILURES[NonFiniteLossError], e)
-                    continue
+            each("on_epoch_end", lambda i: (runners[i].run.loop.history[-1],))
+            for _, r in live():
                 r.run.loop.position = 0
                 if r.run.stop_reason is not None:
-                    stop_member(i, r, "stopped early")
+                    r.end("stopped early")
             shared.loop.position = 0
             _print_epoch(console, epoch, config.epochs, runners)
             if not live():
