@@ -46,21 +46,31 @@ def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of
         loaded = jaxtrain.load(tmp_path / f"m{i}", checkpoint="latest", model=small_mlp(99))  # its own checkpoint
         assert leaves_close(nnx.state(loaded, nnx.Param), got.state.params) == 0.0
         assert (tmp_path / f"m{i}" / "config.json").is_file()
+    # a member's run directory is a lone run's: it resumes alone, to what three epochs alone give
+    longer = dataclasses.replace(config(LRS[0]), epochs=3)
+    resumed = fit(small_mlp(0), mse, DATA, VAL, longer, run_dir=tmp_path / "m0", resume=True, verbosity="silent")
+    alone = fit(small_mlp(0), mse, DATA, VAL, longer, verbosity="silent")
+    assert leaves_close(resumed.state.params, alone.state.params) == 0.0 and len(resumed.history) == 3
 
 
-def test_stacked_members_agree_with_their_lone_runs_to_1e_5():
+def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path):
     def adamw(lr: float) -> TrainConfig:  # schedule, decay and clipping: every number held in the state
         optim = OptimConfig(name="adamw", lr=lr, schedule="warmup-cosine", warmup_steps=5, weight_decay=lr * 10,
                             clip_norm=1.0 + lr)
-        return dataclasses.replace(config(lr), optim=optim, checkpoint=CheckpointConfig(enabled=False))
+        return dataclasses.replace(config(lr), optim=optim)
 
-    results = fit_population([Member(small_mlp(i), adamw(lr)) for i, lr in enumerate(LRS)], mse, DATA, VAL,
-                             formulation="stacked", verbosity="silent")
+    members = [Member(small_mlp(i), adamw(lr), run_dir=tmp_path / f"m{i}") for i, lr in enumerate(LRS)]
+    results = fit_population(members, mse, DATA, VAL, formulation="stacked", verbosity="silent")
     for i, lr in enumerate(LRS):
-        lone = fit(small_mlp(i), mse, DATA, VAL, adamw(lr), verbosity="silent")
+        lone = fit(small_mlp(i), mse, DATA, VAL, adamw(lr), run_dir=tmp_path / f"lone{i}", verbosity="silent")
         assert leaves_close(results[i].state.params, lone.state.params) <= 1e-5
         assert results[i].history[-1]["val_loss"] == pytest.approx(lone.history[-1]["val_loss"], rel=1e-5)
         assert results[i].summary["population"]["formulation"] == "stacked"
+        logged = [r["lr"] for r in read_jsonl(tmp_path / f"m{i}" / "metrics.jsonl") if r["kind"] == "train"]
+        alone = [r["lr"] for r in read_jsonl(tmp_path / f"lone{i}" / "metrics.jsonl") if r["kind"] == "train"]
+        assert logged == pytest.approx(alone, rel=1e-6)  # the schedule's rate, from the member's own numbers
+        loaded = jaxtrain.load(tmp_path / f"m{i}", checkpoint="latest", model=small_mlp(99))
+        assert leaves_close(nnx.state(loaded, nnx.Param), results[i].state.params) == 0.0
 
 
 def test_a_member_its_hook_stops_ends_there_and_the_others_train_on(tmp_path):

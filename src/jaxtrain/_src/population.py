@@ -293,8 +293,9 @@ def fit_population(
     learning rate, weight decay, schedule, ...); they share the data, its order (the seed), batch
     size, epochs and every other setting. A member whose hooks stop it (a sweep's pruner, early
     stopping) or whose loss is not finite ends there: its summary says how (`"status"`), and the
-    others train on. The run directories are new runs (a population does not resume); their loss
-    curves are not drawn (`jaxtrain plot RUN_DIR` draws them).
+    others train on. The run directories are new runs (a population does not resume as a whole; a
+    tuple member's run resumes alone with `fit(..., resume=True)`, a stacked member's optimizer state
+    holds its numbers and does not); their loss curves are not drawn (`jaxtrain plot RUN_DIR` draws them).
 
     Args:
       members: the runs (`Member`s).
