@@ -174,8 +174,8 @@ def ema_params(opt_state: optax.OptState) -> optax.Params | None:
 def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
     """The `learning_rate` hyperparameter of the first `optax.inject_hyperparams` state inside
     `opt_state`, or None."""
-    is_injected = lambda x: isinstance(x, (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState,  # noqa: E731
-                                           ValuesState))
+    kinds = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState, ValuesState)
+    is_injected = lambda x: isinstance(x, kinds)  # noqa: E731
     for leaf in jax.tree.leaves(opt_state, is_leaf=is_injected):
         if isinstance(leaf, ValuesState):
             return leaf.learning_rate

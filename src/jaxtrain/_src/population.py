@@ -339,7 +339,8 @@ def fit_population(
 
         programs = [first if form is _Tuple else program(members[0])] + [program(m) for m in members[1:]]
         form = form(programs)
-        state = PopulationState(layout.put(np.int32(0), first.state_shardings.step), form.state([p.state for p in programs]))
+        step = layout.put(np.int32(0), first.state_shardings.step)
+        state = PopulationState(step, form.state([p.state for p in programs]))
         shardings = PopulationState(first.state_shardings.step, form.shardings(programs))
         population = dataclasses.replace(first, train_step=form.step, eval_step=form.eval_step, state=state,
                                          state_shardings=shardings)

@@ -56,19 +56,10 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
     if config.checkpoint.enabled:
         _import_in_background("orbax.checkpoint")
     w = recipe.build(config)
-
-    def save_info(run: Any) -> None:
-        if jax.process_index() != 0:
-            return
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
-        if w.inputs is not None:
-            (run_dir / PREDICT_INFO).write_text(json.dumps(predict_info(w), indent=2) + "\n")
-
     try:
         verbosity = "summary" if config.quiet and config.verbosity == "progress" else config.verbosity
         return run_fit(w.model, w.loss_fn, w.train, w.val, config,
-                       hooks=[LambdaHook(on_start=save_info), *w.hooks, *hooks], preprocess=w.preprocess,
+                       hooks=[_save_info(recipe, w, run_dir), *w.hooks, *hooks], preprocess=w.preprocess,
                        augment=w.augment, run_dir=run_dir,
                        resume="overwrite" if overwrite else resume, verbosity=verbosity,
                        session=Session(name=recipe.name, saved_config=config, console=console, plots=plots))
@@ -98,27 +89,33 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
     w = recipe.build(configs[0])
     if w.hooks:
         w.close()
-        raise ConfigError(f"{recipe.name}'s runs carry hooks of their own ({', '.join(type(h).__name__ for h in w.hooks)}); "
-                          "train its trials one at a time")
-
-    def save_info(run_dir: Path) -> Hook:
-        def save(run: Any) -> None:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
-            if w.inputs is not None:
-                (run_dir / PREDICT_INFO).write_text(json.dumps(predict_info(w), indent=2) + "\n")
-        return LambdaHook(on_start=save)
-
+        names = ", ".join(type(h).__name__ for h in w.hooks)
+        raise ConfigError(f"{recipe.name}'s runs carry hooks of their own ({names}); train its trials one at a time")
     try:
         same = _member_free(configs[0])  # members that differ only in per-member settings share an init
         models = [w.model] + [nnx.clone(w.model) if _member_free(c) == same else recipe.model(c, w.info)
                               for c in configs[1:]]
-        members = [Member(model, c, Path(d), hooks=[save_info(Path(d)), *h], name=recipe.name, saved_config=c)
+        members = [Member(model, c, Path(d), hooks=[_save_info(recipe, w, Path(d)), *h], name=recipe.name,
+                          saved_config=c)
                    for model, c, d, h in zip(models, configs, run_dirs, hooks)]
         return fit_population(members, w.loss_fn, w.train, w.val, preprocess=w.preprocess, augment=w.augment,
                               verbosity="silent" if console is None else "summary", console=console)
     finally:
         w.close()
+
+
+def _save_info(recipe: Recipe, w: Workload, run_dir: Path) -> Hook:
+    """A hook that writes the run's model.json and predict.json when it starts (process 0 only)."""
+
+    def save(run: Any) -> None:
+        if jax.process_index() != 0:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
+        if w.inputs is not None:
+            (run_dir / PREDICT_INFO).write_text(json.dumps(predict_info(w), indent=2) + "\n")
+
+    return LambdaHook(on_start=save)
 
 
 def _member_free(config: RecipeConfig) -> dict[str, Any]:
