@@ -49,6 +49,7 @@ def test_sweep_runs_trials_as_run_directories_continues_and_reproduces_the_best(
     assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "4", "--out", str(out)]) == 0
     assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "4", "--out", str(out)]) == 0
     assert len(sweep.load_study(out).trials) == 4 and len(list(out.glob("trial-*"))) == 4
+    assert len({t.params["optim.lr"] for t in sweep.load_study(out).trials}) == 4  # no values drawn twice
     best = sweep.load_study(out).best_trial
     summary = json.loads((out / f"trial-{best.number:04d}" / "summary.json").read_text())
     assert summary["best_val_loss"] == pytest.approx(best.value, rel=1e-9)

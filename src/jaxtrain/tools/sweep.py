@@ -273,9 +273,14 @@ class _Job:
                 self.url, engine_kwargs={"connect_args": {"timeout": 60}} if self.url.startswith("sqlite") else None,
                 heartbeat_interval=self.heartbeat, grace_period=3 * self.heartbeat,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
-        return optuna.create_study(storage=storage, study_name=self.name, direction=self.direction,
-                                   load_if_exists=True, sampler=_sampler(self.sampler, seed),
-                                   pruner=_pruner(self.pruner) if isinstance(self.pruner, str) else self.pruner)
+        study = optuna.create_study(storage=storage, study_name=self.name, direction=self.direction,
+                                    load_if_exists=True, sampler=_sampler(self.sampler, seed),
+                                    pruner=_pruner(self.pruner) if isinstance(self.pruner, str) else self.pruner)
+        # A study run again continues with a sampler seeded past its trials: the same seed would draw
+        # the values of its first trials again (a new study keeps `seed`, so a sweep is reproducible).
+        if asked := len(study.get_trials(deepcopy=False)):
+            study.sampler = _sampler(self.sampler, seed + asked)
+        return study
 
     def work(self, study: Any, console: Console, label: str) -> None:
         """Runs trials until the study holds `trials` finished ones, or this worker ran that many."""
