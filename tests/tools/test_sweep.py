@@ -148,9 +148,11 @@ def test_two_workers_share_the_study_on_sqlite(tmp_path, capfd):
 def test_sweep_benchmark_quick_runs_both_parts(capsys):
     from jaxtrain.tools.bench import sweep as bench
 
-    assert bench.main(bench.SweepBenchConfig(quick=True, workloads=("mlp-regression",))) == 0
+    # workers are tested above (a benchmark round of them takes 11 s here); populations of 2
+    quick = bench.SweepBenchConfig(quick=True, workloads=("mlp-regression",), modes=("sequential", "population"))
+    assert bench.main(quick) == 0
     printed = capsys.readouterr().out
-    assert "mlp-regression sequential: 2 trials in" in printed and "workers (W=2)" in printed
+    assert "mlp-regression sequential: 2 trials in" in printed and "mlp-regression population 2: 2 trials" in printed
     assert "one trial at a time; target ≥ 2×" in printed and "mlp-regression: sweep best" in printed
     assert bench.main(bench.SweepBenchConfig(quick=True, modes=("parallel",))) == 2
     assert "unknown mode 'parallel'" in capsys.readouterr().err
