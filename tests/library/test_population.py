@@ -5,14 +5,14 @@ that stops or diverges ends alone; members that cannot share a population are on
 import dataclasses
 import json
 
+import jax
 import numpy as np
 import pytest
 from conftest import leaves_close, mse, regression_data, small_mlp
 from flax import nnx
 
 import jaxtrain
-from jaxtrain import (CheckpointConfig, CheckpointError, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit,
-                      fit_population)
+from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
 from jaxtrain._src.report.run_dir import read_jsonl
 from jaxtrain.models import MLP
 
@@ -72,8 +72,12 @@ def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path):
         assert logged == pytest.approx(alone, rel=1e-6)  # the schedule's rate, from the member's own numbers
         loaded = jaxtrain.load(tmp_path / f"m{i}", checkpoint="latest", model=small_mlp(99))
         assert leaves_close(nnx.state(loaded, nnx.Param), results[i].state.params) == 0.0
-    with pytest.raises(CheckpointError, match="a member of a stacked population.*cannot be resumed"):
-        fit(small_mlp(0), mse, DATA, VAL, adamw(LRS[0]), run_dir=tmp_path / "m0", resume=True, verbosity="silent")
+    # its checkpoints are a lone run's: it resumes alone, as the lone run resumed (1e-5: stacked)
+    longer = dataclasses.replace(adamw(LRS[0]), epochs=3)
+    resumed = fit(small_mlp(0), mse, DATA, VAL, longer, run_dir=tmp_path / "m0", resume=True, verbosity="silent")
+    alone = fit(small_mlp(0), mse, DATA, VAL, longer, run_dir=tmp_path / "lone0", resume=True, verbosity="silent")
+    assert len(resumed.history) == 3 and leaves_close(resumed.state.params, alone.state.params) <= 1e-5
+    assert jax.tree.structure(results[0].state.opt_state) == jax.tree.structure(alone.state.opt_state)
 
 
 def test_a_member_its_hook_stops_ends_there_and_the_others_train_on(tmp_path):

@@ -76,10 +76,6 @@ def flatten_state(state: TrainState) -> dict[str, jax.Array]:
 def _unflatten_checked(template: Any, expected: dict[str, Any], flat: dict[str, Any]) -> Any:
     """`template`'s structure filled from `flat`, checked name by name and shape by shape against `expected`."""
     missing, extra = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
-    if any(".values['lr']" in name for name in extra) and not any(".values['lr']" in name for name in expected):
-        raise CheckpointError("the checkpoint was written by a member of a stacked population, whose optimizer "
-                              "holds its numbers in its state (optim.with_values): evaluate, predict, export or load "
-                              "its weights; it cannot be resumed as a run of its own")
     if missing or extra:
         raise CheckpointError(
             f"the checkpoint holds other variables than this model (missing {missing[:3]}, unexpected {extra[:3]}); "

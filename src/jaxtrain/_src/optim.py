@@ -119,6 +119,14 @@ def with_values(config: OptimConfig, total_steps: int) -> optax.GradientTransfor
     return optax.GradientTransformation(init, update)
 
 
+def without_values(opt_state: optax.OptState) -> optax.OptState:
+    """`opt_state` with each `with_values` state replaced by its inner state: the state
+    `build_optimizer(config)` keeps, so that a run trained with its numbers in the state is saved
+    as the run with them in the program would be."""
+    is_values = lambda x: isinstance(x, ValuesState)  # noqa: E731
+    return jax.tree.map(lambda x: x.inner if is_values(x) else x, opt_state, is_leaf=is_values)
+
+
 def build_train_optimizer(
     config: TrainConfig, total_steps: int, optimizer: optax.GradientTransformation | None = None,
     schedule: optax.Schedule | None = None,

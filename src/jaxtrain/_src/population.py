@@ -43,7 +43,7 @@ from jaxtrain._src.feeds import adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, Run, RunHook
 from jaxtrain._src.loop import _FAILURES, FitResult, TrainingStopped, _end, _model_summary, _run_hooks, _StopSignals
 from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.optim import with_values
+from jaxtrain._src.optim import with_values, without_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.report import build_summary
 from jaxtrain._src.run_guard import RunGuard
@@ -167,13 +167,20 @@ class _Stacked:
     layer's P small matrix products become one batched product. On an H200 GPU 5.6x the lone
     steps at P = 16 (the tuple 1.1x); the members' optimizers hold their numbers in their state
     (`optim.with_values`), so one update function serves all. Members differ from their lone runs
-    by the batched products' order of summation (1e-7 relative a step, amplified by training)."""
+    by the batched products' order of summation (within 1e-5 in the tests; training at high rates
+    amplifies it). Each member's hooks get its state in a lone run's layout (`optim.without_values`),
+    so its checkpoints are a lone run's and resume alone."""
 
     name = "stacked"
 
     def __init__(self, programs: Sequence[Program]):
         self.programs, self.P = programs, len(programs)
-        self._unstack = jax.jit(lambda s: tuple(jax.tree.map(lambda x: x[i], s) for i in range(self.P)))
+
+        def unstack(stacked: TrainState) -> tuple[TrainState, ...]:
+            members = (jax.tree.map(lambda x: x[i], stacked) for i in range(self.P))
+            return tuple(m._replace(opt_state=without_values(m.opt_state)) for m in members)
+
+        self._unstack = jax.jit(unstack)  # one call per K-step call: a copy of each member's state
 
     def state(self, states: Sequence[TrainState]) -> TrainState:
         return jax.tree.map(lambda *x: jnp.stack(x), *states)
@@ -294,8 +301,8 @@ def fit_population(
     size, epochs and every other setting. A member whose hooks stop it (a sweep's pruner, early
     stopping) or whose loss is not finite ends there: its summary says how (`"status"`), and the
     others train on. The run directories are new runs (a population does not resume as a whole; a
-    tuple member's run resumes alone with `fit(..., resume=True)`, a stacked member's optimizer state
-    holds its numbers and does not); their loss curves are not drawn (`jaxtrain plot RUN_DIR` draws them).
+    member's run resumes alone with `fit(..., resume=True)`); their loss curves are not drawn
+    (`jaxtrain plot RUN_DIR` draws them).
 
     Args:
       members: the runs (`Member`s).
@@ -351,13 +358,13 @@ def fit_population(
         loop = LoopState(feed=feed.get_state())
         shared = Run("population", config, quiet, None, jax.local_devices()[0], layout, feed, calls, state, 0, loop,
                      [evaluation] if evaluation else [], num_val=evaluation.num_samples if evaluation else 0)
-        runners = []
-        for i, (m, program, (run_dir, saved)) in enumerate(zip(members, programs, claimed)):
+        runners, states = [], form.members(state.members)
+        for i, (m, (run_dir, saved)) in enumerate(zip(members, claimed)):
             checkpoints = (CheckpointHook(run_dir / "checkpoints", m.config.checkpoint, m.name, saved)
                            if run_dir is not None and m.config.checkpoint.enabled else None)
             validation = _Validation()
             run = Run(m.name, m.config, quiet, run_dir, shared.device, layout, feed, _MemberCalls(calls, len(members)),
-                      program.state, 0, LoopState(feed=feed.get_state()), [], num_val=shared.num_val, t_start=t_start)
+                      states[i], 0, LoopState(feed=feed.get_state()), [], num_val=shared.num_val, t_start=t_start)
             run.model_summary = _model_summary(m.model, loss_fn, train_data, preprocess, config.batch_size)
             run.hooks = _run_hooks(m.config, m.hooks, validation, checkpoints, Hook(), run_dir, saved, run.loop,
                                    plots=False)
