@@ -109,6 +109,9 @@ def test_members_that_cannot_share_a_population_are_one_line(tmp_path):
     wide = Member(MLP((8, 32, 3), rngs=nnx.Rngs(0)), config(1e-3))
     with pytest.raises(ConfigError, match="member 1's model differs"):
         fit_population([ok, wide], mse, DATA, VAL, formulation="stacked", verbosity="silent")
+    clipped = Member(small_mlp(1), config(1e-3, optim=OptimConfig(lr=2e-3, clip_norm=1.0)))  # one more part
+    with pytest.raises(ConfigError, match="member 1's optimizer differs from member 0's in more than its numbers"):
+        fit_population([ok, clipped], mse, DATA, VAL, formulation="stacked", verbosity="silent")
     with pytest.raises(ConfigError, match="formulation='bogus'"):
         fit_population([ok], mse, DATA, VAL, formulation="bogus", verbosity="silent")
     # the tuple takes members of other shapes: each runs its own step

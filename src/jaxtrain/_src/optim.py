@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -81,6 +82,15 @@ def build_optimizer(config: OptimConfig, total_steps: int, schedule: optax.Sched
             optax.adamw(lr, b1=v["b1"], b2=v["b2"], eps=v["eps"], weight_decay=v["weight_decay"], mask=decay_mask)
         )
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
+
+
+def optimizer_structure(config: OptimConfig) -> dict[str, Any]:
+    """What `build_optimizer(config, values=...)` takes from `config` rather than from `values`: the
+    chain's parts and the schedule's shape. Configs with equal structures share one `with_values`
+    update function."""
+    fixed = {k: v for k, v in dataclasses.asdict(config).items() if k not in VALUES}
+    return {**fixed, "clips": config.clip_norm > 0, "decays": config.weight_decay > 0,
+            "momentum": config.momentum > 0}
 
 
 class ValuesState(NamedTuple):

@@ -43,7 +43,7 @@ from jaxtrain._src.feeds import adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, Run, RunHook
 from jaxtrain._src.loop import _FAILURES, FitResult, TrainingStopped, _end, _model_summary, _run_hooks, _StopSignals
 from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.optim import with_values, without_values
+from jaxtrain._src.optim import optimizer_structure, with_values, without_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.report import build_summary
 from jaxtrain._src.run_guard import RunGuard
@@ -96,8 +96,7 @@ class PopulationState(NamedTuple):
 def shared_settings(config: TrainConfig) -> dict[str, Any]:
     """The settings of `config` that members of one population must share (all `TrainConfig`
     fields but `PER_MEMBER`)."""
-    values = to_dict(config)
-    return {f.name: values[f.name] for f in dataclasses.fields(TrainConfig) if f.name not in PER_MEMBER}
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in PER_MEMBER}
 
 
 def _check_members(members: Sequence[Member]) -> None:
@@ -206,8 +205,6 @@ def _stackable(members: Sequence[Member]) -> str | None:
     """Why the members cannot be stacked (None when they can): the same model structure and
     shapes, optimizers from their configs that differ only in numbers, no schedule optax checks in
     Python, a mesh of one device."""
-    from jaxtrain._src.optim import VALUES
-
     first = members[0]
     if any(m.optimizer is not None for m in members):
         return "a member brings its own optimizer"
@@ -215,13 +212,10 @@ def _stackable(members: Sequence[Member]) -> str | None:
         return "the exponential schedule"
     shape = lambda m: jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(m.model))  # noqa: E731
     structure = lambda m: (nnx.graphdef(m.model), shape(m))  # noqa: E731
-    optim = lambda m: {k: v for k, v in dataclasses.asdict(m.config.optim).items() if k not in VALUES}  # noqa: E731
     for i, m in enumerate(members[1:], 1):
         if structure(m) != structure(first):
             return f"member {i}'s model differs from member 0's"
-        if optim(m) != optim(first) or (m.config.optim.clip_norm > 0) != (first.config.optim.clip_norm > 0) or (
-                m.config.optim.weight_decay > 0) != (first.config.optim.weight_decay > 0) or (
-                m.config.optim.momentum > 0) != (first.config.optim.momentum > 0):
+        if optimizer_structure(m.config.optim) != optimizer_structure(first.config.optim):
             return f"member {i}'s optimizer differs from member 0's in more than its numbers"
     return None
 
@@ -325,7 +319,9 @@ def fit_population(
     if verbosity not in ("summary", "silent"):
         raise ConfigError(f"verbosity={verbosity!r} must be summary or silent")
     train_data, val_data, config = adapt_inputs(train_data, val_data, members[0].config)
-    members = [dataclasses.replace(m, config=dataclasses.replace(m.config, **_shared(config))) for m in members]
+    # the shared settings as `adapt_inputs` may have changed them (a loader's steps per epoch)
+    members = [dataclasses.replace(m, config=dataclasses.replace(m.config, **shared_settings(config)))
+               for m in members]
     check_fit_inputs(members[0].model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)
     console = Console(quiet=True) if verbosity == "silent" else console or Console(highlight=False, soft_wrap=True)
     quiet = Console(quiet=True)
@@ -371,11 +367,6 @@ def fit_population(
             runners.append(_Runner(run, m.model, validation, {"members": len(members), "formulation": form.name}))
         _train(shared, runners, form, signals, console)
     return [r.result for r in runners]
-
-
-def _shared(config: TrainConfig) -> dict[str, Any]:
-    """The shared settings as `adapt_inputs` may have changed them (steps per epoch of a loader)."""
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in PER_MEMBER}
 
 
 def _formulation(asked: str, members: Sequence[Member], devices: int) -> type:

@@ -92,8 +92,8 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
         names = ", ".join(type(h).__name__ for h in w.hooks)
         raise ConfigError(f"{recipe.name}'s runs carry hooks of their own ({names}); train its trials one at a time")
     try:
-        same = _member_free(configs[0])  # members that differ only in per-member settings share an init
-        models = [w.model] + [nnx.clone(w.model) if _member_free(c) == same else recipe.model(c, w.info)
+        same = population_key(configs[0])  # members that differ only in per-member settings share an init
+        models = [w.model] + [nnx.clone(w.model) if population_key(c) == same else recipe.model(c, w.info)
                               for c in configs[1:]]
         members = [Member(model, c, Path(d), hooks=[_save_info(recipe, w, Path(d)), *h], name=recipe.name,
                           saved_config=c)
@@ -118,12 +118,16 @@ def _save_info(recipe: Recipe, w: Workload, run_dir: Path) -> Hook:
     return LambdaHook(on_start=save)
 
 
-def _member_free(config: RecipeConfig) -> dict[str, Any]:
-    """`config` less the settings that members of a population may set each their own way."""
+def population_key(config: RecipeConfig) -> str:
+    """What runs of a recipe trained as one population share: every setting but those a member may
+    set its own way (`PER_MEMBER`: the optimizer's, checkpoints, logging) and where its files go and
+    what it prints. Configs with equal keys share a population (and, the seed among them, an init)."""
     from jaxtrain._src.population import PER_MEMBER
 
     values = to_dict(config)
-    return {k: v for k, v in values.items() if k not in (*PER_MEMBER, "run_dir")}
+    for name in (*PER_MEMBER, "run_dir", "quiet", "verbosity", "dist"):
+        values.pop(name, None)
+    return json.dumps(values, sort_keys=True, default=str)
 
 
 def predict_info(w: Workload) -> dict[str, Any]:

@@ -27,7 +27,6 @@ holding a tuple, such as the MLP's widths, takes the chosen value in each of its
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import multiprocessing
 import shlex
@@ -380,7 +379,7 @@ class _Job:
                 if prepared is None:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
-                groups.setdefault(_group_key(prepared[1]), []).append((trial, *prepared))
+                groups.setdefault(runs.population_key(prepared[1]), []).append((trial, *prepared))
             for group in groups.values():
                 reports = [_Report(trial, self.objective) for trial, *_ in group]
                 t0 = time.perf_counter()
@@ -408,18 +407,6 @@ class _Job:
                     else:
                         study.tell(trial, value)
         return n
-
-
-def _group_key(config: Any) -> str:
-    """What trials trained as one population must share: every setting but those a member may set
-    its own way (the optimizer's, checkpoints, logging) and where its files go."""
-    from jaxtrain._src.config import to_dict
-    from jaxtrain._src.population import PER_MEMBER
-
-    values = to_dict(config)
-    for name in (*PER_MEMBER, "run_dir", "quiet", "verbosity", "dist"):
-        values.pop(name, None)
-    return json.dumps(values, sort_keys=True, default=str)
 
 
 class _Heartbeats:
