@@ -23,6 +23,7 @@ from jaxtrain._src.export import export
 from jaxtrain._src.hooks.base import Hook, LambdaHook, RunView
 from jaxtrain._src.load import load
 from jaxtrain._src.loop import FitResult, TrainingStopped, fit
+from jaxtrain._src.memory import limit_free_heap
 from jaxtrain._src.optim import build_optimizer, build_schedule
 from jaxtrain._src.population import Member, fit_population
 from jaxtrain._src.predict import predict
@@ -61,6 +62,7 @@ __all__ = [
     "fit",
     "fit_population",
     "hooks",
+    "limit_free_heap",
     "load",
     "load_weights",
     "models",

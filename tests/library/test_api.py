@@ -11,7 +11,7 @@ PUBLIC = {
     "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError", "DistConfig",
     "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "Member", "NonFiniteLossError", "OptimConfig",
     "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer", "build_schedule",
-    "data", "distributed", "enable_compile_cache", "export", "fit", "fit_population", "hooks", "load", "load_weights", "models",
+    "data", "distributed", "enable_compile_cache", "export", "fit", "fit_population", "hooks", "limit_free_heap", "load", "load_weights", "models",
     "predict", "remat", "save_weights",
 }
 

@@ -1,5 +1,8 @@
-"""The process's memory: arrays a CPU device uses in place, the heap handed back after compiling, and
-the memory section of every run (`summary["memory"]`, the final block)."""
+"""The process's memory: arrays a CPU device uses in place, the heap handed back after compiling, the
+free heap a thread keeps, and the memory section of every run (`summary["memory"]`, the final block)."""
+
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -9,6 +12,7 @@ from conftest import mse, regression_data, silent, small_mlp
 from jaxtrain import TrainConfig
 from jaxtrain._src.data.arrays import ALIGNMENT, aligned_empty, bytes_used_in_place, is_aligned
 from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src import memory
 from jaxtrain._src.memory import process_memory, release_free_heap
 from jaxtrain._src.report.memory_report import IN_PLACE_HINT, PHASES, memory_lines
 
@@ -77,6 +81,7 @@ def test_every_run_reports_what_raised_its_peak_memory(aligned):
     lines = memory_lines(m)
     assert lines[0].startswith("MEMORY: peak resident") and any(line.startswith("  temporaries: ") for line in lines)
     assert [line.split()[0] for line in lines[1:5]] == ["before", "setup", "training", "evaluation"]
+    assert (f"  C heap: {m['heap']}" in lines) == bool(m["heap"])
     assert (("(the host arrays, used in place)" in lines[2]) == aligned
             and (f"  * a copy of the host arrays: {IN_PLACE_HINT}" in lines) != aligned)
     assert "MEMORY: peak resident" in console.file.getvalue()  # in the final block
@@ -86,3 +91,48 @@ def _aligned_copy(x: np.ndarray) -> np.ndarray:
     out = aligned_empty(x.shape, x.dtype)
     out[...] = x
     return out
+
+
+_HEAP_PROBE = r"""
+import ctypes, importlib.util, os, sys, threading
+spec = importlib.util.spec_from_file_location("memory", sys.argv[1])
+memory = importlib.util.module_from_spec(spec); spec.loader.exec_module(memory)
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+limited = memory.limit_free_heap() if sys.argv[2] == "limit" else False
+p = libc.malloc(30 << 20); libc.memset(p, 1, 30 << 20); libc.free(p)  # glibc's limits move up (unless set)
+statm, page = os.open("/proc/self/statm", os.O_RDONLY), os.sysconf("SC_PAGE_SIZE")
+resident = lambda: int(os.pread(statm, 64, 0).split()[1]) * page  # no C heap block left above the test's
+given_back = []
+def work():  # on a thread of its own, as XLA's: its own arena
+    blocks = [libc.malloc(1 << 20) for _ in range(40)]
+    for b in blocks:
+        libc.memset(b, 1, 1 << 20)
+    held = resident()
+    for b in reversed(blocks):
+        libc.free(b)
+    given_back.append(held - resident())
+thread = threading.Thread(target=work); thread.start(); thread.join()
+print(int(limited), given_back[0] >> 20, "kept to 16.0 MiB" in (memory.heap_setting() or ""))
+"""
+
+
+@on_linux
+@pytest.mark.skipif(memory._mallopt() is None, reason="not glibc")
+def test_limit_free_heap_gives_a_threads_freed_memory_back():
+    """40 MiB freed on a thread: with glibc's moving limits its arena keeps it all; limited, all but
+    the 16 MiB it may keep go back. A fresh process each: the limits are the process's."""
+
+    def probe(mode: str, env: dict[str, str] | None = None) -> tuple[int, int, str]:
+        out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, memory.__file__, mode], check=True,
+                             capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **(env or {})})
+        limited, mib, said = out.stdout.split()
+        return int(limited), int(mib), said
+
+    limited, mib, said = probe("default")
+    assert limited == 0 and mib <= 4 and said == "False"
+    limited, mib, said = probe("limit")
+    assert limited == 1 and mib >= 40 - memory.TRIM_BYTES // 2**20 - 1 and said == "True"  # the run's memory section says so
+    assert probe("limit", {memory.HEAP_ENV: "off"})[0] == 0  # the user's way out
+    assert probe("limit", {"MALLOC_ARENA_MAX": "2"})[0] == 0  # glibc's own settings are left as they are

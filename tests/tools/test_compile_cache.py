@@ -37,6 +37,9 @@ def test_a_second_run_compiles_nothing_and_trains_to_the_same_bits(tmp_path):
     rows = [[{k: v for k, v in json.loads(line).items() if not k.endswith("_s") and k != "input_wait_fraction"}
              for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("a", "b")]
     assert rows[0] == rows[1]
+    memory = json.loads((tmp_path / "a" / "summary.json").read_text()).get("memory")
+    if memory is not None:  # Linux: the command limited the free heap its threads keep (JAXTRAIN_HEAP)
+        assert memory["heap"] is None or "kept to 16.0 MiB" in memory["heap"]  # None: not glibc
     default = _run(tmp_path, "e", XDG_CACHE_HOME=str(tmp_path / "home"))
     assert default.returncode == 0 and _entries(tmp_path / "home" / "jaxtrain" / "xla")
 

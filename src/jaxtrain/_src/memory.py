@@ -1,11 +1,13 @@
 """Memory: what a compiled call needs (XLA's compiled memory analysis: no profiler, no run), the
-process's resident memory (`process_memory`), and giving the heap that compilation freed back to
-the operating system (`release_free_heap`)."""
+process's resident memory (`process_memory`), giving the heap that compilation freed back to the
+operating system (`release_free_heap`), and capping the free memory the C heap keeps
+(`limit_free_heap`)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from typing import Any, Callable
 
 FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes")
@@ -65,6 +67,68 @@ def release_free_heap() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+HEAP_ENV = "JAXTRAIN_HEAP"
+TRIM_BYTES = 16 << 20
+MMAP_BYTES = 32 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+_GLIBC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
+_heap_limit: int | None = None  # what limit_free_heap set in this process
+
+
+def limit_free_heap(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES) -> bool:
+    """Caps the free memory glibc's heap keeps resident; returns whether it did.
+
+    XLA runs its work on threads, and glibc gives each thread a heap of its own (an arena). By
+    default glibc moves its limits up as the process frees large blocks: an arena may then keep up
+    to 64 MiB free at its top, and `malloc_trim` trims only the main thread's. char-gpt's runs held
+    about 160 MiB so (`mallinfo2`'s free bytes, resident, not given back by `malloc_trim`). This
+    fixes the limits for the whole process: an arena gives back its free top past `trim_bytes`, and
+    blocks of `mmap_bytes` or more are mapped on their own (returned when freed), where glibc's
+    moving limit ends anyway. char-gpt's peak went from 536 to 472 MiB at 1.006x the step time;
+    a limit of 8 MiB made mnist-cnn's step 1.095x slower (its convolutions' scratch, freed and
+    faulted in again every step), 16 MiB did not (docs/benchmarks.md).
+
+    The `jaxtrain` command calls it; `fit` alone changes no global setting. Nothing is done when
+    `JAXTRAIN_HEAP=off`, when the environment sets glibc's own limits (`MALLOC_TRIM_THRESHOLD_`,
+    `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TOP_PAD_`, `MALLOC_ARENA_MAX`, or `GLIBC_TUNABLES` for
+    malloc), or where the C library is not glibc.
+    """
+    if os.environ.get(HEAP_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    if any(os.environ.get(name) for name in _GLIBC_SETTINGS) or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    mallopt = _mallopt()
+    if mallopt is None:
+        return False
+    # Setting either one stops glibc moving both.
+    if not (mallopt(_M_MMAP_THRESHOLD, int(mmap_bytes)) and mallopt(_M_TRIM_THRESHOLD, int(trim_bytes))):
+        return False
+    global _heap_limit
+    _heap_limit = int(trim_bytes)
+    return True
+
+
+def heap_setting() -> str | None:
+    """How this process's C heap keeps free memory, for the run's memory section: the limit
+    `limit_free_heap` set, a hint where glibc keeps its moving limits, None elsewhere."""
+    if _heap_limit is not None:
+        return f"a thread's free memory kept to {format_bytes(_heap_limit)} (limit_free_heap)"
+    if _mallopt() is None or any(os.environ.get(name) for name in _GLIBC_SETTINGS):
+        return None
+    return "glibc's moving limits; jaxtrain.limit_free_heap() gives a thread's free memory back"
+
+
+@functools.cache
+def _mallopt() -> Callable[[int, int], int] | None:
+    """glibc's `mallopt`, or None where the C library is not glibc (macOS and musl lack
+    `malloc_trim`, and their `mallopt` takes other parameters, if any)."""
+    if _malloc_trim() is None:
+        return None
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
 
 
 def format_bytes(n: float) -> str:

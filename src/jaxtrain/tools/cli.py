@@ -765,8 +765,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "profile": lambda: _profile(rest)}
     if command in COMPILING:
         from jaxtrain._src.compile_cache import enable_compile_cache
+        from jaxtrain._src.memory import limit_free_heap
 
         enable_compile_cache()  # programs compiled by an earlier run load from disk (JAXTRAIN_COMPILE_CACHE=off)
+        limit_free_heap()  # the C heap's free memory given back, not kept by XLA's threads (JAXTRAIN_HEAP=off)
     previous = _stop_on_sigterm(command)
     # While the command runs, the library's errors and notes name settings as its flags.
     try:

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 from jaxtrain._src.hooks.base import Run, RunHook
-from jaxtrain._src.memory import process_memory
+from jaxtrain._src.memory import heap_setting, process_memory
 from jaxtrain._src.report.memory_report import PHASES
 
 __all__ = ["MemoryHook"]
@@ -87,4 +87,5 @@ def memory_summary(readings: list[tuple[str, dict[str, int]]], run: Run) -> dict
         "platform": run.device.platform,
         "state_bytes": sum(x.nbytes for x in jax.tree.leaves(run.state)),
         "program_temp_bytes": programs,
+        "heap": heap_setting(),
     }

@@ -28,6 +28,8 @@ def memory_lines(m: dict[str, Any]) -> list[str]:
     if m["program_temp_bytes"]:
         lines.append("  temporaries: " + ", ".join(f"{name} {format_bytes(n)}"
                                                    for name, n in m["program_temp_bytes"].items()))
+    if m.get("heap"):
+        lines.append(f"  C heap: {m['heap']}")
     if copied:
         lines.append(f"  * a copy of the host arrays: {IN_PLACE_HINT}")
     return lines

@@ -235,9 +235,11 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     from jaxtrain._src.compile_cache import enable_compile_cache
     from jaxtrain._src.config import from_dict
     from jaxtrain._src.loop import Session, run_fit
+    from jaxtrain._src.memory import limit_free_heap
     from jaxtrain.tools.recipes import get_recipe
 
     enable_compile_cache()  # as the `jaxtrain` command does
+    limit_free_heap()
     recipe = get_recipe(workload)
     config = from_dict(type(recipe.config), values)
     w = recipe.build(config)
