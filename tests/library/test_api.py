@@ -33,6 +33,6 @@ def test_fit_takes_at_most_twelve_parameters():
 def test_import_jaxtrain_loads_no_tool_and_no_heavy_optional_library():
     code = ("import sys, jaxtrain\n"
             "print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('jaxtrain.tools', 'torch', 'mctx', "
-            "'matplotlib', 'optuna', 'mlflow', 'wandb', 'grain', 'datasets', 'jaxtrain._src.rl')))))")
+            "'matplotlib', 'optuna', 'mlflow', 'wandb', 'grain', 'datasets', 'h5py', 'jaxtrain._src.rl')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == []

@@ -1,6 +1,7 @@
 """Start-up cost: what `jaxtrain train` imports before training begins (docs/benchmarks.md,
 whole-process overhead). Heavy optional libraries load only when used: matplotlib for the final
-plot (in a background thread once training runs), tensorboardX without PyTorch."""
+plot (in a background thread once training runs), tensorboardX without PyTorch, h5py where an HDF5
+file is opened."""
 
 import json
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from jaxtrain._src.data.synthetic import regression_rows
 from jaxtrain._src.hooks.tensorboard import _summary_writer_class
 
-LAZY = ("matplotlib", "torch", "tensorboardX", "tensorboard", "grain", "orbax")
+LAZY = ("matplotlib", "torch", "tensorboardX", "tensorboard", "grain", "orbax", "h5py")
 
 CHECK = """
 import json, sys

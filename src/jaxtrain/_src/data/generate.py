@@ -19,9 +19,8 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import h5py
 import numpy as np
 
 from jaxtrain._src.data.synthetic import (
@@ -35,6 +34,9 @@ from jaxtrain._src.data.synthetic import (
     row_layout,
 )
 from jaxtrain._src.errors import ConfigError, DataError, argument
+
+if TYPE_CHECKING:  # h5py (11 MiB resident) is imported where a file is opened
+    import h5py
 
 WRITE_ROWS = 65536  # rows generated and written per step: bounds the writer's memory
 CHUNK_BYTES = 1 << 19  # default HDF5 chunk: about 512 KiB of the widest dataset
@@ -219,6 +221,8 @@ def check_arguments(workload: str, out: str | os.PathLike, samples: int, seq_len
 
 
 def _create(path: Path, chunk_bytes: int) -> h5py.File:
+    import h5py
+
     # A chunk cache that holds a chunk split over two writes, so no chunk is read back.
     return h5py.File(path, "w", rdcc_nbytes=max(1 << 20, 4 * chunk_bytes), rdcc_nslots=10007)
 

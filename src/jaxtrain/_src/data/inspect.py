@@ -12,13 +12,15 @@ import os
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h5py
 import numpy as np
 
 from jaxtrain._src.data.sources import attr_value, hdf5_reason, list_datasets, open_hdf5, rows_text
 from jaxtrain._src.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # h5py (11 MiB resident) is imported where a file is opened
+    import h5py
 
 DEFAULT_ROWS = 100_000
 SAMPLE_PIECES = 16  # contiguous ranges per dataset

@@ -22,12 +22,14 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import h5py
 import numpy as np
 
 from jaxtrain._src.errors import DataError
+
+if TYPE_CHECKING:  # h5py (11 MiB resident) is imported where a file is opened
+    import h5py
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "float16", "float32", "float64",
@@ -148,6 +150,8 @@ class ArraySource:
 
 def open_hdf5(path: str | os.PathLike) -> h5py.File:
     """Opens `path` read-only; a missing, non-HDF5, corrupt or truncated file is a DataError."""
+    import h5py
+
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path} does not exist; check the path or create it with `jaxtrain data generate`")
@@ -171,6 +175,8 @@ def hdf5_reason(e: BaseException) -> str:
 
 def list_datasets(f: h5py.File) -> list[str]:
     """The paths of every dataset in `f`, in file order."""
+    import h5py
+
     names: list[str] = []
     f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
     return names
@@ -240,6 +246,8 @@ class HDF5Source:
         self.keys = dict(keys)
 
     def _open_datasets(self, keys: dict[str, str]) -> dict[str, h5py.Dataset]:
+        import h5py
+
         datasets = {}
         for name, key in keys.items():
             obj = self._file.get(key)
