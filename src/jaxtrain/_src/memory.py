@@ -95,7 +95,7 @@ def limit_free_heap(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES) 
     `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TOP_PAD_`, `MALLOC_ARENA_MAX`, or `GLIBC_TUNABLES` for
     malloc), or where the C library is not glibc.
     """
-    if os.environ.get(HEAP_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+    if _heap_off():
         return False
     if any(os.environ.get(name) for name in _GLIBC_SETTINGS) or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
@@ -117,7 +117,13 @@ def heap_setting() -> str | None:
         return f"a thread's free memory kept to {format_bytes(_heap_limit)} (limit_free_heap)"
     if _mallopt() is None or any(os.environ.get(name) for name in _GLIBC_SETTINGS):
         return None
+    if _heap_off():
+        return f"glibc's moving limits ({HEAP_ENV}=off)"
     return "glibc's moving limits; jaxtrain.limit_free_heap() gives a thread's free memory back"
+
+
+def _heap_off() -> bool:
+    return os.environ.get(HEAP_ENV, "").strip().lower() in ("0", "off", "false", "no")
 
 
 @functools.cache
