@@ -97,7 +97,7 @@ def limit_free_heap(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES) 
     """
     if _heap_off():
         return False
-    if any(os.environ.get(name) for name in _GLIBC_SETTINGS) or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+    if _glibc_set_by_user():
         return False
     mallopt = _mallopt()
     if mallopt is None:
@@ -115,7 +115,7 @@ def heap_setting() -> str | None:
     `limit_free_heap` set, a hint where glibc keeps its moving limits, None elsewhere."""
     if _heap_limit is not None:
         return f"a thread's free memory kept to {format_bytes(_heap_limit)} (limit_free_heap)"
-    if _mallopt() is None or any(os.environ.get(name) for name in _GLIBC_SETTINGS):
+    if _mallopt() is None or _glibc_set_by_user():
         return None
     if _heap_off():
         return f"glibc's moving limits ({HEAP_ENV}=off)"
@@ -124,6 +124,11 @@ def heap_setting() -> str | None:
 
 def _heap_off() -> bool:
     return os.environ.get(HEAP_ENV, "").strip().lower() in ("0", "off", "false", "no")
+
+
+def _glibc_set_by_user() -> bool:
+    """Whether the environment sets glibc's heap limits itself (then they are left as they are)."""
+    return any(os.environ.get(name) for name in _GLIBC_SETTINGS) or "malloc" in os.environ.get("GLIBC_TUNABLES", "")
 
 
 @functools.cache

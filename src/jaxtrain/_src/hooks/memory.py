@@ -12,7 +12,8 @@ boundaries of a run's phases, so each phase is charged with how much it raised t
 
 Beside the phases stand the sizes behind them: the training data on the device (and how much of it
 is the caller's host arrays used in place, on a CPU), the train state, and each compiled program's
-temporaries (XLA's memory analysis). Where /proc is missing (not Linux), there is no memory section.
+temporaries (XLA's memory analysis), and how the C heap keeps free memory (`memory.heap_setting`).
+Where /proc is missing (not Linux), there is no memory section.
 """
 
 from __future__ import annotations
