@@ -68,9 +68,38 @@ def _average_as_params(flat: dict[str, Any], params: list[str]) -> dict[str, Any
     return out
 
 
+def _is_key(x: Any) -> bool:
+    return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
+
+
+def _raw_keys(tree: Any) -> Any:
+    """`tree` with each typed PRNG key (the run's key, a model's `nnx.Rngs` streams) as its raw
+    uint32 data, which NumPy, checksums and Orbax read like any array; abstract keys
+    (`jax.ShapeDtypeStruct`, from `nnx.eval_shape`) become the data's shape."""
+    def raw(x: Any) -> Any:
+        if not _is_key(x):
+            return x
+        return jax.random.key_data(x) if isinstance(x, jax.Array) else jax.eval_shape(jax.random.key_data, x)
+
+    return jax.tree.map(raw, tree)
+
+
+def _typed_keys(template: Any, tree: Any) -> Any:
+    """The inverse of `_raw_keys`: the leaves of `tree` where `template` has a typed key wrapped
+    back as keys of the template's implementation (threefry, rbg, ...)."""
+    def typed(t: Any, x: Any) -> Any:
+        if not _is_key(t):
+            return x
+        impl = jax.random.key_impl(t if isinstance(t, jax.Array) else jnp.zeros((), t.dtype))
+        return jax.random.wrap_key_data(jnp.asarray(x), impl=impl)
+
+    return jax.tree.map(typed, template, tree)
+
+
 def flatten_state(state: TrainState) -> dict[str, jax.Array]:
-    """`{path: array}` for every leaf of `state`; the PRNG key is stored as its raw uint32 data."""
-    return _flatten(state._replace(rng=jax.random.key_data(state.rng)))
+    """`{path: array}` for every leaf of `state`; PRNG keys (the run's, and any the model holds)
+    are stored as their raw uint32 data under their own paths."""
+    return _flatten(_raw_keys(state))
 
 
 def _unflatten_checked(template: Any, expected: dict[str, Any], flat: dict[str, Any]) -> Any:
@@ -105,9 +134,8 @@ def unflatten_state(template: TrainState, flat: dict[str, Any]) -> TrainState:
     Raises:
       CheckpointError: when names or shapes differ (the checkpoint is of another model or config).
     """
-    raw = template._replace(rng=jax.random.key_data(template.rng))
-    restored = _unflatten_checked(raw, _flatten(raw), flat)
-    return restored._replace(rng=jax.random.wrap_key_data(restored.rng, impl=jax.random.key_impl(template.rng)))
+    raw = _raw_keys(template)
+    return _typed_keys(template, _unflatten_checked(raw, _flatten(raw), flat))
 
 
 def _mix(h: jax.Array) -> jax.Array:
@@ -632,11 +660,12 @@ class Checkpointer:
         holds (`TrainConfig.ema`) instead."""
         flat, _ = self.read(step)
         template = TrainState(None, params, model_state, None, None)
-        wanted = {path: leaf for path, leaf in _flatten(template).items()}
+        raw = _raw_keys(template)
+        wanted = _flatten(raw)
         if weights == "ema":
             flat = {**flat, **_average_as_params(flat, [p for p in wanted if p.startswith(".params")])}
         picked = {path: flat[path] for path in wanted if path in flat}
-        restored = _unflatten_checked(template, wanted, picked)
+        restored = _typed_keys(template, _unflatten_checked(raw, wanted, picked))
         return restored.params, restored.model_state
 
     def close(self) -> None:

@@ -4,15 +4,25 @@ A loss that is not a scalar, a `loss_fn` that does not return `(loss, metrics)`,
 not scalar batch means, validation data shaped unlike the training data: each would otherwise
 fail deep inside JAX (or, for per-sample metrics, be averaged silently). The checks are
 structural first (keys, row shapes, dtype kinds), then one `jax.eval_shape` of what a training
-step applies to a batch — preprocess, augment, then `loss_fn` on the merged model, as in
-`step.make_train_step` — on an abstract batch: no FLOPs, no device memory, one trace.
+step applies to a batch — preprocess, augment, then `loss_fn` on the merged model in training mode,
+as in `step.make_train_step` — on an abstract batch: no FLOPs, no device memory, one trace.
+
+The trace also shows which integer labels are class indices: an integer field named like labels
+(`label`, `labels`, `y`, `target`, `targets`, or the second of an `(x, y)` pair) that reaches
+`loss_fn` unchanged, where the model's output has the labels' shape plus one axis of C >= 2 (logits
+`(B, C)` for labels `(B,)`, `(B, T, V)` for tokens `(B, T)`). Such labels must lie in 0..C-1: one
+out of range gives a NaN loss (or, negative, silently picks a class from the end), so their
+minimum and maximum are read where they enter (in-memory arrays whole, a row source's first batch).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +33,15 @@ from flax import nnx
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument
+from jaxtrain._src.state import in_mode
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
-__all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_loss_fn", "check_path_length",
-           "check_same_rows"]
+__all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_labels", "check_loss_fn",
+           "check_path_length", "check_same_rows"]
 
 FINITE_CHECK_ELEMENTS = 1 << 26  # elements of one array checked whole for NaN/Inf; larger arrays are sampled
 _SHAPE_ERROR = re.compile(r"shape|dimension", re.IGNORECASE)  # how JAX's shape mismatches read
+LABEL_NAMES = ("label", "labels", "y", "target", "targets")  # integer fields read as class indices
 
 
 def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_data: Any, batch_size: int,
@@ -37,7 +49,8 @@ def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_da
     """Checks `fit`'s data and `loss_fn` together (see the module docstring).
 
     Raises:
-      DataError: validation data unlike the training data; a batch the model or loss cannot take.
+      DataError: validation data unlike the training data; a batch the model or loss cannot take;
+        class labels outside the model's classes.
       ConfigError: `loss_fn` does not return a float scalar loss and a dict of scalar metrics.
     """
     batch = abstract_batch(train_data, batch_size, "train_data")
@@ -45,7 +58,10 @@ def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_da
     if val_data is not None:
         check_same_rows(batch, abstract_batch(val_data, batch_size, "val_data"))
         check_finite_arrays(val_data, "val_data")
-    check_loss_fn(model, loss_fn, batch, preprocess, augment)
+    classes = check_loss_fn(model, loss_fn, batch, preprocess, augment)
+    check_labels(train_data, classes, batch_size, "train_data")
+    if val_data is not None:
+        check_labels(val_data, classes, batch_size, "val_data")
 
 
 def abstract_batch(data: Any, batch_size: int, name: str = "data") -> Batch:
@@ -145,19 +161,25 @@ def check_same_rows(train: Batch, val: Batch) -> None:
 
 
 def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: Preprocess | None = None,
-                  augment: Augment | None = None) -> None:
+                  augment: Augment | None = None) -> dict[str, tuple[int, tuple, tuple]]:
     """Traces one step's forward pass on the abstract `batch` with `jax.eval_shape` and checks
     that `loss_fn` returns `(loss, metrics)`: a float scalar and a dict of scalar batch means.
+
+    Returns:
+      The class labels the trace found (see the module docstring): `{path: (C, logits shape,
+      labels shape)}`, `path` as `jax.tree_util.keystr` writes it (`['y']`, `[1]`).
 
     Raises:
       DataError: a missing batch key, or a shape mismatch inside preprocess, augment or the model.
       ConfigError: what `loss_fn` returned cannot be trained on or logged.
     """
-    graphdef, params, model_state = nnx.split(model, nnx.Param, ...)
-    seen: dict[str, Any] = {}  # what the trace saw, as shapes: no tracer leaves it
+    graphdef, params, model_state = nnx.split(in_mode(model, train=True), nnx.Param, ...)
+    seen: dict[str, Any] = {"outputs": []}  # what the trace saw, as shapes: no tracer leaves it
+    candidates = _label_candidates(batch)
 
     def forward(params: nnx.State, model_state: nnx.State, batch: Batch) -> None:
         augment_key, loss_key = jax.random.split(jax.random.key(0))
+        labels = {path: leaf for path, leaf in _by_path(batch).items() if path in candidates}
         seen.update(stage="preprocess", batch=_shapes(batch))
         if preprocess is not None:
             batch = preprocess(batch)
@@ -165,8 +187,12 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
         if augment is not None:
             batch = augment(batch, augment_key)
         seen.update(stage="loss_fn", batch=_shapes(batch))
+        # labels the loss gets as they are in the data: the same tracer, not one that preprocess made
+        reaching = _by_path(batch)
+        seen["labels"] = {path: _shapes(leaf) for path, leaf in labels.items() if reaching.get(path) is leaf}
         model = nnx.merge(graphdef, params, model_state, copy=True)
-        seen["out"] = _shapes(loss_fn(model, batch, loss_key))
+        with _recording(model, seen["outputs"]):
+            seen["out"] = _shapes(loss_fn(model, batch, loss_key))
 
     try:
         jax.eval_shape(forward, params, model_state, batch)
@@ -177,6 +203,110 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
             _raise_misuse(e, seen["stage"], seen["batch"], transformed=preprocess is not None or augment is not None)
         raise
     _check_outputs(seen["out"], jax.tree.leaves(batch)[0].shape[0])
+    return _classes(seen["labels"], seen["outputs"])
+
+
+def _label_candidates(batch: Batch) -> set[str]:
+    """Paths of the integer fields of `batch` named like class labels (or the `y` of an `(x, y)` pair)."""
+    pair = isinstance(batch, (tuple, list)) and len(batch) == 2
+    out = set()
+    for path, leaf in jax.tree.flatten_with_path(batch)[0]:
+        last = path[-1] if path else None
+        name = str(getattr(last, "key", getattr(last, "name", "")))
+        second = pair and len(path) == 1 and getattr(last, "idx", None) == 1
+        dtype = getattr(leaf, "dtype", None)
+        if (name.lower() in LABEL_NAMES or second) and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+            out.add(jax.tree_util.keystr(path))
+    return out
+
+
+def _by_path(tree: Any) -> dict[str, Any]:
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.flatten_with_path(tree)[0]}
+
+
+def _classes(labels: dict[str, jax.ShapeDtypeStruct], outputs: list[Any]) -> dict[str, tuple[int, tuple, tuple]]:
+    """`{path: (C, logits shape, labels shape)}` for the labels whose shape plus one axis of C >= 2
+    is the shape of a float output of the model (one C only: two different ones say nothing)."""
+    logits = [o for out in outputs for o in jax.tree.leaves(out)
+              if isinstance(o, jax.ShapeDtypeStruct) and jnp.issubdtype(o.dtype, jnp.floating) and o.ndim >= 2]
+    found = {}
+    for path, label in labels.items():
+        matches = {o.shape for o in logits if o.shape[:-1] == label.shape and o.shape[-1] >= 2}
+        if len(matches) == 1:
+            (shape,) = matches
+            found[path] = (shape[-1], shape, label.shape)
+    return found
+
+
+_CALLS = threading.local()  # the model whose calls are recorded, and the list they go to
+
+
+@functools.lru_cache(maxsize=64)
+def _recording_class(cls: type) -> type:
+    """A subclass of `cls` whose calls record their outputs' shapes while `_recording` is on."""
+    def __call__(self, *args, **kwargs):
+        out = super(recording, self).__call__(*args, **kwargs)
+        target = getattr(_CALLS, "target", None)
+        if target is not None and target[0] is self:
+            target[1].append(_shapes(out))
+        return out
+
+    recording = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                            "__qualname__": cls.__qualname__})
+    return recording
+
+
+@contextlib.contextmanager
+def _recording(model: nnx.Module, outputs: list[Any]) -> Iterator[None]:
+    """Records the shapes of what `model` (a copy only this trace holds) returns when called; a
+    model class that cannot be subclassed so is simply not recorded."""
+    try:
+        if callable(model):
+            object.__setattr__(model, "__class__", _recording_class(type(model)))
+    except TypeError:  # __slots__, a final class, ...
+        pass
+    _CALLS.target = (model, outputs)
+    try:
+        yield
+    finally:
+        _CALLS.target = None
+
+
+def check_labels(data: Any, classes: dict[str, tuple[int, tuple, tuple]], batch_size: int,
+                 name: str = "data") -> None:
+    """Raises DataError where class labels of `data` (`classes`, from `check_loss_fn`) fall outside
+    0..C-1, naming their range, the first bad row and the model's classes. In-memory arrays are read
+    whole (a device array on its device); a row source only in its first batch; data made during
+    the run or a loader's batches not at all.
+    """
+    if not classes or hasattr(data, "abstract_batch"):
+        return
+    first = ""
+    if data_lib.is_source(data):
+        n = min(len(data), batch_size)
+        rows = data.read(0, n)
+        data, first = (data.unflatten(rows) if hasattr(data, "unflatten") else rows), f" in its first {n:,} rows"
+    leaves = _by_path(data)
+    for path, (C, logits, label_shape) in classes.items():
+        x = leaves.get(path)
+        if x is None or np.ndim(x) == 0 or np.shape(x)[0] == 0:
+            continue
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:  # another process holds part of it
+            continue
+        x = x if isinstance(x, jax.Array) else np.asarray(x)
+        xp = jnp if isinstance(x, jax.Array) else np
+        lo, hi = int(xp.min(x)), int(xp.max(x))
+        if 0 <= lo and hi < C:
+            continue
+        out = (x < 0) | (x >= C)
+        row = int(xp.argmax(xp.reshape(out, (np.shape(x)[0], -1)).any(axis=1)))
+        values = np.asarray(x[row]).reshape(-1)  # one row to the host
+        value = int(values[(values < 0) | (values >= C)][0])
+        more = f" or give the model {hi + 1} outputs" if lo >= 0 else ""
+        raise DataError(f"{name}{path} holds label {value} at row {row:,} (labels {lo}..{hi}{first}), outside "
+                        f"0..{C - 1}: the model's outputs have {C} classes (logits {logits} for labels "
+                        f"{label_shape}); map the labels to 0..{C - 1}{more}",
+                        key=path, value=value, row=row, low=lo, high=hi, classes=C)
 
 
 def _check_outputs(out: Any, batch_size: int) -> None:

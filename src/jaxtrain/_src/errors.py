@@ -187,14 +187,22 @@ class DataError(JaxtrainError, ValueError):
 
 
 class NonFiniteLossError(JaxtrainError, FloatingPointError):
-    """Training produced a NaN or Inf loss (exit code 3)."""
+    """Training produced a NaN or Inf loss (exit code 3).
+
+    At step 1 the loss is the initial model's, before any update, so the learning rate cannot be
+    the cause: the advice is then about the data and the loss instead."""
 
     exit_code = 3
 
     def __init__(self, step: int, value: float, detail: str = ""):
-        super().__init__(
-            f"loss became {value} at step {step}; training stopped" + (f" ({detail})" if detail else "") + ". "
-            f"Lower the learning rate ({setting('optim.lr')}), enable clipping ({setting('optim.clip_norm', 1.0)}), "
-            f"skip such steps ({setting('on_nan', 'skip')}) or check the data for NaN/Inf values.",
-            step=step, value=value,
-        )
+        stopped = f"loss became {value} at step {step}; training stopped" + (f" ({detail})" if detail else "")
+        if step == 1:
+            advice = ("It is the initial model's loss on the first batch, before any update, so the learning rate "
+                      "is not the cause: check the data for NaN/Inf values, that integer class labels lie in "
+                      "0..C-1 for a model with C outputs (a label outside them gives NaN), and the loss for "
+                      "log(0) or 0/0.")
+        else:
+            advice = (f"Lower the learning rate ({setting('optim.lr')}), enable clipping "
+                      f"({setting('optim.clip_norm', 1.0)}), skip such steps ({setting('on_nan', 'skip')}) or check "
+                      "the data for NaN/Inf values.")
+        super().__init__(f"{stopped}. {advice}", step=step, value=value)

@@ -32,18 +32,18 @@ class TrainState(NamedTuple):
 def init_state(
     model: nnx.Module, tx: optax.GradientTransformation, rng: jax.Array
 ) -> tuple[nnx.GraphDef, TrainState]:
-    """Splits `model` once into a static graph definition and a `TrainState`.
+    """Splits `model` once into a static graph definition, in training mode, and a `TrainState`.
 
     Args:
-      model: a Flax NNX module with initialised parameters.
+      model: a Flax NNX module with initialised parameters, in either mode (it is left as it is).
       tx: the optax transformation that will update the parameters.
       rng: PRNG key for the per-step keys of training.
 
     Returns:
       `(graphdef, state)`; `nnx.merge(graphdef, state.params, state.model_state)` rebuilds
-      the model.
+      the model in training mode (dropout on, batch statistics updated).
     """
-    graphdef, params, model_state = nnx.split(model, nnx.Param, ...)
+    graphdef, params, model_state = nnx.split(in_mode(model, train=True), nnx.Param, ...)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -54,9 +54,22 @@ def init_state(
     return graphdef, state
 
 
+def in_mode(model: nnx.Module, train: bool) -> nnx.Module:
+    """A view of `model` in training mode (`train`: dropout on, batch statistics updated) or
+    evaluation mode, whatever mode `model` is in; it shares `model`'s variables, and `model` itself
+    is left in its mode.
+
+    The modes are Flax's `Module.train()` and `Module.eval()`: the `deterministic` and
+    `use_running_average` attributes of every module that has them (`nnx.Dropout`, `nnx.BatchNorm`,
+    `nnx.MultiHeadAttention`, the user's own modules). `nnx.with_attributes` sets them on a copy
+    rather than on `model`, so a model that arrives in evaluation mode (`model.eval()` before `fit`)
+    still trains with dropout, and goes back to its caller in evaluation mode.
+    """
+    return nnx.with_attributes(model, deterministic=not train, use_running_average=not train,
+                               raise_if_not_found=False)
+
+
 def eval_graphdef(model: nnx.Module) -> nnx.GraphDef:
-    """The graph definition of `model` in evaluation mode (dropout off, running averages on)."""
-    model.eval()
-    graphdef = nnx.split(model, nnx.Param, ...)[0]
-    model.train()
-    return graphdef
+    """The graph definition of `model` in evaluation mode (dropout off, running averages used);
+    `model` is left in its mode."""
+    return nnx.split(in_mode(model, train=False), nnx.Param, ...)[0]

@@ -44,7 +44,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
     offset = 0
     arrays = []
     for name, array in tensors.items():
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a scalar (an RNG count) 1-d
         if array.dtype not in _NAMES:
             raise ConfigError(f"weight {name!r} has dtype {array.dtype}, which safetensors cannot hold")
         header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
