@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = ROOT / "jaxtrain"
 BUILDERS = {"make_train_step", "init_state", "build_optimizer", "build_train_optimizer", "CompiledCalls",
-            "make_multi_step", "make_scan_steps"}
+            "make_multi_step", "make_gather_step", "make_stacked_step", "fuse_steps"}
 BUILDER_HOME = {"jaxtrain._src.program"}
 # where a builder is defined, or a compiled call is made of its parts (the builder's own helpers)
 DEFINED_IN = {"jaxtrain._src.step", "jaxtrain._src.state", "jaxtrain._src.optim", "jaxtrain._src.calls",

@@ -1,7 +1,12 @@
-"""Compiled calls: one ahead-of-time compiled program per call length K, and the choice of K.
+"""Compiled calls: the programs that run K optimizer steps per call, the choice of K and of the call's form.
 
-A call runs K optimizer steps fused with `lax.scan` (see `step.py`); the feed says what the call
-takes besides the train state (device data and a permutation, or stacked streamed batches).
+A call runs K optimizer steps; the feed says what the call takes besides the train state (device
+data and a permutation, or stacked streamed batches) and what step i of it is (`Feed.make_step`).
+The call has one of three forms (`StepForm`): the K steps fused with `lax.scan` (one program per
+K, one dispatch), programs of U fully unrolled steps dispatched K/U times, or the plain step
+dispatched K times; the dispatched forms queue their programs without a host sync in between.
+XLA:CPU runs some ops (convolutions) many times slower inside a loop body than in straight-line
+code (jax#12868), so the form is measured on the run's own first steps, not assumed.
 An epoch's shorter last call runs the program of K with its extra steps skipped (`masked_call`),
 so a run over device-resident data compiles one program for K (streamed batches, stacked per call,
 still need one per length).
@@ -29,12 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtrain._src.config import STEP_FORMS as FORMS
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.memory import compiled_memory, release_free_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.sharding import Layout
+from jaxtrain._src.slow_ops import loop_slow_ops
 from jaxtrain._src.state import TrainState
-from jaxtrain._src.step import Metrics
+from jaxtrain._src.step import Metrics, fuse_steps
 
 
 def shapes_of(tree: Any) -> Any:
@@ -64,6 +71,9 @@ class AutoSteps:
       slow_call_s: a short run's first call of K_b slower than this switches it to K_a (see
         `StepsPerCall.check`); a population, whose call trains every member, allows its members'
         share each.
+      unroll: steps per program of the "unroll" form (its compile grows with them).
+      form_probe_s: the time a timed segment of the form measurement aims at (its steps: this over
+        the first step's time, 1 to `probe_lengths[0]`).
     """
 
     probe_lengths: tuple[int, int] = (16, 128)
@@ -71,6 +81,8 @@ class AutoSteps:
     overhead_target: float = 0.02
     short_run_calls: int = 32
     slow_call_s: float = 1.0
+    unroll: int = 4
+    form_probe_s: float = 0.02
 
     def __post_init__(self) -> None:
         k_a, k_b = self.probe_lengths
@@ -78,6 +90,8 @@ class AutoSteps:
             raise ConfigError(f"AutoSteps.probe_lengths={self.probe_lengths} must be two integers 1 <= K_a < K_b")
         if self.repeats < 1 or not self.overhead_target > 0 or self.short_run_calls < 0:
             raise ConfigError("AutoSteps.repeats must be >= 1, overhead_target > 0 and short_run_calls >= 0")
+        if self.unroll < 2 or not self.form_probe_s > 0:
+            raise ConfigError("AutoSteps.unroll must be >= 2 and form_probe_s > 0")
 
 
 class StepsPerCall:
@@ -124,6 +138,11 @@ class StepsPerCall:
             self._plan = []
         self._remaining = remaining
         return self._plan[0] if self._plan else min(self.k, remaining)
+
+    def stop(self) -> None:
+        """No K to measure (the calls are dispatched step by step): K_a, or the K set."""
+        if not self.fixed and (self._plan or self.short):
+            self._plan, self.short, self.k = [], False, self._k_a
 
     @property
     def checking(self) -> bool:
@@ -180,15 +199,126 @@ class StepsPerCall:
         return f"a call of {k} steps"
 
 
+class StepForm:
+    """Chooses the form of the run's calls: "scan" (K steps fused in a rolled `lax.scan`),
+    "unroll" (programs of U fully unrolled steps, dispatched K/U times) or "step" (the plain
+    step, dispatched K times).
+
+    A form set by the user is used as is. Otherwise ("auto") the steps of the run's first call are
+    timed in each form before it runs, on a copy of the state that is then dropped (see
+    `CompiledCalls._measure_form`): the plain step, then the scan program masked to the same steps,
+    twice each, with a host sync after each segment (the first step's own time counts too). A segment
+    holds `form_probe_s` over the first step's time steps (1 to K_a), so a model whose loop body is
+    slow pays that slowness for a step or two, not for a call of K; one timing of each decides when
+    they are 3x apart and the scan's took over `DECISIVE_S`. When the plain step is faster than the
+    loop, programs of U unrolled steps are timed too and kept when faster by `UNROLL_MARGIN` (they
+    hold more temporaries).
+
+    The forms round differently (XLA fuses a loop body and straight-line code apart), so a run's
+    numbers depend on the form to about 1e-7: a dispatched form replaces the scan only when it is
+    `LOOP_MARGIN` faster in its slowest timing than the scan in its fastest, far outside the
+    timings' noise, so that runs of the same seed choose alike. Where a model's loop body is slow
+    it is several times slower (convolutions on XLA:CPU: 10-15x); where it is not, the scan's
+    per-call cost is made negligible by K. `step_form` pins the form.
+    """
+
+    LOOP_MARGIN = 2 / 3  # the plain step's per-step time must be under this fraction of the loop's
+    UNROLL_MARGIN = 0.9  # the unrolled program's, under this fraction of the plain step's
+    DECISIVE_S = 0.2  # a timed segment this long is not a scheduler's hiccup
+
+    def __init__(self, fixed: str = "auto", auto: AutoSteps = AutoSteps()):
+        if fixed not in FORMS:
+            raise ConfigError(f"step_form={fixed!r} must be one of {', '.join(FORMS)}")
+        self.fixed = fixed != "auto"
+        self.form = "scan" if fixed == "auto" else fixed
+        self.unroll = auto.unroll
+        self.per_step: dict[str, float] = {}  # the fastest seconds per step timed in each form
+        self._slowest: dict[str, float] = {}  # and the slowest: a form replaces another only if its slowest wins
+        self._plan: list[str] = [] if self.fixed else ["step", "step", "scan", "scan"]
+        self._probe_s, self._max_steps = auto.form_probe_s, auto.probe_lengths[0]
+        self.steps = 1  # steps of a timed segment (the first is one step: it sets the rest)
+        self.why = "set" if self.fixed else "not measured yet"
+
+    @property
+    def measuring(self) -> bool:
+        return bool(self._plan)
+
+    def next_form(self) -> str:
+        return self._plan[0]
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether calls are dispatched step by step (or U steps at a time) rather than scanned."""
+        return self.form != "scan"
+
+    def stop(self) -> None:
+        """Measuring is over without a decision (a run too short for it): the current form stays."""
+        if self._plan:
+            self._plan, self.why = [], "measuring cut short: " + self._figures()
+
+    def record(self, form: str, steps: int, seconds: float) -> str | None:
+        """Takes the time of a segment of `steps` steps in `form`; at the end of the plan picks the
+        form and returns why (None before)."""
+        per_step = seconds / steps
+        self.per_step[form] = min(self.per_step.get(form, math.inf), per_step)
+        self._slowest[form] = max(self._slowest.get(form, 0.0), per_step)
+        self._plan.pop(0)
+        if form == "step" and self.steps == 1 and len(self._plan) == 3:  # the first step: sets the segments
+            self.steps = max(1, min(self._max_steps, round(self._probe_s / per_step)))
+        if form == "scan" and self._plan == ["scan"] and seconds > self.DECISIVE_S:  # one timing is
+            ratio = per_step / self.per_step["step"]  # enough when far apart and too long to be noise
+            if ratio > 3 or ratio < 1 / 3:
+                self._plan = []
+        if self._plan:
+            return None
+        timed, slowest = self.per_step, self._slowest
+        if "unroll" not in timed:
+            if slowest["step"] < self.LOOP_MARGIN * timed["scan"]:
+                self.form, self._plan = "step", ["unroll", "unroll"]  # the plain step wins: try U unrolled
+                return None
+            self.form = "scan"
+        else:
+            self.form = "unroll" if slowest["unroll"] < self.UNROLL_MARGIN * timed["step"] else "step"
+        self.why = f"measured: {self._figures()}"
+        return f"{self.describe()} ({self.why})"
+
+    @property
+    def loop_slower(self) -> bool:
+        """Whether the loop was timed slower per step than the plain step."""
+        return not self.measuring and self.per_step.get("scan", 0.0) > self.per_step.get("step", math.inf)
+
+    def blame(self, ops: str | None) -> str:
+        """Adds the step's ops known to be slow in a loop body to `why`; the decision's message."""
+        if ops:
+            self.why += f"; the step holds {ops}, which XLA:CPU runs slower in a loop body"
+        return f"{self.describe()} ({self.why})"
+
+    def _figures(self) -> str:
+        names = {"scan": "loop", "step": "plain step", "unroll": f"{self.unroll} unrolled"}
+        return ", ".join(f"{names[f]} {t * 1e3:.3g} ms/step" for f, t in sorted(self.per_step.items(),
+                                                                               key=lambda item: item[1]))
+
+    def describe(self) -> str:
+        return {"scan": "steps fused in a lax.scan loop",
+                "unroll": f"programs of {self.unroll} unrolled steps, dispatched without a host sync",
+                "step": "the plain step, dispatched without a host sync"}[self.form]
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json records of the choice."""
+        return {"form": self.form, "why": self.why, "unroll": self.unroll,
+                "ms_per_step": {f: round(t * 1e3, 4) for f, t in self.per_step.items()}}
+
+
 def masked_call(source: "CallSource", train_step: Callable, k: int) -> Callable:
-    """`call(state, *args, valid)`: the feed's call of k steps, of which the first `valid` train
-    and the rest are skipped (`lax.cond` on the state's step: the state passes through, metrics
-    are zeros). An epoch's shorter last call then runs the program of K instead of compiling its
-    own. The cond costs nothing measurable: timed side by side with the plain scan on
-    mlp-regression's model, a step took 0.98-0.99x the time."""
+    """`call(state, *args, first, valid)`: steps `first ..` of the feed's call, k of them, of which
+    the first `valid` train and the rest are skipped (`lax.cond` on the state's step: the state
+    passes through, metrics are zeros). An epoch's shorter last call then runs the program of K
+    instead of compiling its own, and the form measurement times a few of a call's steps. The cond
+    costs nothing measurable: timed side by side with the plain scan on mlp-regression's model, a
+    step took 0.98-0.99x the time."""
 
     def call(state: TrainState, *args: Any) -> tuple[TrainState, Metrics]:
-        *args, valid = args
+        *args, first, valid = args
         limit = state.step + valid
         traced: dict[str, Any] = {}  # the metrics' shapes, from tracing the training branch
 
@@ -205,15 +335,15 @@ def masked_call(source: "CallSource", train_step: Callable, k: int) -> Callable:
         def step(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
             return jax.lax.cond(state.step < limit, train, skip, state, batch)
 
-        return source.make_call(step, k)(state, *args)
+        return fuse_steps(source.make_step(step), k)(state, *args, first)
 
     return call
 
 
 class CallSource(Protocol):
-    """What `CompiledCalls` needs from a feed: the function of one call and its arguments' shapes."""
+    """What `CompiledCalls` needs from a feed: step i of a call, and the call's arguments' shapes."""
 
-    def make_call(self, train_step: Callable, k: int) -> Callable[..., tuple[TrainState, Metrics]]: ...
+    def make_step(self, train_step: Callable) -> Callable[..., tuple[TrainState, Metrics]]: ...
 
     def abstract_args(self, k: int) -> tuple[Any, ...]: ...
 
@@ -243,23 +373,29 @@ class Compiling:
 class CompiledCalls:
     """The compiled K-step calls of a run, compiled ahead of time on first use, with donation.
 
-    `calls(k, state, args)` runs one call of k steps and returns `(state, metrics)` with each
-    metric stacked to shape (k,). While the K chooser is measuring, each call is timed (a host
-    sync); afterwards calls are asynchronous.
+    `calls(k, state, args)` runs one call of k steps in the form `form` chose and returns
+    `(state, metrics)` with each metric stacked to shape (k,). While the form or K is measured,
+    calls (or segments of them) are timed (a host sync); afterwards calls are asynchronous.
 
     Args:
       source: the feed, which builds the function of a call and describes its arguments.
       train_step: the pure `train_step(state, batch) -> (state, metrics)`.
       state: a train state (or its shapes) to compile for.
       chooser: the K chooser.
+      form: the form chooser (default: the scan, as set).
       layout: the mesh and shardings of the run (the state is split as `layout.state_shardings`).
       log: where the K chooser's decision is reported.
       state_shardings: `layout.state_shardings(state)`, when the caller has it already.
     """
 
     def __init__(self, source: CallSource, train_step: Callable, state: TrainState, chooser: StepsPerCall,
-                 layout: Layout, log: Callable[[str], None] = lambda message: None, state_shardings: Any = None):
+                 layout: Layout, log: Callable[[str], None] = lambda message: None, state_shardings: Any = None,
+                 form: StepForm | None = None):
         self.source, self.train_step, self.chooser, self.layout, self.log = source, train_step, chooser, layout, log
+        self.form = form if form is not None else StepForm("scan")
+        self._dispatched: dict[tuple[int, Any], Callable] = {}  # (unrolled steps, call arguments) -> program
+        self._treedef = jax.tree.structure(state)
+        self._indices: dict[int, jax.Array] = {}
         self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self._state_shapes = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
                                           self.state_shardings)
@@ -328,9 +464,17 @@ class CompiledCalls:
             self._background.shutdown(wait=True)
 
     def get(self, k: int) -> Callable:
-        """The compiled call of k steps (compiled now if it is new): `call(state, *args, valid)`
-        runs the first `valid` of its k steps (see `masked_call`); a longer program when one serves
-        (`program_length`)."""
+        """The compiled scan call of k steps (compiled now if it is new): `call(state, *args, first,
+        valid)` runs `valid` of its k steps from step `first` of the call's arguments (see
+        `masked_call`); a longer program when one serves (`program_length`). With a dispatched
+        form it compiles that form's program instead (and returns it)."""
+        if self.form.dispatched and not self.form.measuring:
+            program = self._program(self.form.unroll if self.form.form == "unroll" else 1, k)
+            if self.form.form == "unroll" and k % self.form.unroll:  # the remainder's steps: beside it
+                self._program(1, k, background=True)
+            return program
+        if self.form.measuring and not self._dispatched:  # the plain step, timed first: beside the scan
+            self._program(1, k, background=True)
         k = self.program_length(k)
         if k not in self._compiled:
             self._compiled[k] = self._compile_call(k)
@@ -343,11 +487,46 @@ class CompiledCalls:
             self.memory = compiled_memory(self._compiled[k])
         return self._compiled[k]
 
+    def _program(self, unrolled: int, k: int, background: bool = False) -> Callable:
+        """The dispatched program of `unrolled` steps over the arguments of a call of k steps:
+        `program(leaves, *args, first)` runs steps `first .. first+unrolled-1` on the train state
+        given as its list of leaves (metrics of shape (unrolled,)); compiled now (or in the
+        background) if it is new. The state travels as a flat list between a call's dispatches:
+        flattening its pytree (NNX states are Python-level nodes) would cost more than the dispatch."""
+        args = self.source.abstract_args(k)
+        key = (unrolled, tuple((x.shape, x.dtype) for x in jax.tree.leaves(args)))
+        if key not in self._dispatched:
+            steps, treedef = fuse_steps(self.source.make_step(self.train_step), unrolled, unroll=True), self._treedef
+
+            def fn(leaves: list[jax.Array], *args: Any) -> tuple[list[jax.Array], Metrics]:
+                state, metrics = steps(jax.tree.unflatten(treedef, leaves), *args)
+                return jax.tree.leaves(state), metrics
+
+            first = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.layout.replicated)
+            self._dispatched[key] = self.compile(
+                fn, jax.tree.leaves(self._state_shapes), *args, first, donate=True, background=background,
+                in_shardings=(jax.tree.leaves(self.state_shardings), *_shardings_of(args), self.layout.replicated),
+                out_shardings=(jax.tree.leaves(self.state_shardings), self.layout.replicated),
+                what="train step" if unrolled == 1 else "train steps, unrolled", k=unrolled,
+                why=self.form.why if not self.form.measuring else "timing probe of the step's form")
+        program = self._dispatched[key]
+        if isinstance(program, Compiling) and not background:
+            program = self._dispatched[key] = program.result()
+        if self.memory is None and not background:
+            self.memory = compiled_memory(program)
+        return program
+
+    def _index(self, i: int) -> jax.Array:
+        """Step i of a call as an argument on the devices (made once: a host scalar is sent each call)."""
+        if i not in self._indices:
+            self._indices[i] = jax.device_put(np.int32(i), self.layout.replicated)
+        return self._indices[i]
+
     def _compile_call(self, k: int, background: bool = False) -> Callable:
         fn, args = masked_call(self.source, self.train_step, k), self.source.abstract_args(k)
-        valid = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.layout.replicated)
-        return self.compile(fn, self._state_shapes, *args, valid, donate=True, background=background,
-                            in_shardings=(self.state_shardings, *_shardings_of(args), self.layout.replicated),
+        index = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.layout.replicated)
+        return self.compile(fn, self._state_shapes, *args, index, index, donate=True, background=background,
+                            in_shardings=(self.state_shardings, *_shardings_of(args), *[self.layout.replicated] * 2),
                             out_shardings=(self.state_shardings, self.layout.replicated),
                             what="train call", k=k, why=self.chooser.why(k))
 
@@ -384,12 +563,19 @@ class CompiledCalls:
         return shapes(k) == shapes(K)
 
     def __call__(self, k: int, state: TrainState, args: tuple[Any, ...]) -> tuple[TrainState, Metrics]:
+        if self.form.measuring:
+            self._measure_form(k, state, args)
+        if self.form.dispatched:  # its time counts as computing: XLA:CPU runs a program on the
+            t0 = time.perf_counter()  # thread that dispatches it, once the one before is done
+            state, metrics = self._dispatch(self.form.form, k, state, args, 0, k)
+            self.wait_s += time.perf_counter() - t0
+            return state, metrics
         length = self.program_length(k)
         fn = self.get(length)
         if self.chooser.measuring:  # timed calls run with nothing compiling beside them
             self.finish_compiles()
         t0 = time.perf_counter()
-        state, metrics = fn(state, *args, np.int32(k))
+        state, metrics = fn(state, *args, np.int32(0), np.int32(k))
         if length != k:  # the steps the call ran; the rest of the program's were skipped
             metrics = jax.tree.map(lambda m: m[:k], metrics)
         self.dispatch_s += time.perf_counter() - t0
@@ -404,6 +590,58 @@ class CompiledCalls:
                 self.log(message)
         return state, metrics
 
+    def _dispatch(self, form: str, n: int, state: TrainState, args: tuple[Any, ...], first: int,
+                  k: int) -> tuple[TrainState, Metrics]:
+        """Steps `first .. first+n-1` of a call of k steps in `form`, queued without a host sync;
+        metrics stacked to shape (n,)."""
+        if form == "scan":
+            state, metrics = self.get(self.program_length(k))(state, *args, np.int32(first), np.int32(n))
+            return state, jax.tree.map(lambda m: m[:n], metrics)
+        parts, end, leaves = [], first + n, self._treedef.flatten_up_to(state)
+        unrolled = self.form.unroll if form == "unroll" else 1
+        while first < end:
+            u = unrolled if end - first >= unrolled else 1
+            leaves, metrics = self._program(u, k)(leaves, *args, self._index(first))
+            parts.append(metrics)
+            first += u
+        metrics = parts[0] if len(parts) == 1 else jax.tree.map(lambda *m: jnp.concatenate(m), *parts)
+        return jax.tree.unflatten(self._treedef, leaves), metrics
+
+    def _measure_form(self, k: int, state: TrainState, args: tuple[Any, ...]) -> None:
+        """Chooses the form before the run's first call of k steps: timed segments of that call in
+        each form (see `StepForm`) run on a copy of the state, which is then dropped, so training
+        starts from the same state in the chosen form: results never depend on the timings that
+        chose it, and a resumed run (which keeps the form) continues bit for bit."""
+        form = self.form
+        self.get(k)  # the scan program, and the plain step beside it
+        scratch = jax.tree.map(lambda x: x.copy(), state)  # the timed programs donate it
+        while form.measuring:
+            probe = form.next_form()
+            unrolled = form.unroll if probe == "unroll" else 1
+            if probe != "scan":
+                self._program(unrolled, k)
+            n = min(form.unroll if probe == "unroll" else form.steps, k)
+            if n < unrolled:  # calls too short to hold the unrolled program's steps
+                form.stop()
+                break
+            self.finish_compiles()  # timed segments run with nothing compiling beside them
+            t0 = time.perf_counter()
+            scratch, metrics = self._dispatch(probe, n, scratch, args, 0, k)
+            self.wait((scratch, metrics))
+            if message := form.record(probe, n, time.perf_counter() - t0):
+                if form.loop_slower:  # say which of the step's ops a loop body makes slow
+                    step_at, args_shapes = self.source.make_step(self.train_step), self.source.abstract_args(k)
+                    message = form.blame(loop_slow_ops(step_at, self._state_shapes, *args_shapes, np.int32(0)))
+                self.log(message)
+        del scratch
+        if form.dispatched:  # K need not be measured: a dispatched call's cost is its steps'
+            self.chooser.stop()
+
+    @property
+    def measuring(self) -> bool:
+        """Whether calls are still timed (the form or K being measured)."""
+        return self.form.measuring or self.chooser.measuring
+
     def wait(self, outputs: Any) -> None:
         """Blocks until `outputs` of a call are computed; the seconds are added to `wait_s`."""
         t0 = time.perf_counter()
@@ -413,7 +651,13 @@ class CompiledCalls:
     def flops_per_step(self, k: int | None = None, grad_accum: int = 1) -> float | None:
         """XLA's FLOP count of one optimizer step, from the compiled call of k steps (see `flops`);
         with k None, from a call already compiled (the run's K when it is, else the longest), so
-        that asking compiles nothing."""
+        that asking compiles nothing. With a dispatched form, from its program (k is not used)."""
+        accum = grad_accum if loop_body_counted_once() else 1  # the micro-batches' scan
+        if self.form.dispatched and not self.form.measuring and self._dispatched:
+            unrolled = self.form.unroll if self.form.form == "unroll" else 1
+            ready = [p for (u, _), p in self._dispatched.items() if u == unrolled and not isinstance(p, Compiling)]
+            flops = _flops(ready[0]) if ready else None
+            return None if flops is None else flops * accum / unrolled
         if k is None:
             ready = [n for n in self._compiled if self._ready(n)]
             if not ready:
@@ -427,12 +671,17 @@ class CompiledCalls:
     def flops(self, k: int) -> float | None:
         """XLA's FLOP count of the compiled call of k steps (`cost_analysis`; a loop's body counts
         once), or None when the backend does not report it."""
-        try:
-            cost = self.get(k).cost_analysis()
-        except Exception:  # noqa: BLE001 - optional backend feature
-            return None
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost["flops"]) if cost and cost.get("flops", -1) > 0 else None
+        return _flops(self.get(k))
+
+
+def _flops(program: Any) -> float | None:
+    """XLA's FLOP count of a compiled program, or None when the backend does not report it."""
+    try:
+        cost = program.cost_analysis()
+    except Exception:  # noqa: BLE001 - optional backend feature
+        return None
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost["flops"]) if cost and cost.get("flops", -1) > 0 else None
 
 
 @functools.cache

@@ -20,6 +20,7 @@ Placement = Literal["auto", "device", "stream"]
 LastBatch = Literal["drop", "pad"]
 OnNaN = Literal["stop", "skip"]
 TRACKERS = ("mlflow", "wandb", "csv")  # the names TrainConfig.track takes (hooks/trackers.py)
+STEP_FORMS = ("auto", "scan", "unroll", "step")  # TrainConfig.step_form (calls.StepForm)
 Precision = Literal["fp32", "bf16", "fp16"]
 BestMode = Literal["min", "max"]
 
@@ -224,8 +225,12 @@ class TrainConfig:
     seed: int = 0
     """Seed for initialisation, shuffling and every random key of the run."""
     steps_per_call: int = 0
-    """Optimizer steps fused into one compiled call (lax.scan); 0 picks the smallest K that keeps
-    per-call overhead under 2% of compute."""
+    """Optimizer steps per compiled call (K); 0 picks the smallest K that keeps per-call overhead
+    under 2% of compute."""
+    step_form: str = "auto"
+    """How a call runs its K steps: scan (fused in a lax.scan loop), unroll (programs of a few
+    unrolled steps), step (the plain jitted step, dispatched K times without a host sync), or auto:
+    timed on the run's first steps, fastest kept (XLA:CPU runs convolutions ~10x slower in a loop)."""
     log_every: int = 200
     """Steps between training-metric lines in metrics.jsonl (each one a host sync)."""
     eval_every: int = 1
@@ -275,6 +280,8 @@ class TrainConfig:
         for field in ("epochs", "batch_size", "log_every", "eval_every", "grad_accum", "loss_scale_period"):
             value = getattr(self, field)
             _check(isinstance(value, int) and value >= 1, f"{field}={value!r} must be an integer >= 1")
+        _check(self.step_form in STEP_FORMS,
+               f"step_form={self.step_form!r} must be one of {', '.join(STEP_FORMS)}")
         for field in ("eval_batch_size", "steps_per_call", "steps_per_epoch"):
             value = getattr(self, field)
             _check(

@@ -38,7 +38,7 @@ from jaxtrain._src.data.stream import EPOCH_END, BackgroundIterator, DevicePrefe
 from jaxtrain._src.errors import ConfigError, DataError, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.sharding import Layout
-from jaxtrain._src.step import epoch_permutation, make_multi_step, make_scan_steps
+from jaxtrain._src.step import StepAt, epoch_permutation, make_gather_step, make_stacked_step
 
 Compile = Callable[..., Callable]  # CompiledCalls.compile: (fn, *args, donate=False, background=False) -> executable
 
@@ -58,7 +58,8 @@ class Feed(Protocol):
         """Places what must live on the device and compiles helpers (compile time is counted); a
         feed that reads ahead may start reading at `start` (epoch, step), where training will begin."""
 
-    def make_call(self, train_step: Callable, k: int) -> Callable: ...
+    def make_step(self, train_step: Callable) -> StepAt:
+        """`step_at(state, *args, i)`: step i of a call whose arguments are `next_args(k)`."""
 
     def abstract_args(self, k: int) -> tuple[Any, ...]: ...
 
@@ -142,8 +143,8 @@ class DeviceFeed:
 
         self._permute = compile(permutation, self._key, np.int32(1), background=True)
 
-    def make_call(self, train_step: Callable, k: int) -> Callable:
-        return make_multi_step(train_step, self._B, k, constrain=self._layout.constrain_batch)
+    def make_step(self, train_step: Callable) -> StepAt:
+        return make_gather_step(train_step, self._B, constrain=self._layout.constrain_batch)
 
     def abstract_args(self, k: int) -> tuple[Any, ...]:
         replicated = self._layout.replicated
@@ -212,11 +213,12 @@ class StreamFeed:
         """Starts reading at `start` while the training call compiles."""
         self._host, self._next = self._host_batches(*start), start
 
-    def make_call(self, train_step: Callable, k: int) -> Callable:
-        scan_steps, treedef, names = make_scan_steps(train_step), self._treedef, list(self._spec)
+    def make_step(self, train_step: Callable) -> StepAt:
+        treedef, names = self._treedef, list(self._spec)
         if treedef is None:
-            return scan_steps
-        return lambda state, batches: scan_steps(state, jax.tree.unflatten(treedef, [batches[n] for n in names]))
+            return make_stacked_step(train_step)
+        step_at = make_stacked_step(lambda state, batch: train_step(state, jax.tree.unflatten(treedef, batch)))
+        return lambda state, batches, i: step_at(state, [batches[n] for n in names], i)
 
     def abstract_args(self, k: int) -> tuple[Any, ...]:
         sharding = self._layout.stacked_batches
@@ -419,8 +421,8 @@ class StackedBatches:
     def __init__(self, batch: dict[str, jax.ShapeDtypeStruct], layout: Layout):
         self._batch, self._layout = batch, layout
 
-    def make_call(self, train_step: Callable, k: int) -> Callable:
-        return make_scan_steps(train_step)
+    def make_step(self, train_step: Callable) -> StepAt:
+        return make_stacked_step(train_step)
 
     def abstract_args(self, k: int) -> tuple[Any, ...]:
         sharding = self._layout.stacked_batches

@@ -51,7 +51,7 @@ from jaxtrain._src.program import build_program
 from jaxtrain._src.report import build_summary
 from jaxtrain._src.report.model_summary import model_summary
 from jaxtrain._src.run_guard import RunGuard
-from jaxtrain._src.state import TrainState
+from jaxtrain._src.state import TrainState, in_mode
 from jaxtrain._src.step import Augment, LossFn, Preprocess
 
 __all__ = ["FitResult", "Session", "TrainingStopped", "fit", "run_fit"]
@@ -168,7 +168,9 @@ def fit(
     """Trains `model` on `train_data` and evaluates on `val_data` after every epoch.
 
     Args:
-      model: a Flax NNX module; it is trained in place and also returned in the result.
+      model: a Flax NNX module; it is trained in place and also returned in the result. It trains in
+        training mode and is evaluated in evaluation mode whatever mode it arrives in, and is left
+        in the mode it arrived in.
       loss_fn: `loss_fn(model, batch, key) -> (loss, metrics)`, with `metrics` a dict of scalar
         batch means (may be empty; per-sample values are a ConfigError). `key` is fresh every step.
       train_data: a pytree (dict, tuple, ...) of arrays with one row per sample; a row source
@@ -181,7 +183,9 @@ def fit(
         batches (auto: streamed when over the budget; a loader's batches are always streamed).
       val_data: any of the same for validation (same keys, row shapes, dtype kinds), or None. Held
         on the device when it fits what the training data leave of the budget, else evaluated streamed.
-      config: training settings.
+      config: training settings. `config.step_form` "auto" (the default) times the forms of a call
+        (a `lax.scan` loop, unrolled steps, the plain step) on the run's first steps and keeps the
+        fastest: XLA:CPU runs some ops, convolutions above all, many times slower in a loop body.
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
       hooks: your `jaxtrain.Hook`s; they see a read-only `RunView` and run after evaluation, before
@@ -216,7 +220,7 @@ def _model_summary(model: nnx.Module, loss_fn: LossFn, train_data: Any, preproce
     def trace(model: nnx.Module, batch: Any) -> Any:
         return loss_fn(model, preprocess(batch) if preprocess else batch, jax.random.key(0))
 
-    return model_summary(model, trace, abstract_batch(train_data, batch_size, "train_data"))
+    return model_summary(in_mode(model, train=True), trace, abstract_batch(train_data, batch_size, "train_data"))
 
 
 def run_fit(
@@ -266,7 +270,8 @@ def run_fit(
             return FitResult(model, program.state, loop.history, finished, run_dir)
 
         progress = ProgressHook(console, bar=bar)
-        calls = program.calls(config.steps_per_call or loop.steps_per_call, session.auto_steps, log=progress.message)
+        calls = program.calls(config.steps_per_call or loop.steps_per_call, session.auto_steps, log=progress.message,
+                              form=_step_form(config, loop))
         eval_batch = config.eval_batch_size or config.batch_size
         evaluation = None if val is None else EvalHook(program.eval_step, val, val_streamed, eval_batch,
                                                        config.eval_every)
@@ -332,6 +337,11 @@ def run_fit(
             nnx.update(model, run.state.params, run.state.model_state)
             _end(run, build_summary(run, status))
         return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
+
+
+def _step_form(config: TrainConfig, loop: LoopState) -> str:
+    """The calls' form: the config's, or on resume the form the run measured when it began."""
+    return loop.step_form if config.step_form == "auto" and loop.step_form else config.step_form
 
 
 _CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(...))",

@@ -22,6 +22,8 @@ class LoopState:
       epoch: the epoch in progress (1-based).
       position: steps of that epoch already taken.
       steps_per_call: the K in use (0 before it is chosen).
+      step_form: the calls' form in use (`calls.StepForm`; "" before it is chosen): a resumed run
+        keeps it, so its steps compute as the uninterrupted run's.
       feed: the feed's state (`Feed.get_state()`: placement, data key or seed).
       train_time_s: training time so far, compilation excluded.
       history: one record per finished epoch.
@@ -31,6 +33,7 @@ class LoopState:
     epoch: int = 1
     position: int = 0
     steps_per_call: int = 0
+    step_form: str = ""
     feed: dict[str, Any] = dataclasses.field(default_factory=dict)
     train_time_s: float = 0.0
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)

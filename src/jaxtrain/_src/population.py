@@ -423,6 +423,7 @@ def _train(shared: Run, runners: list[_Runner], form: Any, signals: _StopSignals
                 for i, r in live():
                     r.run.state, r.run.loop.position, r.run.stop_signal = states[i], shared.loop.position, signal
                     r.run.step += k
+                shared.each("after_call", k, metrics)  # the population's evaluation (built after the first call)
                 each("after_call", lambda i: (k, metrics[i]))
                 if signal is not None and shared.loop.position < feed.steps_per_epoch:
                     raise TrainingStopped(signal, shared.step, "members' checkpoints saved; start the population "

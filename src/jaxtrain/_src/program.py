@@ -17,7 +17,7 @@ import jax
 import optax
 from flax import nnx
 
-from jaxtrain._src.calls import AutoSteps, CallSource, CompiledCalls, StepsPerCall
+from jaxtrain._src.calls import AutoSteps, CallSource, CompiledCalls, StepForm, StepsPerCall
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.feeds import Feed, make_feed
 from jaxtrain._src.loop_state import LoopState
@@ -26,7 +26,7 @@ from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
 from jaxtrain._src.precision import Policy, policy_of
 from jaxtrain._src.sharding import Layout, make_layout
-from jaxtrain._src.state import TrainState, eval_graphdef, init_state
+from jaxtrain._src.state import TrainState, eval_graphdef, in_mode, init_state
 from jaxtrain._src.step import Augment, LossFn, Preprocess, make_eval_step, make_train_step
 
 __all__ = ["Program", "build_program"]
@@ -65,14 +65,18 @@ class Program:
     total_steps: int
 
     def calls(self, steps_per_call: int = 0, auto: AutoSteps = AutoSteps(), source: CallSource | None = None,
-              log: Callable[[str], None] = lambda message: None) -> CompiledCalls:
+              log: Callable[[str], None] = lambda message: None, form: str | None = None) -> CompiledCalls:
         """The compiled K-step calls over `source` (the program's feed by default): K fixed at
-        `steps_per_call`, or chosen by timing the first calls when 0."""
+        `steps_per_call`, or chosen by timing the first calls when 0; their form (`StepForm`) as
+        `form` says (default `config.step_form`: "auto" times the forms on the first steps)."""
         source = source if source is not None else self.feed
         per_epoch = getattr(source, "steps_per_epoch", None) or max(steps_per_call, 1)
         chooser = StepsPerCall(steps_per_call, per_epoch, auto, self.total_steps - _step_of(self.state))
+        step_form = StepForm(form or self.config.step_form, auto)
+        if step_form.dispatched:  # a dispatched call's cost is its steps': no K to measure
+            chooser.stop()
         return CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
-                             state_shardings=self.state_shardings)
+                             state_shardings=self.state_shardings, form=step_form)
 
     def compile_step(self, batch: Any, options: dict[str, Any] | None = None) -> Any:
         """One training step compiled ahead of time for `batch` (arrays or abstract shapes, split
@@ -143,7 +147,7 @@ def build_program(
     schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
     tx = build_train_optimizer(config, total_steps, optimizer, schedule)
     if abstract:
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        graphdef, params, rest = nnx.split(in_mode(model, train=True), nnx.Param, ...)  # as init_state splits
         state = jax.eval_shape(lambda p, r: init_state(nnx.merge(graphdef, p, r), tx, step_key)[1], params, rest)
     else:
         graphdef, state = init_state(model, tx, step_key)

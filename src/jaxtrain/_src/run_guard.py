@@ -37,9 +37,9 @@ RUN_DIRS = ("checkpoints", "tensorboard")
 FINISHED = ("completed", "stopped early")  # summary.json's status of a run that a resume leaves as it is
 # Settings a resume may change: where and how it runs, what it prints and keeps; not what it computes.
 RESUMABLE = ("epochs", "quiet", "verbosity", "log_every", "eval_every", "eval_batch_size", "steps_per_call",
-             "tensorboard", "on_nan", "mesh", "dist", "run_dir", "checkpoint.enabled", "checkpoint.every_steps",
-             "checkpoint.keep_last", "checkpoint.keep_best", "early_stopping", "data.prefetch",
-             "data.accept_changed")
+             "step_form", "tensorboard", "on_nan", "mesh", "dist", "run_dir", "checkpoint.enabled",
+             "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.keep_best", "early_stopping",
+             "data.prefetch", "data.accept_changed")
 
 
 # `fit`'s resume="overwrite", which the command line spells as its overwrite flag

@@ -152,6 +152,55 @@ def gather_batch(data: Batch, indices: jax.Array) -> Batch:
     return jax.tree.map(lambda x: jnp.take(x, indices, axis=0), data)
 
 
+StepAt = Callable[..., tuple[TrainState, Metrics]]  # step_at(state, *call_args, i): step i of a call
+
+
+def make_gather_step(
+    train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
+    batch_size: int,
+    constrain: Callable[[Batch], Batch] | None = None,
+) -> StepAt:
+    """Step `i` of a call over device-resident data: `step_at(state, data, perm, start, i)` trains
+    on rows `perm[(start+i)*B : (start+i+1)*B]` of `data`, gathered on the device. `constrain(batch)`
+    places each gathered batch (e.g. split over a mesh's devices)."""
+
+    def step_at(state: TrainState, data: Batch, perm: jax.Array, start: jax.Array, i: jax.Array):
+        indices = jax.lax.dynamic_slice_in_dim(perm, (start + i) * batch_size, batch_size)  # (B,)
+        batch = gather_batch(data, indices)
+        return train_step(state, constrain(batch) if constrain is not None else batch)
+
+    return step_at
+
+
+def make_stacked_step(train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]) -> StepAt:
+    """Step `i` of a call over batches that arrive stacked (streamed data): `step_at(state,
+    batches, i)` trains on `batches[i]`, `batches` of shape (K, B, ...)."""
+
+    def step_at(state: TrainState, batches: Batch, i: jax.Array):
+        return train_step(state, jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), batches))
+
+    return step_at
+
+
+def fuse_steps(step_at: StepAt, num_steps: int, unroll: bool = False) -> Callable[..., tuple[TrainState, Metrics]]:
+    """`call(state, *args, first)`: steps `first .. first+K-1` of a call, K = `num_steps`, fused
+    with `lax.scan`, or with `unroll` traced one after another: straight-line code with no loop
+    body (a scan of one step, even `unroll=True`, still compiles to a while loop). Returns the new
+    state and each metric stacked to shape (K,)."""
+
+    def call(state: TrainState, *args: Any):
+        *args, first = args
+        if not unroll:
+            return jax.lax.scan(lambda state, i: step_at(state, *args, first + i), state, jnp.arange(num_steps))
+        metrics = []
+        for i in range(num_steps):
+            state, m = step_at(state, *args, first + i)
+            metrics.append(m)
+        return state, jax.tree.map(lambda *m: jnp.stack(m), *metrics)
+
+    return call
+
+
 def make_multi_step(
     train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
     batch_size: int,
@@ -161,36 +210,11 @@ def make_multi_step(
     """Fuses `num_steps` (K) training steps into one function over device-resident data.
 
     `multi_step(state, data, perm, start)` runs steps `start .. start+K-1` of the epoch whose
-    sample order is `perm`: step `i` trains on rows `perm[i*B : (i+1)*B]` of `data`, gathered
-    inside the compiled call. Returns the new state and each metric stacked to shape (K,).
-    `constrain(batch)` places each gathered batch (e.g. split over a mesh's devices).
+    sample order is `perm` (see `make_gather_step`). Returns the new state and each metric stacked
+    to shape (K,).
     """
-
-    def multi_step(state: TrainState, data: Batch, perm: jax.Array, start: jax.Array):
-        def body(state: TrainState, i: jax.Array):
-            indices = jax.lax.dynamic_slice_in_dim(perm, (start + i) * batch_size, batch_size)  # (B,)
-            batch = gather_batch(data, indices)
-            return train_step(state, constrain(batch) if constrain is not None else batch)
-
-        return jax.lax.scan(body, state, jnp.arange(num_steps))
-
-    return multi_step
-
-
-def make_scan_steps(
-    train_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]],
-) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-    """Fuses K training steps over batches that arrive stacked, for streamed data.
-
-    `scan_steps(state, batches)` takes `batches` with a leading axis of K batches, shape
-    (K, B, ...), and runs `train_step` on each in order; K is the leading size. Returns the new
-    state and each metric stacked to shape (K,).
-    """
-
-    def scan_steps(state: TrainState, batches: Batch) -> tuple[TrainState, Metrics]:
-        return jax.lax.scan(train_step, state, batches)
-
-    return scan_steps
+    call = fuse_steps(make_gather_step(train_step, batch_size, constrain), num_steps)
+    return lambda state, data, perm, start: call(state, data, perm, start, jnp.int32(0))
 
 
 def make_evaluate_sums(
@@ -220,6 +244,22 @@ def make_evaluate_sums(
         return totals
 
     return evaluate_sums
+
+
+def make_batch_sums(
+    eval_step: Callable[[TrainState, Batch], Metrics], batch_size: int,
+    constrain: Callable[[Batch], Batch] | None = None,
+) -> Callable[[TrainState, Batch, jax.Array, Metrics], Metrics]:
+    """`batch_sums(state, data, i, sums) -> sums`: `sums` plus each metric summed over the rows of
+    batch i of `data` (full batches only): evaluation dispatched batch by batch, with no loop body
+    (see `calls.StepForm`); `sums` is donated between the dispatches."""
+    place = constrain or (lambda batch: batch)
+
+    def batch_sums(state: TrainState, data: Batch, i: jax.Array, sums: Metrics) -> Metrics:
+        batch = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, i * batch_size, batch_size), data)
+        return jax.tree.map(lambda t, m: t + m * batch_size, sums, eval_step(state, place(batch)))
+
+    return batch_sums
 
 
 def make_evaluate(

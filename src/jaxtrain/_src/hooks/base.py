@@ -227,5 +227,6 @@ class Run:
             loop.epoch, loop.position)
         states = {h.name: h.state_dict() for h in self.hooks if h.name}
         hooks = {name: state for name, state in states.items() if state is not None}
+        form = "" if self.calls.form.measuring else self.calls.form.form
         return dataclasses.replace(loop, epoch=epoch, position=position, steps_per_call=self.calls.k,
-                                   feed=self.feed.get_state(), hooks=hooks)
+                                   step_form=form, feed=self.feed.get_state(), hooks=hooks)

@@ -1,7 +1,10 @@
 """Evaluation on the validation set at the end of every `eval_every`-th epoch (and the last).
 
 Validation data on the device run as one compiled call: full batches under `lax.map`, plus one
-call of the remainder. Validation data streamed from a row source (when they exceed what the
+call of the remainder; or, when training dispatches its steps rather than looping over them (the
+model's ops are slow in a loop body: `calls.StepForm`), batch by batch, dispatched without a host
+sync, the sums added up on the device. The program is compiled in the background once the first
+training call has chosen the form. Validation data streamed from a row source (when they exceed what the
 training data leave of the memory budget) are read in blocks of whole batches by a background
 thread; each block runs one compiled call and the sums are added up on the host in float64.
 """
@@ -22,7 +25,7 @@ from jaxtrain._src.feeds import stream_blocks
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import ema_params
-from jaxtrain._src.step import make_evaluate_sums
+from jaxtrain._src.step import make_batch_sums, make_evaluate_sums
 
 STREAM_BLOCK_BYTES = 32 << 20  # rows per streamed evaluation call: about this many bytes, whole batches
 
@@ -51,7 +54,12 @@ class EvalHook(RunHook):
         self._evaluate: Callable[[Any], dict[str, float]] | None = None
 
     def on_start(self, run: Run) -> None:
-        self._evaluate = self._build_streamed(run) if self._streamed else self._build_on_device(run)
+        if self._streamed:
+            self._evaluate = self._build_streamed(run)
+
+    def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        if self._evaluate is None:  # the first call chose the form: compiled meanwhile, used after an epoch
+            self._evaluate = self._build_on_device(run)
 
     def _place(self, run: Run, host: Any) -> Any:
         """Host arrays replicated on every device of the run's mesh."""
@@ -65,10 +73,33 @@ class EvalHook(RunHook):
 
     def _build_on_device(self, run: Run) -> Callable:
         data = self._place(run, self._data)
-        n = self.num_samples
-        fn = make_evaluate_sums(self._step, n, self._B, self._constrain(run, self._B))
-        sums = run.calls.compile(fn, shapes_of(run.state), data, background=True)  # first used after an epoch
-        return lambda state: {k: float(v) / n for k, v in jax.device_get(sums(state, data)).items()}
+        n, B = self.num_samples, self._B
+        constrain = self._constrain(run, B)
+        if not run.calls.form.dispatched:
+            fn = make_evaluate_sums(self._step, n, B, constrain)
+            sums = run.calls.compile(fn, shapes_of(run.state), data, background=True)
+            return lambda state: {k: float(v) / n for k, v in jax.device_get(sums(state, data)).items()}
+        num_full, remainder = divmod(n, B)
+        zeros = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), jax.eval_shape(
+            self._step, run.state, jax.tree.map(lambda x: jax.ShapeDtypeStruct((B, *x.shape[1:]), x.dtype), data)))
+        index = np.int32(0)
+        batch = run.calls.compile(make_batch_sums(self._step, B, constrain), shapes_of(run.state), data, index, zeros,
+                                  background=True)
+        tail = None
+        if remainder:  # the last rows as one smaller batch, as the loop's evaluation does
+            rest = jax.tree.map(lambda x: x[num_full * B:], data)
+            tail = run.calls.compile(make_batch_sums(self._step, remainder, self._constrain(run, remainder)),
+                                     shapes_of(run.state), rest, index, zeros, background=True)
+
+        def evaluate(state: Any) -> dict[str, float]:
+            sums = self._place(run, zeros)
+            for i in range(num_full):
+                sums = batch(state, data, np.int32(i), sums)
+            if tail is not None:
+                sums = tail(state, rest, index, sums)
+            return {k: float(v) / n for k, v in jax.device_get(sums).items()}
+
+        return evaluate
 
     def _build_streamed(self, run: Run) -> Callable:
         n, B = self.num_samples, self._B

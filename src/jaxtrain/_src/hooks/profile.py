@@ -85,9 +85,17 @@ class ProfileHook(RunHook):
         self._probe: Any = None  # the call-overhead probe, compiled beside the training
 
     def on_start(self, run: Run) -> None:
-        # XLA's counting rule and, when K will not be measured, the call-overhead probe (small
-        # compiles) are prepared beside the training, not after it
-        shapes = None if run.calls.chooser.measuring else _shapes(run.state)
+        if not run.calls.measuring:
+            self._prepare(run)
+        if self.trace_dir is not None:
+            jax.profiler.start_trace(str(self.trace_dir))
+            self._tracing = True
+
+    def _prepare(self, run: Run) -> None:
+        """XLA's counting rule and, when K was not measured, the call-overhead probe (small
+        compiles), prepared beside the training rather than after it; once the timed calls that
+        choose the form and K are over, so as not to disturb them."""
+        shapes = None if run.calls.chooser.fitted else _shapes(run.state)
 
         def prepare() -> None:
             loop_body_counted_once()
@@ -99,9 +107,6 @@ class ProfileHook(RunHook):
 
         self._counting = threading.Thread(target=prepare, name="jaxtrain-profile-prepare", daemon=True)
         self._counting.start()
-        if self.trace_dir is not None:
-            jax.profiler.start_trace(str(self.trace_dir))
-            self._tracing = True
 
     def on_epoch_start(self, run: Run) -> None:
         self._open = True
@@ -109,6 +114,8 @@ class ProfileHook(RunHook):
         self._c0 = self._c_last = run.calls.compile_s
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
+        if self._counting is None and not run.calls.measuring:
+            self._prepare(run)
         self._calls, self._steps = self._calls + 1, self._steps + k
         self._t_last, self._c_last = time.perf_counter(), run.calls.compile_s
         if self.budget_s is not None and self._train_s + self._open_s() >= self.budget_s:
@@ -152,8 +159,9 @@ class ProfileHook(RunHook):
         for (name, event), seconds in run.hook_s.items():
             hook_s.setdefault(event, {})
             hook_s[event][name] = hook_s[event].get(name, 0.0) + seconds
-        if self._counting is not None:
-            self._counting.join()
+        if self._counting is None:  # a run that measured to its end
+            self._prepare(run)
+        self._counting.join()
         if calls.chooser.fitted:  # measured on the run's own calls: no probe needed
             dispatch_s = calls.dispatch_s / max(self._calls, 1)
             device_overhead_s = max(calls.chooser.fitted[1] - dispatch_s, 0.0)

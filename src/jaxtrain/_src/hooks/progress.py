@@ -65,7 +65,7 @@ class PlotHook(RunHook):
         self._import: threading.Thread | None = None
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
-        if self._import is None and run.run_dir is not None and not run.calls.chooser.measuring:
+        if self._import is None and run.run_dir is not None and not run.calls.measuring:
             self._import = threading.Thread(target=_import_pyplot, name="jaxtrain-import-matplotlib", daemon=True)
             if "matplotlib.pyplot" not in sys.modules:
                 self._import.start()

@@ -79,6 +79,13 @@ def header_block(run: "Run") -> str:
     return "\n".join(lines)
 
 
+def _form_line(form: dict[str, Any] | None) -> list[str]:
+    """The final block's line on the calls' form and why."""
+    if not form:
+        return []
+    return [f"  Step Form:            {form['form']} ({form['why']})"]
+
+
 def build_summary(run: "Run", status: str) -> dict[str, Any]:
     """The contents of summary.json, a stable contract for scripts (hooks add to it in `on_end`)."""
     history, loop = run.loop.history, run.loop
@@ -93,6 +100,7 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
         "epochs": len(history),
         "steps": run.step,
         "steps_per_call": run.calls.k,
+        "step_form": run.calls.form.summary(),
         "final_train_loss": last.get("train_loss"),
         "final_val_loss": val_losses[-1][0] if val_losses else None,
         "best_val_loss": best[0],
@@ -188,6 +196,7 @@ def final_block(summary: dict[str, Any]) -> str:
         f"  Average Epoch Time:   {summary['mean_epoch_time_s']:.2f}s",
         f"  Total Epochs:         {summary['epochs']}",
         f"  Total Steps:          {summary['steps']} ({summary['steps_per_call']} per compiled call)",
+        *_form_line(summary.get("step_form")),
         f"  Compile Time:         {summary['compile_time_s']:.2f}s (not in epoch times)",
         *([f"  Skipped Steps:        {summary['skipped_steps']} (non-finite)"] if summary.get("skipped_steps") else []),
         f"  Throughput:           {summary['samples_per_s']:,.0f} samples/s, {summary['steps_per_s']:,.1f} steps/s",

@@ -130,16 +130,13 @@ class ReplayFeed:
     def setup(self, compile: Callable, start: tuple[int, int] = (1, 0)) -> None:
         pass
 
-    def make_call(self, train_step: Callable, k: int) -> Callable:
+    def make_step(self, train_step: Callable) -> Callable:
         B = self._B
 
-        def call(state: Any, ring: Ring, key: jax.Array, start: jax.Array):
-            def body(state: Any, i: jax.Array):
-                return train_step(state, sample(ring, jax.random.fold_in(key, start + i), B))
+        def step_at(state: Any, ring: Ring, key: jax.Array, start: jax.Array, i: jax.Array):
+            return train_step(state, sample(ring, jax.random.fold_in(key, start + i), B))
 
-            return jax.lax.scan(body, state, jnp.arange(k))
-
-        return call
+        return step_at
 
     def abstract_args(self, k: int) -> tuple[Any, ...]:
         shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731

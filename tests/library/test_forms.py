@@ -1,0 +1,165 @@
+"""The form of a call (`calls.StepForm`): the scan, programs of unrolled steps and the plain step
+train to the same weights (1e-6: XLA fuses a loop body and straight-line code apart), on device
+data and streamed; evaluation follows the form; the chooser keeps the scan unless a dispatched form
+is clearly faster; a resumed run keeps its form."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import leaves_close, mse, regression_data, silent, small_mlp
+from flax import nnx
+
+from jaxtrain import ConfigError, DataConfig, TrainConfig, fit
+from jaxtrain._src.calls import AutoSteps, StepForm
+from jaxtrain._src.loop import Session, run_fit
+
+DATA, VAL = regression_data(320), regression_data(70, seed=1)  # 20 steps of 16; 4 batches + 6 rows of val
+
+
+class DropoutMLP(nnx.Module):
+    """Dropout drawn from the loss's key: each step's randomness must not depend on the form."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.hidden = nnx.Linear(8, 32, rngs=rngs)
+        self.out = nnx.Linear(32, 3, rngs=rngs)
+
+    def __call__(self, x, key):
+        h = nnx.relu(self.hidden(x))
+        keep = jax.random.bernoulli(key, 0.8, h.shape)
+        return self.out(np.float32(1 / 0.8) * h * keep)
+
+
+def dropout_mse(model, batch, key):
+    return ((model(batch["x"], key) - batch["y"]) ** 2).mean(), {}
+
+
+def run(form: str, model=None, loss=mse, **changes):
+    config = TrainConfig(**{"epochs": 2, "batch_size": 16, "steps_per_call": 6, "step_form": form, **changes})
+    return fit(model or small_mlp(), loss, DATA, VAL, config, verbosity="silent")
+
+
+@pytest.fixture(scope="module")
+def by_form():
+    return {form: run(form) for form in ("scan", "unroll", "step")}
+
+
+def test_every_form_trains_to_the_scans_weights_and_evaluates_alike(by_form):
+    scan = by_form["scan"]
+    for form in ("unroll", "step"):  # K=6: the unrolled form runs 4 + 1 + 1 (its remainder as plain steps)
+        got = by_form[form]
+        assert got.summary["step_form"]["form"] == form and got.summary["steps"] == 40
+        assert leaves_close(got.state.params, scan.state.params) <= 1e-6
+        for a, b in zip(got.history, scan.history):
+            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6)
+            assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6)  # dispatched batch by batch
+
+
+def test_a_dispatched_form_compiles_its_programs_once(by_form):
+    compiles = [c["what"] for c in by_form["unroll"].summary["profile"]["compiles"]]
+    assert compiles.count("train steps, unrolled") == 1 and compiles.count("train step") == 1
+    assert "train call" not in compiles  # no scan program when the form is set
+    assert [c["what"] for c in by_form["step"].summary["profile"]["compiles"]].count("train step") == 1
+
+
+def test_per_step_randomness_and_streamed_batches_do_not_depend_on_the_form():
+    scan = run("scan", DropoutMLP(nnx.Rngs(0)), dropout_mse, epochs=1, data=DataConfig(placement="stream"))
+    step = run("step", DropoutMLP(nnx.Rngs(0)), dropout_mse, epochs=1, data=DataConfig(placement="stream"))
+    assert step.summary["step_form"]["form"] == "step"
+    assert leaves_close(step.state.params, scan.state.params) <= 1e-6
+
+
+def test_auto_measures_the_forms_and_says_why():
+    result = run_fit(small_mlp(), mse, DATA, VAL, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+                     session=Session(console=silent()))
+    form = result.summary["step_form"]
+    assert form["why"].startswith("measured: ") and set(form["ms_per_step"]) >= {"scan", "step"}
+    assert all(t > 0 for t in form["ms_per_step"].values())
+    reference = run("scan", epochs=1, steps_per_call=0)  # the measurement trains nothing: same weights
+    assert leaves_close(result.state.params, reference.state.params) <= 1e-6
+
+
+def chooser(**auto) -> StepForm:
+    return StepForm("auto", AutoSteps(**auto))
+
+
+def test_the_chooser_keeps_the_loop_unless_a_dispatched_form_is_clearly_faster():
+    fast_loop = chooser()
+    for form, seconds in [("step", 4e-3), ("step", 16e-3), ("scan", 2e-3), ("scan", 2.1e-3)]:
+        message = fast_loop.record(form, fast_loop.steps if form != "step" or fast_loop.per_step else 1, seconds)
+    assert fast_loop.steps == 5 and fast_loop.form == "scan" and not fast_loop.measuring
+    assert "loop 0.4 ms/step" in message and "plain step 3.2 ms/step" in message
+
+    tie = chooser()  # a plain step 20% faster than the loop: within what timings vary by, the loop stays
+    for form, seconds in [("step", 1.0), ("step", 1.0), ("scan", 1.25), ("scan", 1.2)]:
+        tie.record(form, 1, seconds)
+    assert tie.form == "scan"
+
+
+def test_a_slow_loop_body_is_left_for_the_faster_dispatched_form():
+    slow = chooser()
+    slow.record("step", 1, 0.1)
+    assert slow.steps == 1  # 20 ms of probe is less than a step
+    slow.record("step", 1, 0.09)
+    assert slow.record("scan", 1, 1.2) is None  # 13x slower and long enough: no second timing
+    assert slow.form == "step" and slow.next_form() == "unroll"
+    slow.record("unroll", 4, 0.3)
+    message = slow.record("unroll", 4, 0.28)
+    assert slow.form == "unroll" and "4 unrolled 70 ms/step" in message and "loop 1.2e+03 ms/step" in message
+    close = chooser()  # unrolled programs hold more temporaries: kept only when clearly faster
+    for form, n, seconds in [("step", 1, 0.1), ("step", 1, 0.1), ("scan", 1, 1.0), ("unroll", 4, 0.38),
+                             ("unroll", 4, 0.38)]:
+        close.record(form, n, seconds)
+    assert close.form == "step" and close.dispatched
+
+
+def test_a_form_set_is_used_as_is_and_a_wrong_one_is_one_line():
+    assert not StepForm("unroll").measuring and StepForm("unroll").dispatched and StepForm("step").why == "set"
+    assert not StepForm("scan").dispatched
+    with pytest.raises(ConfigError, match="step_form='loop' must be one of auto, scan, unroll, step"):
+        TrainConfig(step_form="loop")
+
+
+def test_a_resumed_run_keeps_the_form_it_began_with(tmp_path):
+    config = TrainConfig(epochs=1, batch_size=16, steps_per_call=6, step_form="step")
+    fit(small_mlp(), mse, DATA, VAL, config, run_dir=tmp_path / "run", verbosity="silent")
+    longer = dataclasses.replace(config, epochs=2, step_form="auto")  # auto: the form the run measured
+    resumed = fit(small_mlp(), mse, DATA, VAL, longer, run_dir=tmp_path / "run", resume=True, verbosity="silent")
+    assert resumed.summary["step_form"]["form"] == "step" and not resumed.summary["step_form"]["ms_per_step"]
+    alone = run("step")
+    assert leaves_close(resumed.state.params, alone.state.params) == 0.0
+
+
+def test_the_users_optimizer_and_accumulation_in_a_dispatched_form():
+    config = dict(optimizer=optax.sgd(0.05, momentum=0.9))
+    scan = fit(small_mlp(), mse, DATA, None, TrainConfig(epochs=1, batch_size=8, grad_accum=2, step_form="scan"),
+               verbosity="silent", **config)
+    unroll = fit(small_mlp(), mse, DATA, None, TrainConfig(epochs=1, batch_size=8, grad_accum=2, step_form="unroll"),
+                 verbosity="silent", **config)
+    assert leaves_close(unroll.state.params, scan.state.params) <= 1e-6
+    assert unroll.summary["model"]["flops_per_step"] == pytest.approx(scan.summary["model"]["flops_per_step"],
+                                                                      rel=0.25)  # not 2x: accumulation counted
+
+
+def test_the_ops_a_loop_body_makes_slow_are_named():
+    from jaxtrain._src.slow_ops import loop_slow_ops
+
+    conv = nnx.Conv(1, 4, (3, 3), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(conv)
+
+    def loss(params, x):
+        y = nnx.merge(graphdef, params)(x)  # (B, 8, 8, 4)
+        return nnx.max_pool(y, (2, 2), strides=(2, 2)).sum()
+
+    x = jax.ShapeDtypeStruct((2, 8, 8, 1), np.float32)
+    ops = loop_slow_ops(jax.grad(loss), params, x)  # the forward pass and the kernel's gradient
+    assert ops.startswith("2 convolutions") and "1 max-pool gradients" in ops
+    assert loop_slow_ops(lambda x: x * 2, x) is None
+    slow = StepForm("auto")
+    for form, n, seconds in [("step", 1, 0.1), ("step", 1, 0.1), ("scan", 1, 1.0), ("unroll", 4, 0.3),
+                             ("unroll", 4, 0.3)]:
+        slow.record(form, n, seconds)
+    assert slow.loop_slower and "the step holds 2 convolutions" in slow.blame(ops)
+    assert "the step holds" in slow.summary()["why"]
