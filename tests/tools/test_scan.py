@@ -34,6 +34,21 @@ def loss_fn(params, x, y):
 
 """
 
+CNN_MODULE = """
+from flax import nnx
+
+class CNN(nnx.Module):
+    def __init__(self, rngs):
+        self.conv = nnx.Conv(1, 8, (3, 3), rngs=rngs)
+        self.head = nnx.Linear(8 * 28 * 28, 10, rngs=rngs)
+
+    def __call__(self, x):
+        return self.head(nnx.relu(self.conv(x)).reshape(x.shape[0], -1))
+
+def cnn_loss(model, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+"""
+
 # rule -> (planted: the line marked `# <-` is the finding's, fixed twin: no finding of that rule)
 CASES = {
     "unjitted-grad": ("""
@@ -206,6 +221,34 @@ from jaxtrain._src.data import HDF5Source
 def load(path):
     return HDF5Source(path, {"x": "features", "y": "targets"})
 """),
+    "conv-in-scan": (CNN_MODULE + """
+def train_step(graphdef, state, x, y):
+    model, optimizer = nnx.merge(graphdef, state)
+    grads = nnx.grad(cnn_loss)(model, x, y)
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer))
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
+def train_steps(graphdef, state, xs, ys):
+    def body(state, batch):
+        return train_step(graphdef, state, *batch), None
+    return jax.lax.scan(body, state, (xs, ys))[0]  # <-
+
+def make_state():
+    model = CNN(nnx.Rngs(0))
+    return nnx.split((model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)))
+""", CNN_MODULE + """
+@nnx.jit(donate_argnums=(0, 1))
+def train_step(model, optimizer, x, y):
+    grads = nnx.grad(cnn_loss)(model, x, y)
+    optimizer.update(model, grads)
+
+def train(batches):
+    model = CNN(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    for x, y in batches:
+        train_step(model, optimizer, x, y)
+"""),
 }
 
 
@@ -288,6 +331,115 @@ def test_an_ignore_comment_silences_the_named_rule(tmp_path):
     planted = CASES["host-sync"][0].replace("# <-", "# jaxtrain: ignore[host-sync]")
     findings, _ = scan(tmp_path, planted)
     assert not [f for f in findings if f.rule == "host-sync"]
+
+
+@pytest.mark.parametrize("body, confidence", [
+    ("""
+def blur(x, kernel, n):
+    def body(i, x):
+        return jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME")
+    return jax.lax.fori_loop(0, n, body, x)  # <-
+""", "high"),
+    ("""
+from jax import lax as L
+from jax.lax import while_loop as repeat
+
+def conv_block(x, kernel):
+    return jnp.tanh(L.conv(x, kernel, (1, 1), "SAME"))
+
+def denoise(x, kernel):
+    return repeat(lambda c: c[1] < 8, lambda c: (conv_block(c[0], kernel), c[1] + 1), (x, 0))  # <-
+""", "high"),
+    ("""
+import jax.lax as jl
+import flax.linen as nn
+from flax.training import train_state
+
+class CNN(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(features=32, kernel_size=(3, 3))(x))
+        return nn.Dense(10)(x.reshape((x.shape[0], -1)))
+
+def train_step(state, batch):
+    def loss(params):
+        logits = state.apply_fn({"params": params}, batch["image"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+    return state.apply_gradients(grads=jax.grad(loss)(state.params))
+
+@functools.partial(jax.jit, donate_argnums=0)
+def train_epoch(state, batches):
+    return jl.scan(lambda s, b: (train_step(s, b), None), state, batches)[0]  # <-
+
+def create_state(key):
+    cnn = CNN()
+    params = cnn.init(key, jnp.ones([1, 28, 28, 1]))["params"]
+    return train_state.TrainState.create(apply_fn=cnn.apply, params=params, tx=optax.sgd(0.1))
+""", "medium"),
+    ("""
+import equinox as eqx
+
+class Net(eqx.Module):
+    conv: eqx.nn.Conv2d
+
+    def __init__(self, key):
+        self.conv = eqx.nn.Conv2d(1, 4, kernel_size=3, key=key)
+
+    def __call__(self, x):
+        return self.conv(x).mean()
+
+def loss(net, x):
+    return jax.vmap(net)(x).mean()
+
+@eqx.filter_jit
+def fit(xs):
+    net = Net(jax.random.key(0))
+    def body(i, net):
+        grads = eqx.filter_grad(loss)(net, xs[i])
+        return jax.tree.map(lambda p, g: p - 0.1 * g, net, grads)
+    return jax.lax.fori_loop(0, xs.shape[0], body, net, unroll=2)  # <-
+""", "medium"),
+], ids=["fori_loop-lax-conv", "aliased-while_loop", "linen-apply_fn", "equinox-net"])
+def test_conv_in_a_loop_body_is_found(tmp_path, body, confidence):
+    findings, source = scan(tmp_path, body)
+    hits = [f for f in findings if f.rule == "conv-in-scan"]
+    assert [(f.line, f.severity, f.confidence) for f in hits] == [(marked_line(source), "medium", confidence)]
+    assert "convolution" in hits[0].message and "9-14x" in hits[0].message
+
+
+@pytest.mark.parametrize("body", [
+    CASES["step-loop"][1],  # a scan over steps with no convolution
+    CNN_MODULE + """
+@nnx.jit
+def train_step(model, optimizer, x, y):
+    optimizer.update(model, nnx.grad(cnn_loss)(model, x, y))
+
+def train(batches, n_noise):
+    model = CNN(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    key = jax.lax.fori_loop(0, n_noise, lambda i, k: jax.random.fold_in(k, i), jax.random.key(0))
+    for x, y in batches:
+        train_step(model, optimizer, x, y)
+    return jax.lax.scan(lambda total, x: (total + model(x).sum(), None), 0.0, batches, unroll=True)
+""",  # a conv model called outside loop bodies; a fully unrolled scan
+    CNN_MODULE + """
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.linear = nnx.Linear(784, 10, rngs=rngs)
+
+    def __call__(self, x):
+        return self.linear(x)
+
+def fit(xs, ys):
+    cnn, mlp = CNN(nnx.Rngs(0)), MLP(nnx.Rngs(1))
+    def body(model, xy):
+        return model, cnn_loss(model, *xy)
+    return jax.lax.scan(body, mlp, (xs, ys))
+""",  # two models, only one with convolutions: which one the body runs is a guess
+], ids=["scan-without-conv", "conv-model-outside-loops", "conv-and-plain-model"])
+def test_no_conv_in_a_loop_body_is_silent(tmp_path, body):
+    findings, _ = scan(tmp_path, body)
+    assert not [f for f in findings if f.rule == "conv-in-scan"], findings
 
 
 def test_the_code_is_parsed_not_run(tmp_path):
