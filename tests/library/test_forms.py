@@ -72,8 +72,12 @@ def test_per_step_randomness_and_streamed_batches_do_not_depend_on_the_form():
 
 
 def test_auto_measures_the_forms_and_says_why():
+    short = run_fit(small_mlp(), mse, DATA, VAL, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+                    session=Session(console=silent()))  # 20 steps: another compile could not pay
+    assert short.summary["step_form"]["form"] == "scan" and "too short" in short.summary["step_form"]["why"]
+    assert [c["what"] for c in short.summary["profile"]["compiles"]].count("train step") == 0
     result = run_fit(small_mlp(), mse, DATA, VAL, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
-                     session=Session(console=silent()))
+                     session=Session(console=silent(), auto_steps=AutoSteps(short_run_calls=0)))
     form = result.summary["step_form"]
     assert form["why"].startswith("measured: ") and set(form["ms_per_step"]) >= {"scan", "step"}
     assert all(t > 0 for t in form["ms_per_step"].values())

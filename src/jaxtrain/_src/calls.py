@@ -251,6 +251,10 @@ class StepForm:
         """Whether calls are dispatched step by step (or U steps at a time) rather than scanned."""
         return self.form != "scan"
 
+    def keep(self, why: str) -> None:
+        """Not measured, for `why`: the scan stays."""
+        self._plan, self.why = [], why
+
     def stop(self) -> None:
         """Measuring is over without a decision (a run too short for it): the current form stays."""
         if self._plan:
@@ -395,6 +399,7 @@ class CompiledCalls:
         self.form = form if form is not None else StepForm("scan")
         self._dispatched: dict[tuple[int, Any], Callable] = {}  # (unrolled steps, call arguments) -> program
         self._treedef = jax.tree.structure(state)
+        self.rewrites: str | None = None  # what of the loss was rewritten for XLA:CPU (the program's)
         self._indices: dict[int, jax.Array] = {}
         self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self._state_shapes = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
@@ -473,6 +478,9 @@ class CompiledCalls:
             if self.form.form == "unroll" and k % self.form.unroll:  # the remainder's steps: beside it
                 self._program(1, k, background=True)
             return program
+        if self.form.measuring and not self._dispatched and self.chooser.short and self._slow_ops(k) is None:
+            self.form.keep("a run too short to repay compiling another form, and no op of its step known to be "
+                           "slow in a loop body")
         if self.form.measuring and not self._dispatched:  # the plain step, timed first: beside the scan
             self._program(1, k, background=True)
         k = self.program_length(k)
@@ -515,6 +523,11 @@ class CompiledCalls:
         if self.memory is None and not background:
             self.memory = compiled_memory(program)
         return program
+
+    def _slow_ops(self, k: int) -> str | None:
+        """The ops of the step known to be slow in a loop body (`slow_ops.loop_slow_ops`)."""
+        step_at, args = self.source.make_step(self.train_step), self.source.abstract_args(k)
+        return loop_slow_ops(step_at, self._state_shapes, *args, np.int32(0))
 
     def _index(self, i: int) -> jax.Array:
         """Step i of a call as an argument on the devices (made once: a host scalar is sent each call)."""
@@ -614,6 +627,8 @@ class CompiledCalls:
         chose it, and a resumed run (which keeps the form) continues bit for bit."""
         form = self.form
         self.get(k)  # the scan program, and the plain step beside it
+        if not form.measuring:  # a short run without loop-slow ops (see `get`)
+            return
         scratch = jax.tree.map(lambda x: x.copy(), state)  # the timed programs donate it
         while form.measuring:
             probe = form.next_form()
@@ -630,8 +645,7 @@ class CompiledCalls:
             self.wait((scratch, metrics))
             if message := form.record(probe, n, time.perf_counter() - t0):
                 if form.loop_slower:  # say which of the step's ops a loop body makes slow
-                    step_at, args_shapes = self.source.make_step(self.train_step), self.source.abstract_args(k)
-                    message = form.blame(loop_slow_ops(step_at, self._state_shapes, *args_shapes, np.int32(0)))
+                    message = form.blame(self._slow_ops(k))
                 self.log(message)
         del scratch
         if form.dispatched:  # K need not be measured: a dispatched call's cost is its steps'

@@ -21,6 +21,7 @@ LastBatch = Literal["drop", "pad"]
 OnNaN = Literal["stop", "skip"]
 TRACKERS = ("mlflow", "wandb", "csv")  # the names TrainConfig.track takes (hooks/trackers.py)
 STEP_FORMS = ("auto", "scan", "unroll", "step")  # TrainConfig.step_form (calls.StepForm)
+REWRITES = ("auto", "on", "off")  # TrainConfig.rewrite (rewrite.rewrite_loss)
 Precision = Literal["fp32", "bf16", "fp16"]
 BestMode = Literal["min", "max"]
 
@@ -121,6 +122,9 @@ class DataConfig:
     accept_changed: bool = False
     """Resume: continue even though the training data differ from those the checkpoint was trained
     on (refused by default; noted in metrics.jsonl when accepted)."""
+    allow_nan: bool = False
+    """Arrays passed to fit may hold NaN (missing labels a loss masks, as Flax's ogbg_molpcba example
+    stores them); Inf is still refused, and so is NaN read from files and loaders."""
 
     def __post_init__(self) -> None:
         _check_choice("data.placement", self.placement, Placement)
@@ -231,6 +235,10 @@ class TrainConfig:
     """How a call runs its K steps: scan (fused in a lax.scan loop), unroll (programs of a few
     unrolled steps), step (the plain jitted step, dispatched K times without a host sync), or auto:
     timed on the run's first steps, fastest kept (XLA:CPU runs convolutions ~10x slower in a loop)."""
+    rewrite: str = "auto"
+    """XLA:CPU's slow ops in the loss rewritten before differentiation (results equal within 1e-5):
+    convolutions as im2col + one matmul, max pools as strided maxima (their gradients are slow on
+    XLA:CPU in a loop or not). auto: on the CPU when the loss holds them; on; off."""
     log_every: int = 200
     """Steps between training-metric lines in metrics.jsonl (each one a host sync)."""
     eval_every: int = 1
@@ -282,6 +290,7 @@ class TrainConfig:
             _check(isinstance(value, int) and value >= 1, f"{field}={value!r} must be an integer >= 1")
         _check(self.step_form in STEP_FORMS,
                f"step_form={self.step_form!r} must be one of {', '.join(STEP_FORMS)}")
+        _check(self.rewrite in REWRITES, f"rewrite={self.rewrite!r} must be one of {', '.join(REWRITES)}")
         for field in ("eval_batch_size", "steps_per_call", "steps_per_epoch"):
             value = getattr(self, field)
             _check(

@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from jaxtrain._src.calls import AutoSteps, CallSource, CompiledCalls, StepForm, StepsPerCall
+from jaxtrain._src.checks import abstract_batch
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.feeds import Feed, make_feed
 from jaxtrain._src.loop_state import LoopState
@@ -25,6 +26,7 @@ from jaxtrain._src.memory import release_free_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
 from jaxtrain._src.precision import Policy, policy_of
+from jaxtrain._src.rewrite import rewrite_loss
 from jaxtrain._src.sharding import Layout, make_layout
 from jaxtrain._src.state import TrainState, eval_graphdef, in_mode, init_state
 from jaxtrain._src.step import Augment, LossFn, Preprocess, make_eval_step, make_train_step
@@ -49,6 +51,7 @@ class Program:
       train_step: the pure `train_step(state, batch) -> (state, metrics)`.
       eval_step: the pure evaluation step, in the model's evaluation mode and the training dtype.
       total_steps: the optimizer steps the schedule is laid out over.
+      rewrites: what of the loss was rewritten for XLA:CPU (`rewrite.rewrite_loss`), or None.
     """
 
     config: TrainConfig
@@ -63,6 +66,7 @@ class Program:
     train_step: Callable
     eval_step: Callable
     total_steps: int
+    rewrites: str | None = None
 
     def calls(self, steps_per_call: int = 0, auto: AutoSteps = AutoSteps(), source: CallSource | None = None,
               log: Callable[[str], None] = lambda message: None, form: str | None = None) -> CompiledCalls:
@@ -75,8 +79,10 @@ class Program:
         step_form = StepForm(form or self.config.step_form, auto)
         if step_form.dispatched:  # a dispatched call's cost is its steps': no K to measure
             chooser.stop()
-        return CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
-                             state_shardings=self.state_shardings, form=step_form)
+        calls = CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
+                              state_shardings=self.state_shardings, form=step_form)
+        calls.rewrites = self.rewrites
+        return calls
 
     def compile_step(self, batch: Any, options: dict[str, Any] | None = None) -> Any:
         """One training step compiled ahead of time for `batch` (arrays or abstract shapes, split
@@ -156,10 +162,23 @@ def build_program(
         state = layout.put(state, shardings)
         announce("state initialised")
     policy = policy_of(config)
+    rewrites = None
+    batch = _one_batch(train_data, config) if train_data is not None and config.rewrite != "off" else None
+    if batch is not None:  # XLA:CPU's slow ops, rewritten before differentiation
+        loss_fn, rewrites = rewrite_loss(loss_fn, in_mode(model, train=True), batch, config.rewrite)
     lr = learning_rate_fn(tx, state.params, schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)
     eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess, policy)
     return Program(config, layout, feed, tx, schedule, policy, graphdef, state, shardings, train_step, eval_step,
-                   total_steps)
+                   total_steps, rewrites)
+
+
+def _one_batch(train_data: Any, config: TrainConfig) -> Any:
+    """One training batch as abstract shapes, as the loss sees it (preprocessing aside); None for
+    data that only their feed describes (a loader's batches)."""
+    try:
+        return abstract_batch(train_data, config.batch_size, "train_data")
+    except Exception:  # noqa: BLE001 - data described only by their feed: no rewrite
+        return None
 

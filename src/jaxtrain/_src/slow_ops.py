@@ -12,6 +12,7 @@ import collections
 from typing import Any, Callable
 
 import jax
+from jax.extend.core import jaxprs_in_params
 
 # primitive -> what a user recognises it as
 LOOP_SLOW = {"conv_general_dilated": "convolutions (lax.conv_general_dilated: nnx.Conv, their gradients)",
@@ -21,13 +22,10 @@ LOOP_SLOW = {"conv_general_dilated": "convolutions (lax.conv_general_dilated: nn
 def count_primitives(jaxpr: Any, counts: collections.Counter | None = None) -> collections.Counter:
     """How often each primitive occurs in `jaxpr` (a `ClosedJaxpr` or `Jaxpr`), sub-jaxprs included."""
     counts = collections.Counter() if counts is None else counts
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    for eqn in jaxpr.eqns:
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
         counts[eqn.primitive.name] += 1
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, (tuple, list)) else (param,):
-                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
-                    count_primitives(sub, counts)
+        for sub in jaxprs_in_params(eqn.params):
+            count_primitives(sub, counts)
     return counts
 
 

@@ -59,6 +59,7 @@ def header_block(run: "Run") -> str:
            f"{'with' if feed.placement.where == 'replay' else 'without'} replacement)"
            if config.steps_per_epoch else ""),
         f"  compiled call: {memory.describe(run.calls.memory)}; precision {config.precision}",
+        *([f"  rewritten for XLA:CPU: {run.calls.rewrites} (TrainConfig.rewrite)"] if run.calls.rewrites else []),
     ]
     if run.model_summary is not None:
         flops = run.calls.flops_per_step(grad_accum=config.grad_accum)
@@ -101,6 +102,7 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
         "steps": run.step,
         "steps_per_call": run.calls.k,
         "step_form": run.calls.form.summary(),
+        "rewrites": run.calls.rewrites,
         "final_train_loss": last.get("train_loss"),
         "final_val_loss": val_losses[-1][0] if val_losses else None,
         "best_val_loss": best[0],
