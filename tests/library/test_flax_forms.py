@@ -199,3 +199,29 @@ def test_a_non_finite_loss_at_step_1_does_not_blame_the_learning_rate():
     assert "before any update" in first and "learning rate is not the cause" in first and "0..C-1" in first
     assert "TrainConfig.optim" not in first and "OptimConfig.lr" not in first
     assert "Lower the learning rate (OptimConfig.lr)" in later
+
+
+def test_missing_labels_stored_as_nan_train_when_allowed():
+    """Flax's ogbg_molpcba stores a molecule's missing labels as NaN and masks them in the loss."""
+    from jaxtrain import DataConfig, fit
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, (64, 3)).astype(np.float32)
+    labels[rng.random((64, 3)) < 0.3] = np.nan
+    data = {"x": rng.normal(size=(64, 4)).astype(np.float32), "labels": labels}
+
+    def masked_bce(model, batch, key):
+        logits, mask = model(batch["x"]), ~jnp.isnan(batch["labels"])
+        y = jnp.where(mask, batch["labels"], 0.0)
+        loss = optax.sigmoid_binary_cross_entropy(logits, y)
+        return jnp.sum(jnp.where(mask, loss, 0.0)) / jnp.sum(mask), {}
+
+    with pytest.raises(DataError, match=r"contains NaN/Inf, first bad row 0; .*allow_nan=True\) if the loss masks"):
+        fit(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), masked_bce, data, config=TrainConfig(epochs=1, batch_size=16),
+            verbosity="silent")
+    config = TrainConfig(epochs=1, batch_size=16, data=DataConfig(allow_nan=True))
+    result = fit(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), masked_bce, data, config=config, verbosity="silent")
+    assert np.isfinite(result.final_train_loss)
+    data["x"][5, 0] = np.inf  # Inf is still refused
+    with pytest.raises(DataError, match=r"train_data\['x'\] contains Inf, first bad row 5"):
+        fit(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), masked_bce, data, config=config, verbosity="silent")

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain._src import data as data_lib
-from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument
+from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument, setting
 from jaxtrain._src.state import in_mode
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
@@ -45,7 +45,8 @@ LABEL_NAMES = ("label", "labels", "y", "target", "targets")  # integer fields re
 
 
 def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_data: Any, batch_size: int,
-                     preprocess: Preprocess | None = None, augment: Augment | None = None) -> None:
+                     preprocess: Preprocess | None = None, augment: Augment | None = None,
+                     allow_nan: bool = False) -> None:
     """Checks `fit`'s data and `loss_fn` together (see the module docstring).
 
     Raises:
@@ -54,10 +55,10 @@ def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_da
       ConfigError: `loss_fn` does not return a float scalar loss and a dict of scalar metrics.
     """
     batch = abstract_batch(train_data, batch_size, "train_data")
-    check_finite_arrays(train_data, "train_data")
+    check_finite_arrays(train_data, "train_data", allow_nan=allow_nan)
     if val_data is not None:
         check_same_rows(batch, abstract_batch(val_data, batch_size, "val_data"))
-        check_finite_arrays(val_data, "val_data")
+        check_finite_arrays(val_data, "val_data", allow_nan=allow_nan)
     classes = check_loss_fn(model, loss_fn, batch, preprocess, augment)
     check_labels(train_data, classes, batch_size, "train_data")
     if val_data is not None:
@@ -84,9 +85,11 @@ def abstract_batch(data: Any, batch_size: int, name: str = "data") -> Batch:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct((batch_size, *np.shape(x)[1:]), _dtype(x)), data)
 
 
-def check_finite_arrays(data: Any, name: str = "data", max_elements: int = FINITE_CHECK_ELEMENTS) -> None:
-    """Raises DataError where a float array of the pytree `data` holds NaN or Inf, naming the array,
-    its key and the first bad row. Row sources check each block they read (`data.sources`); arrays
+def check_finite_arrays(data: Any, name: str = "data", max_elements: int = FINITE_CHECK_ELEMENTS,
+                        allow_nan: bool = False) -> None:
+    """Raises DataError where a float array of the pytree `data` holds NaN or Inf (Inf only, with
+    `allow_nan`), naming the array, its key and the first bad row. Row sources check each block
+    they read (`data.sources`); arrays
     are checked here, where they enter `fit`: whole up to `max_elements` elements, beyond that
     evenly spaced blocks of rows holding about `max_elements` in all (a device array is checked
     on its device).
@@ -104,12 +107,15 @@ def check_finite_arrays(data: Any, name: str = "data", max_elements: int = FINIT
             starts = np.linspace(0, n - rows, 16).astype(int)
             blocks = [(int(a), int(a) + rows) for a in starts]
         for lo, hi in blocks:
-            bad = ~xp.isfinite(xp.reshape(x[lo:hi], (hi - lo, -1))).all(axis=1)
+            block = xp.reshape(x[lo:hi], (hi - lo, -1))
+            bad = (xp.isinf(block) if allow_nan else ~xp.isfinite(block)).any(axis=1)
             if bool(bad.any()):
                 key = jax.tree_util.keystr(path)
                 sampled = " (rows sampled: the array is large)" if len(blocks) > 1 else ""
-                raise DataError(f"{name}{key} contains NaN/Inf, first bad row {lo + int(xp.argmax(bad)):,}{sampled}; "
-                                "clean the data or drop those rows")
+                what, fix = ("Inf", "") if allow_nan else ("NaN/Inf", f", or {setting('data.allow_nan', True)} if "
+                                                                      "the loss masks NaN (missing labels)")
+                raise DataError(f"{name}{key} contains {what}, first bad row {lo + int(xp.argmax(bad)):,}{sampled}; "
+                                f"clean the data or drop those rows{fix}")
 
 
 def check_path_length(path: Any, name: str = "run_dir") -> None:

@@ -243,7 +243,8 @@ def run_fit(
     t_start, memory = time.perf_counter(), MemoryHook()  # the memory the caller brought
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
     train_data, val_data, config = adapt_inputs(train_data, val_data, config)
-    check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)  # eval_shape
+    check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment,  # eval_shape
+                     config.data.allow_nan)
     primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
     name = session.name
     saved = {"recipe": name, **to_dict(session.saved_config or config)}

@@ -322,7 +322,8 @@ def fit_population(
     # the shared settings as `adapt_inputs` may have changed them (a loader's steps per epoch)
     members = [dataclasses.replace(m, config=dataclasses.replace(m.config, **shared_settings(config)))
                for m in members]
-    check_fit_inputs(members[0].model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment)
+    check_fit_inputs(members[0].model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment,
+                     config.data.allow_nan)
     console = Console(quiet=True) if verbosity == "silent" else console or Console(highlight=False, soft_wrap=True)
     quiet = Console(quiet=True)
     with _StopSignals() as signals, contextlib.ExitStack() as guards:
