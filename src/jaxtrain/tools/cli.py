@@ -84,6 +84,7 @@ commands:
   bench selfplay [OPTIONS]  AlphaZero self-play: plain Python MCTS vs jitted network vs batched mctx; training updates/s
   bench xla-flags [OPTIONS]  XLA:CPU options (XNNPACK/YNNPACK, oneDNN, threads, scheduler, ISA, fast math) vs none
   bench scan-corpus [--corpus FILE] [--cache DIR]  jaxtrain scan's recall and precision on labelled public scripts
+  bench zoo [--models A,B] [OPTIONS]  12 models written elsewhere: fit's defaults vs each source's own loop
   data generate WORKLOAD OUT.h5 --samples N [OPTIONS]   write a synthetic HDF5 dataset (mlp-regression, sequence;
                                                        --format npy: a folder of .npy shards)
   data inspect FILE [--rows N] [--json]                 an HDF5 file's datasets, attributes and sample statistics

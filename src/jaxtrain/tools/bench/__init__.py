@@ -21,6 +21,7 @@ from jaxtrain.tools.bench import (
     shortrun,
     sweep,
     xla_flags,
+    zoo_bench,
 )
 
 # name -> (config class, main(config) -> exit code)
@@ -45,6 +46,7 @@ BENCHMARKS = {
     "shortrun": (shortrun.ShortRunBenchConfig, shortrun.main),
     "sweep": (sweep.SweepBenchConfig, sweep.main),
     "xla-flags": (xla_flags.XlaFlagsBenchConfig, xla_flags.main),
+    "zoo": (zoo_bench.ZooBenchConfig, zoo_bench.main),
 }
 
 __all__ = ["BENCHMARKS"]
