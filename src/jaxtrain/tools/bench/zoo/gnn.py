@@ -2,7 +2,8 @@
 
 Source: google/flax `examples/ogbg_molpcba/models.py` (GraphNet, MLP), `train.py` (masked binary
 cross-entropy over 128 tasks whose missing labels are NaN, globals replaced by ones, Adam 1e-3) and
-`configs/default_graph_net.py` (edge model, skip connections, LayerNorm, dropout 0.1, 1-layer MLPs). Nodes, edges and globals are embedded by Dense layers; each message-passing step is
+`configs/default_graph_net.py` (edge model, skip connections, LayerNorm, dropout 0.1, 1-layer MLPs).
+Nodes, edges and globals are embedded by Dense layers; each message-passing step is
 jraph's GraphNetwork written out: edges ← MLP([edges, sender nodes, receiver nodes, globals]),
 nodes ← MLP([nodes, sum of outgoing edges, sum of incoming edges, globals]), globals ←
 MLP([sum of nodes, sum of edges, globals]), each plus its input, then LayerNorm; a Dense decodes the

@@ -176,7 +176,7 @@ def make_data(n: int, seed: int) -> dict[str, np.ndarray]:
     half of the vocabulary, a negative one 70% from the upper half.
     """
     config = ClassifierConfig()
-    T, V = config.max_length, config.vocab_size
+    T = config.max_length
     first, half = EOS + 1, (config.vocab_size - EOS - 1) // 2
     rng = np.random.default_rng(seed)
     label = rng.integers(0, 2, size=n).astype(np.int32)
