@@ -15,6 +15,7 @@ from flax import nnx
 from jaxtrain import ConfigError, DataConfig, TrainConfig, fit
 from jaxtrain._src.calls import AutoSteps, StepForm
 from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.report.profile_report import profile_lines
 
 DATA, VAL = regression_data(320), regression_data(70, seed=1)  # 20 steps of 16; 4 batches + 6 rows of val
 
@@ -81,6 +82,8 @@ def test_auto_measures_the_forms_and_says_why():
     form = result.summary["step_form"]
     assert form["why"].startswith("measured: ") and set(form["ms_per_step"]) >= {"scan", "step"}
     assert all(t > 0 for t in form["ms_per_step"].values())
+    lines = profile_lines(result.summary["profile"])  # `jaxtrain profile` says it too
+    assert any(line.startswith("  Form:     ") and "(measured: " in line for line in lines)
     reference = run("scan", epochs=1, steps_per_call=0)  # the measurement trains nothing: same weights
     assert leaves_close(result.state.params, reference.state.params) <= 1e-6
 

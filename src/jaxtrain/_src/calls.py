@@ -111,7 +111,8 @@ class StepsPerCall:
                  total_steps: int | None = None):
         k_a, k_b = (min(k, steps_per_epoch) for k in auto.probe_lengths)
         self.fixed = bool(fixed)
-        self.short = not fixed and total_steps is not None and total_steps < auto.short_run_calls * k_b
+        self.brief = total_steps is not None and total_steps < auto.short_run_calls * k_b  # K set or not
+        self.short = not fixed and self.brief
         self.k = min(fixed, steps_per_epoch) if fixed else k_b if self.short else k_a
         self.fitted: tuple[float, float] | None = None  # (seconds per step, per call) once measured
         can_measure = (not fixed and not self.short and k_a < k_b
@@ -478,7 +479,7 @@ class CompiledCalls:
             if self.form.form == "unroll" and k % self.form.unroll:  # the remainder's steps: beside it
                 self._program(1, k, background=True)
             return program
-        if self.form.measuring and not self._dispatched and self.chooser.short and self._slow_ops(k) is None:
+        if self.form.measuring and not self._dispatched and self.chooser.brief and self._slow_ops(k) is None:
             self.form.keep("a run too short to repay compiling another form, and no op of its step known to be "
                            "slow in a loop body")
         if self.form.measuring and not self._dispatched:  # the plain step, timed first: beside the scan

@@ -175,6 +175,7 @@ class ProfileHook(RunHook):
         return {
             "wall_s": summary["total_time_s"], "train_s": self._train_s, "calls": self._calls, "steps": self._steps,
             "steps_per_call": calls.k, "k_fixed": calls.chooser.fixed, "fitted": calls.chooser.fitted,
+            "step_form": calls.form.summary(),
             "steps_per_epoch": feed.steps_per_epoch, "batch_size": config.batch_size,
             "samples_per_step": config.samples_per_step, "log_every": config.log_every,
             "precision": config.precision, "placement": feed.placement.where,

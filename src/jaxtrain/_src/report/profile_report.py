@@ -66,7 +66,7 @@ def build_profile(m: dict[str, Any]) -> dict[str, Any]:
     p: dict[str, Any] = {
         "wall_s": wall, "train_s": loop_s, "steps": steps, "calls": calls, "steps_per_call": m["steps_per_call"],
         "steps_per_epoch": m["steps_per_epoch"], "batch_size": m["batch_size"], "placement": m["placement"],
-        "device": m["device"], "budget_reached": m["budget_reached"],
+        "device": m["device"], "budget_reached": m["budget_reached"], "step_form": m.get("step_form"),
         "seconds": {k: seconds[k] for k in PARTS},
         "shares": {k: seconds[k] / wall if wall else 0.0 for k in PARTS},
         "loop_shares": {k: loop[k] / loop_s if loop_s else 0.0 for k in LOOP_PARTS},
@@ -225,6 +225,8 @@ def profile_lines(p: dict[str, Any]) -> list[str]:
         lines.append(f"  {label:<19} {p['seconds'][key]:8.2f}s {p['shares'][key]:6.1%}  {detail.get(key, '')}".rstrip())
     for c in [c for c in p["compiles"] if c.get("what") == "train call"]:
         lines.append(f"  compiled K={c['k']:<6} {c['seconds']:6.2f}s  {c['why']}")
+    if p.get("step_form"):  # the loop body against the plain step, and the ops a loop body makes slow
+        lines.append(f"  Form:     {p['step_form']['form']} ({p['step_form']['why']})")
     if p["flops_per_step"]:
         rate = f"{_rate(p['achieved_flop_s'])} achieved"
         if p["compute_flop_s"]:

@@ -355,7 +355,7 @@ def _compile_only(payload: dict[str, Any]) -> dict[str, Any]:
         program = build_program(abstract_model, lm_loss, config, total_steps=total_steps, layout=layout, abstract=True)
         state = program.state
         tokens = jax.ShapeDtypeStruct((batch, shape["block_size"] + 1), jnp.int32)
-        calls = program.calls(k, source=StackedBatches({"tokens": tokens}, layout))
+        calls = program.calls(k, source=StackedBatches({"tokens": tokens}, layout), form="scan")  # the fused call
         compiled = calls.get(k)
         rows.append({
             "mesh": mesh, "layout": layout.describe(), "devices": layout.num_devices, "batch": batch,

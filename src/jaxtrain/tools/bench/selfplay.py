@@ -210,15 +210,15 @@ def _training_row(game: Any, positions: list[Any], batch_size: int, steps_per_ca
     feed, state = program.feed, program.state
     for batch in positions:
         feed.add(batch)
-    calls = program.calls(steps_per_call)
+    calls = program.calls(steps_per_call, form="scan")  # the fused call: (state, *args, first step, steps)
     compiled = calls.get(steps_per_call)
     compile_s = calls.compile_s
-    valid = np.int32(steps_per_call)
-    state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call), valid))  # warm-up
+    first, valid = np.int32(0), np.int32(steps_per_call)
+    state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call), first, valid))  # warm-up
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call), valid))
+        state, metrics = jax.block_until_ready(compiled(state, *feed.next_args(steps_per_call), first, valid))
         times.append(time.perf_counter() - t0)
     seconds = statistics.median(times)
     return {"n": game.n, "k": game.k, "batch": batch_size, "steps_per_call": steps_per_call,
