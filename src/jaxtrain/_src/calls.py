@@ -401,6 +401,7 @@ class CompiledCalls:
         self._dispatched: dict[tuple[int, Any], Callable] = {}  # (unrolled steps, call arguments) -> program
         self._treedef = jax.tree.structure(state)
         self.rewrites: str | None = None  # what of the loss was rewritten for XLA:CPU (the program's)
+        self.loss_clean = False  # the loss holds no loop-slow op (the program traced it): no need to look
         self._indices: dict[int, jax.Array] = {}
         self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self._state_shapes = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
@@ -527,6 +528,8 @@ class CompiledCalls:
 
     def _slow_ops(self, k: int) -> str | None:
         """The ops of the step known to be slow in a loop body (`slow_ops.loop_slow_ops`)."""
+        if self.loss_clean:  # the program's trace of the loss found none (or rewrote them): a step's trace saved
+            return None
         step_at, args = self.source.make_step(self.train_step), self.source.abstract_args(k)
         return loop_slow_ops(step_at, self._state_shapes, *args, np.int32(0))
 

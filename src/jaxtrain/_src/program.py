@@ -52,6 +52,7 @@ class Program:
       eval_step: the pure evaluation step, in the model's evaluation mode and the training dtype.
       total_steps: the optimizer steps the schedule is laid out over.
       rewrites: what of the loss was rewritten for XLA:CPU (`rewrite.rewrite_loss`), or None.
+      loss_clean: the loss, as trained, is known to hold no op that XLA:CPU runs slowly in a loop.
     """
 
     config: TrainConfig
@@ -67,6 +68,7 @@ class Program:
     eval_step: Callable
     total_steps: int
     rewrites: str | None = None
+    loss_clean: bool = False
 
     def calls(self, steps_per_call: int = 0, auto: AutoSteps = AutoSteps(), source: CallSource | None = None,
               log: Callable[[str], None] = lambda message: None, form: str | None = None) -> CompiledCalls:
@@ -81,7 +83,7 @@ class Program:
             chooser.stop()
         calls = CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
                               state_shardings=self.state_shardings, form=step_form)
-        calls.rewrites = self.rewrites
+        calls.rewrites, calls.loss_clean = self.rewrites, self.loss_clean
         return calls
 
     def compile_step(self, batch: Any, options: dict[str, Any] | None = None) -> Any:
@@ -162,16 +164,16 @@ def build_program(
         state = layout.put(state, shardings)
         announce("state initialised")
     policy = policy_of(config)
-    rewrites = None
+    rewrites, clean = None, False
     batch = _one_batch(train_data, config) if train_data is not None and config.rewrite != "off" else None
     if batch is not None:  # XLA:CPU's slow ops, rewritten before differentiation
-        loss_fn, rewrites = rewrite_loss(loss_fn, in_mode(model, train=True), batch, config.rewrite)
+        loss_fn, rewrites, clean = rewrite_loss(loss_fn, in_mode(model, train=True), batch, config.rewrite)
     lr = learning_rate_fn(tx, state.params, schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)
     eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess, policy)
     return Program(config, layout, feed, tx, schedule, policy, graphdef, state, shardings, train_step, eval_step,
-                   total_steps, rewrites)
+                   total_steps, rewrites, clean)
 
 
 def _one_batch(train_data: Any, config: TrainConfig) -> Any:

@@ -426,24 +426,24 @@ class _Rewriter:
 
 
 def rewrite_loss(loss_fn: Callable[..., Any], model: nnx.Module, batch: Any, setting: str = "auto",
-                 platform: str | None = None) -> tuple[Callable[..., Any], str | None]:
-    """`(loss, what was rewritten)`: the loss `fit` trains, with its convolutions and max pools
-    rewritten (`rewrite_convs`) when `setting` is "on", or "auto" on the CPU (XLA:CPU's slow
+                 platform: str | None = None) -> tuple[Callable[..., Any], str | None, bool]:
+    """`(loss, what was rewritten, clean)`: the loss `fit` trains, with its convolutions and max
+    pools rewritten (`rewrite_convs`) when `setting` is "on", or "auto" on the CPU (XLA:CPU's slow
     paths; off on other backends, where they were not measured slower) and the loss holds them;
-    otherwise `loss_fn` itself and None. `batch`: one batch, abstract shapes are enough."""
+    otherwise `loss_fn` itself and None. `clean`: the loss was traced and, as returned, holds
+    neither (so its step has none of the ops `slow_ops` names). `batch`: abstract shapes suffice."""
     if setting == "off" or (setting == "auto" and (platform or jax.default_backend()) != "cpu"):
-        return loss_fn, None
+        return loss_fn, None, False
     graphdef, state = nnx.split(model)
     try:
         jaxpr = jax.make_jaxpr(lambda s, b, k: loss_fn(nnx.merge(graphdef, s, copy=True), b, k))(
             state, batch, jax.random.key(0))
     except Exception:  # noqa: BLE001 - a loss that does not trace here fails with its own error in the step
-        return loss_fn, None
+        return loss_fn, None, False
     counts = count_primitives(jaxpr)
     convs, pools = counts.get("conv_general_dilated", 0), counts.get("reduce_window_max", 0)
     if not convs and not pools:
-        return loss_fn, None
+        return loss_fn, None, True
     what = ", ".join(part for part in (f"{convs} convolutions as im2col + matmul" if convs else "",
                                        f"{pools} max pools as strided maxima" if pools else "") if part)
-    return rewrite_convs(loss_fn), what
-
+    return rewrite_convs(loss_fn), what, True
