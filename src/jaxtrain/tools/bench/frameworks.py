@@ -268,22 +268,35 @@ def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default",
 
 
 def _known_fields(prepared: Prepared, baseline_src: str) -> dict[str, Any]:
-    """The config without the top-level settings the baseline's code does not have (settings added
-    since it was written, at their defaults), so that it reads the rest."""
+    """The config without the settings the baseline's code does not have (settings added since it
+    was written, at their defaults; nested ones such as `data.allow_nan` too), so that it reads the rest."""
     from jaxtrain._src.config import to_dict
     from jaxtrain.tools.recipes import get_recipe
 
     code = ("import json; from jaxtrain._src.config import to_dict; from jaxtrain.tools.recipes import get_recipe; "
-            f"print(json.dumps(sorted(to_dict(get_recipe({prepared.workload!r}).config))))")
+            f"print(json.dumps(to_dict(get_recipe({prepared.workload!r}).config), default=str))")
     env = {**os.environ, "PYTHONPATH": str(Path(baseline_src).resolve())}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    known = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    dropped = {k: v for k, v in prepared.recipe_config.items() if k not in known}
+    known = json.loads(out.stdout.strip().splitlines()[-1])
     defaults = to_dict(type(get_recipe(prepared.workload).config)())
-    changed = [k for k, v in dropped.items() if v != defaults.get(k)]
+    changed: list[str] = []
+
+    def keep(values: dict[str, Any], known: dict[str, Any], defaults: dict[str, Any], prefix: str) -> dict[str, Any]:
+        kept = {}
+        for k, v in values.items():
+            if k not in known:
+                if v != defaults.get(k):
+                    changed.append(prefix + k)
+            elif isinstance(v, dict) and isinstance(known[k], dict):
+                kept[k] = keep(v, known[k], defaults.get(k) or {}, f"{prefix}{k}.")
+            else:
+                kept[k] = v
+        return kept
+
+    kept = keep(prepared.recipe_config, known, defaults, "")
     if changed:
         raise ConfigError(f"the baseline's code has no setting {', '.join(changed)}, which this run changes")
-    return {k: v for k, v in prepared.recipe_config.items() if k in known}
+    return kept
 
 
 def _derive(r: dict[str, Any], prepared: Prepared, peak_gflops: float, target: float) -> None:
