@@ -15,8 +15,8 @@ from conftest import regression_data, silent
 from flax import nnx
 
 from jaxtrain import CheckpointConfig, DataError, NonFiniteLossError, TrainConfig
-from jaxtrain._src.checks import check_fit_inputs
 from jaxtrain._src.checkpoint import Checkpointer
+from jaxtrain._src.checks import check_fit_inputs
 from jaxtrain._src.data import ArraySource
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.models import MLP
@@ -91,7 +91,8 @@ def test_a_model_holding_an_rng_stream_checkpoints_and_resumes_bit_for_bit(build
     assert _rng_counts(resumed.model) == [8]  # 6 restored with the checkpoint, 2 drawn after it
     assert_bit_equal(_host(resumed.state.params), _host(full.state.params))
     assert_bit_equal(_host(resumed.state.model_state), _host(full.state.model_state))  # key data and count
-    key = next(x for x in jax.tree.leaves(resumed.state.model_state) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
+    key = next(x for x in jax.tree.leaves(resumed.state.model_state)
+               if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
     assert jax.random.key_impl(key) == jax.random.key_impl(jax.random.key(0))  # a typed key again, of its impl
     assert [r["train_loss"] for r in resumed.history] == [r["train_loss"] for r in full.history]
 
@@ -225,3 +226,7 @@ def test_missing_labels_stored_as_nan_train_when_allowed():
     data["x"][5, 0] = np.inf  # Inf is still refused
     with pytest.raises(DataError, match=r"train_data\['x'\] contains Inf, first bad row 5"):
         fit(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), masked_bce, data, config=config, verbosity="silent")
+    loader = lambda: iter([{k: v[i:i + 16] for k, v in data.items()} for i in range(0, 64, 16)])  # noqa: E731
+    data["x"][5, 0] = 0.0
+    result = fit(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), masked_bce, loader, config=config, verbosity="silent")
+    assert np.isfinite(result.final_train_loss)  # a loader's batches too

@@ -123,8 +123,8 @@ class DataConfig:
     """Resume: continue even though the training data differ from those the checkpoint was trained
     on (refused by default; noted in metrics.jsonl when accepted)."""
     allow_nan: bool = False
-    """Arrays passed to fit may hold NaN (missing labels a loss masks, as Flax's ogbg_molpcba example
-    stores them); Inf is still refused, and so is NaN read from files and loaders."""
+    """Arrays and a loader's batches may hold NaN (missing labels a loss masks, as Flax's
+    ogbg_molpcba example stores them); Inf is still refused, and so is NaN read from files."""
 
     def __post_init__(self) -> None:
         _check_choice("data.placement", self.placement, Placement)

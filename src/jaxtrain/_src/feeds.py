@@ -453,8 +453,8 @@ def adapt_inputs(train_data: Any, val_data: Any, config: TrainConfig) -> tuple[A
     """`(train, val, config)`: others' datasets and loaders adapted (`data.adapters.adapt`); with a
     loader's batches the batch size is the loader's (times the processes of a job), noted when the
     config asked for another."""
-    train_data = adapt(train_data, "train_data", config.seed)
-    val_data = adapt(val_data, "val_data", config.seed)
+    train_data = adapt(train_data, "train_data", config.seed, config.data.allow_nan)
+    val_data = adapt(val_data, "val_data", config.seed, config.data.allow_nan)
     if isinstance(train_data, BatchStream):
         size = train_data.batch_size * jax.process_count()
         if size != config.batch_size and config.batch_size != TrainConfig.batch_size:

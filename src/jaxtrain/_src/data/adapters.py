@@ -551,6 +551,7 @@ class BatchStream:
       name: how messages name it (`train_data`).
       seed: reseeds a torch DataLoader's shuffling generator at each epoch to (seed, epoch), so
         that an epoch's order does not depend on the ones before it (an exact resume).
+      allow_nan: batches may hold NaN (`DataConfig.allow_nan`); Inf is refused still.
 
     Attributes:
       batch_size: rows of the first batch (the loader's batch size).
@@ -564,8 +565,8 @@ class BatchStream:
       DataError: an empty iterable; a first item that is not a batch of arrays.
     """
 
-    def __init__(self, data: Any, name: str = "data", seed: int = 0):
-        self.data, self.name, self.seed = data, name, seed
+    def __init__(self, data: Any, name: str = "data", seed: int = 0, allow_nan: bool = False):
+        self.data, self.name, self.seed, self.allow_nan = data, name, seed, allow_nan
         self.once = isinstance(data, collections.abc.Iterator)  # a generator; iter() of a loader would start it
         self._iterator: Iterator | None = None  # the one-shot iterator, continued across epochs
         first_iter = self._new_iterator(1)
@@ -684,7 +685,7 @@ class BatchStream:
                 short = rows
             if index >= skip:
                 for k, v in flat.items():
-                    check_finite(v, k, 0, f"{where} of {self.name}")
+                    check_finite(v, k, 0, f"{where} of {self.name}", self.allow_nan)
                 yield flat, (_encode_state(raw.get_state()) if stateful else None)
             index += 1
 
@@ -743,7 +744,7 @@ def _is_arrays(data: Any) -> bool:
     return False
 
 
-def adapt(data: Any, name: str = "data", seed: int = 0) -> Any:
+def adapt(data: Any, name: str = "data", seed: int = 0, allow_nan: bool = False) -> Any:
     """`data` as `fit` takes it: arrays, row sources and data that make their own feed as they are;
     a map-style dataset as a `MapSource`; an iterable of batches or a callable as a `BatchStream`.
     Anything else is returned as is (and refused by the checks that follow)."""
@@ -755,9 +756,9 @@ def adapt(data: Any, name: str = "data", seed: int = 0) -> Any:
     if _is_arrays(data) or np.isscalar(data):
         return data
     if type(data).__name__ == "BatchMapDataset":  # a Grain MapDataset after .batch(n): its elements are batches
-        return BatchStream(data, name, seed)
+        return BatchStream(data, name, seed, allow_nan)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not hasattr(data, "keys"):
         return MapSource(data, name)
     if hasattr(data, "__iter__") or callable(data):
-        return BatchStream(data, name, seed)
+        return BatchStream(data, name, seed, allow_nan)
     return data

@@ -54,8 +54,9 @@ def rows_text(start: int, stop: int) -> str:
     return f"row {start:,}" if stop - start == 1 else f"rows {start:,}–{stop - 1:,}"
 
 
-def check_finite(block: np.ndarray, name: str, start: int, where: str) -> None:
-    """Raises DataError if the float `block` (rows from `start` on) holds NaN or Inf.
+def check_finite(block: np.ndarray, name: str, start: int, where: str, allow_nan: bool = False) -> None:
+    """Raises DataError if the float `block` (rows from `start` on) holds NaN or Inf (Inf only, with
+    `allow_nan`: `DataConfig.allow_nan`, for a loader's batches).
 
     Args:
       block: (n, ...) rows just read; integer and bool blocks pass unchecked.
@@ -63,9 +64,10 @@ def check_finite(block: np.ndarray, name: str, start: int, where: str) -> None:
       start: the row number of `block[0]`, as numbered in the file.
       where: the file (or "arrays") the rows came from.
     """
-    if block.dtype.kind != "f" or np.isfinite(block).all():
+    if block.dtype.kind != "f" or np.isfinite(block).all() or (allow_nan and not np.isinf(block).any()):
         return
-    bad = ~np.isfinite(block.reshape(len(block), -1)).all(axis=1)  # (n,)
+    rows = block.reshape(len(block), -1)
+    bad = np.isinf(rows).any(axis=1) if allow_nan else ~np.isfinite(rows).all(axis=1)  # (n,)
     first = start + int(np.argmax(bad))
     verb = "contains" if len(block) == 1 else "contain"
     raise DataError(
