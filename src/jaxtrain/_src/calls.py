@@ -388,6 +388,9 @@ class CompiledCalls:
       state: a train state (or its shapes) to compile for.
       chooser: the K chooser.
       form: the form chooser (default: the scan, as set).
+      rewrites: what of the loss was rewritten for XLA:CPU (`Program.rewrites`), for the reports.
+      loss_clean: the loss is known to hold no loop-slow op (`Program.loss_clean`): no step is traced
+        to look for one.
       layout: the mesh and shardings of the run (the state is split as `layout.state_shardings`).
       log: where the K chooser's decision is reported.
       state_shardings: `layout.state_shardings(state)`, when the caller has it already.
@@ -395,13 +398,12 @@ class CompiledCalls:
 
     def __init__(self, source: CallSource, train_step: Callable, state: TrainState, chooser: StepsPerCall,
                  layout: Layout, log: Callable[[str], None] = lambda message: None, state_shardings: Any = None,
-                 form: StepForm | None = None):
+                 form: StepForm | None = None, rewrites: str | None = None, loss_clean: bool = False):
         self.source, self.train_step, self.chooser, self.layout, self.log = source, train_step, chooser, layout, log
         self.form = form if form is not None else StepForm("scan")
         self._dispatched: dict[tuple[int, Any], Callable] = {}  # (unrolled steps, call arguments) -> program
         self._treedef = jax.tree.structure(state)
-        self.rewrites: str | None = None  # what of the loss was rewritten for XLA:CPU (the program's)
-        self.loss_clean = False  # the loss holds no loop-slow op (the program traced it): no need to look
+        self.rewrites, self.loss_clean = rewrites, loss_clean
         self._indices: dict[int, jax.Array] = {}
         self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self._state_shapes = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
@@ -637,12 +639,12 @@ class CompiledCalls:
         while form.measuring:
             probe = form.next_form()
             unrolled = form.unroll if probe == "unroll" else 1
-            if probe != "scan":
-                self._program(unrolled, k)
-            n = min(form.unroll if probe == "unroll" else form.steps, k)
-            if n < unrolled:  # calls too short to hold the unrolled program's steps
+            n = min(unrolled if probe == "unroll" else form.steps, k)
+            if n < unrolled:  # calls too short to hold the unrolled program's steps: not compiled
                 form.stop()
                 break
+            if probe != "scan":
+                self._program(unrolled, k)
             self.finish_compiles()  # timed segments run with nothing compiling beside them
             t0 = time.perf_counter()
             scratch, metrics = self._dispatch(probe, n, scratch, args, 0, k)

@@ -81,10 +81,9 @@ class Program:
         step_form = StepForm(form or self.config.step_form, auto)
         if step_form.dispatched:  # a dispatched call's cost is its steps': no K to measure
             chooser.stop()
-        calls = CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
-                              state_shardings=self.state_shardings, form=step_form)
-        calls.rewrites, calls.loss_clean = self.rewrites, self.loss_clean
-        return calls
+        return CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
+                             state_shardings=self.state_shardings, form=step_form, rewrites=self.rewrites,
+                             loss_clean=self.loss_clean)
 
     def compile_step(self, batch: Any, options: dict[str, Any] | None = None) -> Any:
         """One training step compiled ahead of time for `batch` (arrays or abstract shapes, split
