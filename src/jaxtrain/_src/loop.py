@@ -1,18 +1,16 @@
-"""`fit()`: build the parts, then one plain loop over epochs and compiled calls.
+"""`fit()`: build the parts, then run the training loop over epochs and compiled calls.
 
 The parts each live in their own module: the feed (`feeds.py`: where batches come from), the
 compiled calls (`calls.py`: K fused steps, compiled ahead of time, and the choice of K), the loop
 state (`loop_state.py`) and the hooks (`hooks/`: metrics, evaluation, checkpoints, run files,
-TensorBoard, progress). The pure step functions are in `step.py`.
+TensorBoard, progress). The loop itself, shared with populations, is `training.py`; the pure step
+functions are in `step.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,14 +18,12 @@ from typing import Any, Sequence
 import jax
 import optax
 from flax import nnx
-from jax.experimental import multihost_utils
 from rich.console import Console
 
 from jaxtrain._src.calls import AutoSteps
-from jaxtrain._src.checkpoint import CheckpointError
-from jaxtrain._src.checks import abstract_batch, check_fit_inputs, check_path_length
+from jaxtrain._src.checks import check_fit_inputs, check_path_length
 from jaxtrain._src.config import TrainConfig, to_dict
-from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
+from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.feeds import adapt_inputs, place_validation
 from jaxtrain._src.hooks import (
     CheckpointHook,
@@ -37,22 +33,17 @@ from jaxtrain._src.hooks import (
     MemoryHook,
     MetricsHook,
     PlotHook,
-    ProfileHook,
     ProgressHook,
     Run,
     RunFilesHook,
-    RunHook,
     TensorBoard,
 )
-from jaxtrain._src.hooks.trackers import make_trackers
 from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.moments import announce
 from jaxtrain._src.program import build_program
-from jaxtrain._src.report import build_summary
-from jaxtrain._src.report.model_summary import model_summary
 from jaxtrain._src.run_guard import RunGuard
-from jaxtrain._src.state import TrainState, in_mode
+from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
+from jaxtrain._src.training import Alone, StopSignals, TrainingStopped, run_hooks, summarise_model, train
 
 __all__ = ["FitResult", "Session", "TrainingStopped", "fit", "run_fit"]
 
@@ -84,50 +75,6 @@ class FitResult:
     @property
     def final_train_loss(self) -> float:
         return self.summary["final_train_loss"]
-
-
-class TrainingStopped(JaxtrainError):
-    """Training was stopped by SIGINT or SIGTERM after saving a checkpoint (exit code 128 + signal)."""
-
-    def __init__(self, signum: int, step: int, resume_hint: str):
-        self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; {resume_hint}")
-
-
-class _StopSignals:
-    """Turns SIGINT/SIGTERM into a flag the loop checks at call boundaries (main thread only).
-
-    In a job of several processes SIGTERM is left to JAX's preemption service, which makes every
-    process agree on the call at which they all stop (one stopping alone would leave the others
-    waiting in a collective)."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-        self._many, self._calls = jax.process_count() > 1, 0
-
-    def __enter__(self) -> "_StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT,) if self._many else (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def poll(self) -> int | None:
-        """The stop signal, once one arrived (in every process of a job at the same call)."""
-        if self._many:
-            self._calls += 1
-            if multihost_utils.reached_preemption_sync_point(self._calls) and self.signum is None:
-                self.signum = signal.SIGTERM
-        return self.signum
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,15 +161,6 @@ def fit(
                    preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
 
 
-def _model_summary(model: nnx.Module, loss_fn: LossFn, train_data: Any, preprocess: Preprocess | None,
-                   batch_size: int) -> dict[str, Any]:
-    """The model summary, its output shapes traced through the loss on one abstract batch."""
-    def trace(model: nnx.Module, batch: Any) -> Any:
-        return loss_fn(model, preprocess(batch) if preprocess else batch, jax.random.key(0))
-
-    return model_summary(in_mode(model, train=True), trace, abstract_batch(train_data, batch_size, "train_data"))
-
-
 def run_fit(
     model: nnx.Module,
     loss_fn: LossFn,
@@ -249,7 +187,7 @@ def run_fit(
     name = session.name
     saved = {"recipe": name, **to_dict(session.saved_config or config)}
     # Stop signals count from here; the directory is claimed (locked, checked) before anything else.
-    with _StopSignals() as signals, RunGuard(run_dir, saved, resume=resume is True, overwrite=resume == "overwrite",
+    with StopSignals() as signals, RunGuard(run_dir, saved, resume=resume is True, overwrite=resume == "overwrite",
                                              primary=primary) as guard:
         run_dir, resuming = guard.path, guard.resume
         console, bar = _printing(session.console, verbosity, primary)
@@ -280,63 +218,11 @@ def run_fit(
         run = Run(name, config, console, run_dir, jax.local_devices()[0], program.layout, feed, calls, state,
                   int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
                   resumed_step=int(state.step) if resuming else None, t_start=t_start)
-        run.model_summary = _model_summary(model, loss_fn, train_data, preprocess, config.batch_size)
-        run.hooks = [memory, *_run_hooks(config, hooks, evaluation, checkpoints, progress,
+        run.model_summary = summarise_model(model, loss_fn, train_data, preprocess, config.batch_size)
+        run.hooks = [memory, *run_hooks(config, hooks, evaluation, checkpoints, progress,
                                          run_dir if primary else None, saved, loop, session.plots)]
 
-        status = "interrupted"
-        try:
-            feed.setup(calls.compile, (loop.epoch, loop.position))  # a streamed feed starts reading meanwhile
-            calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
-            if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
-                raise TrainingStopped(signals.signum, run.step,
-                                      "before training began; nothing was trained, so start it again")
-            run.each("on_start")
-            for epoch in range(loop.epoch, config.epochs + 1):
-                loop.epoch = epoch
-                feed.start_epoch(epoch, loop.position)
-                run.each("on_epoch_start")
-                t_epoch, compile_before = time.perf_counter(), calls.compile_s
-                running = None  # outputs of the call still running on the device
-                while loop.position < feed.steps_per_epoch:
-                    k = calls.next_length(feed.steps_per_epoch - loop.position)
-                    args = feed.next_args(k, previous=running)
-                    run.state, metrics = calls(k, run.state, args)
-                    if running is not None:  # wait for the previous call: one call stays queued
-                        calls.wait(running)
-                    running = metrics
-                    loop.position += k
-                    run.step += k
-                    run.stop_signal = signals.poll()
-                    announce("call", run=run)
-                    run.each("after_call", k, metrics)
-                    announce("call done", run=run)
-                    if run.stop_signal is not None and loop.position < feed.steps_per_epoch:
-                        raise TrainingStopped(run.stop_signal, run.step, run.resume_hint)
-                calls.wait(running)  # the epoch's time includes its last call
-                train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
-                loop.train_time_s += train_s
-                record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.samples_per_step,
-                          "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
-                          "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
-                loop.history.append(record)
-                run.each("on_epoch_end", record)  # metrics and evaluation fill the record, then the rest
-                loop.position = 0
-                if run.stop_reason is not None:
-                    break
-                if signals.signum is not None and epoch < config.epochs:
-                    raise TrainingStopped(signals.signum, run.step, run.resume_hint)
-            status = "stopped early" if run.stop_reason else "completed"
-        except JaxtrainError as e:
-            status = _FAILURES.get(type(e), f"failed: {e}")
-            raise
-        except Exception as e:  # a user's hook or loss that raised
-            status = f"failed: {type(e).__name__}: {e}"
-            raise
-        finally:
-            feed.close()
-            nnx.update(model, run.state.params, run.state.model_state)
-            _end(run, build_summary(run, status))
+        train(run, Alone(run, model), signals)
         return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
 
 
@@ -350,58 +236,6 @@ _CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(..
                CheckpointHook: "TrainConfig(checkpoint=CheckpointConfig(...)) and a run_dir",
                MetricsHook: "TrainConfig(log_every=..., on_nan=...)", EvalHook: "val_data",
                RunFilesHook: "run_dir", PlotHook: "run_dir", ProgressHook: "verbosity"}
-
-_FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped: non-finite loss",
-             CheckpointError: "failed: checkpoint not written"}
-
-
-def _end(run: Run, summary: dict[str, Any]) -> None:
-    """Hands the summary to every hook, the run files last (they write summary.json once every
-    hook has added to it), then tells the library's hooks the files are written (`after_files`:
-    the trackers upload them). A hook's error at the end of a finished run (TensorBoard's files on a
-    full disk) fails it: the summary says "failed: ..." and the error is raised after every hook
-    ran; once a run failed, errors of the hooks' clean-up are not raised over the error that stopped it."""
-    run.summary = summary
-    run.calls.close()  # background compiles end (their seconds are in the profile)
-    error = None
-    ending = [functools.partial(h.on_end, run, summary)
-              for h in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook))]
-    ending += [functools.partial(h.after_files, run) for h in run.hooks if isinstance(h, RunHook)]
-    for end in ending:
-        try:
-            end()
-        except Exception as e:
-            if summary["status"] in ("completed", "stopped early") and error is None:
-                summary["status"], error = f"failed: {e}", e
-    if error is not None:
-        raise error
-
-
-def _run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
-               progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState,
-               plots: bool = True) -> list[Hook]:
-    """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
-    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, run
-    files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
-    plots (unless not `plots`), TensorBoard, the trackers of `config.track`, progress; each
-    restored from `loop` when it has saved state."""
-    ordered = [
-        MetricsHook(config.log_every, config.on_nan),
-        *([evaluation] if evaluation else []),
-        *hooks,
-        *([] if any(isinstance(h, ProfileHook) for h in hooks) else [ProfileHook()]),
-        *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
-        *([RunFilesHook(run_dir, saved)] if run_dir else []),  # an epoch's row is written before its checkpoint
-        *([checkpoints] if checkpoints else []),
-        *([PlotHook()] if run_dir and plots else []),
-        *([TensorBoard()] if run_dir and config.tensorboard else []),
-        *(make_trackers(config.track) if run_dir else []),
-        progress,
-    ]
-    for hook in ordered:
-        if hook.name in loop.hooks:
-            hook.load_state_dict(loop.hooks[hook.name])
-    return ordered
 
 
 def _printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, bool]:

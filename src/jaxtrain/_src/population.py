@@ -15,8 +15,9 @@ members, in one of two formulations, each the fastest measured on its backend
 A member that stops (pruned, early stopping, a non-finite loss) ends there: its run is ended and
 written at once, and the others go on (its slot in the program computes on, unread: see `_Tuple`).
 
-The loop here mirrors `fit`'s: one feed, one `CompiledCalls`, one evaluation of every member per
-epoch; each member's hooks see a `Run` of its own, so its files are those a lone run writes.
+The loop is `fit`'s (`training.train`), over one feed, one `CompiledCalls` and one evaluation of
+every member per epoch; its events reach each member's hooks through a `Run` of its own
+(`_Members`), so a member's files are those a lone run writes.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ from rich.console import Console
 from jaxtrain._src.calls import AutoSteps
 from jaxtrain._src.checks import check_fit_inputs, check_path_length
 from jaxtrain._src.config import TrainConfig, to_dict
-from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
+from jaxtrain._src.errors import ConfigError, NonFiniteLossError
 from jaxtrain._src.feeds import adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, Run, RunHook
-from jaxtrain._src.loop import _FAILURES, FitResult, TrainingStopped, _end, _model_summary, _run_hooks, _StopSignals
+from jaxtrain._src.loop import FitResult
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.optim import optimizer_structure, with_values, without_values
 from jaxtrain._src.program import Program, build_program
@@ -49,6 +50,7 @@ from jaxtrain._src.report import build_summary
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
+from jaxtrain._src.training import FAILURES, StopSignals, end_run, run_hooks, summarise_model, train
 
 __all__ = ["Member", "PopulationState", "fit_population", "shared_settings"]
 
@@ -268,7 +270,7 @@ class _Runner:
         self.status = status
         nnx.update(self.model, run.state.params, run.state.model_state)
         try:
-            _end(run, {**build_summary(run, status), "population": self.population})
+            end_run(run, {**build_summary(run, status), "population": self.population})
         except Exception:  # noqa: BLE001 - `_end` wrote "failed: ..." into the summary
             self.status = run.summary.get("status", status)
         self.result = FitResult(self.model, run.state, run.loop.history, run.summary, run.run_dir)
@@ -326,7 +328,7 @@ def fit_population(
                      config.data.allow_nan)
     console = Console(quiet=True) if verbosity == "silent" else console or Console(highlight=False, soft_wrap=True)
     quiet = Console(quiet=True)
-    with _StopSignals() as signals, contextlib.ExitStack() as guards:
+    with StopSignals() as signals, contextlib.ExitStack() as guards:
         claimed = []
         for m in members:
             saved = {"recipe": m.name, **to_dict(m.saved_config or m.config)}
@@ -362,11 +364,11 @@ def fit_population(
             validation = _Validation()
             run = Run(m.name, m.config, quiet, run_dir, shared.device, layout, feed, _MemberCalls(calls, len(members)),
                       states[i], 0, LoopState(feed=feed.get_state()), [], num_val=shared.num_val, t_start=t_start)
-            run.model_summary = _model_summary(m.model, loss_fn, train_data, preprocess, config.batch_size)
-            run.hooks = _run_hooks(m.config, m.hooks, validation, checkpoints, Hook(), run_dir, saved, run.loop,
+            run.model_summary = summarise_model(m.model, loss_fn, train_data, preprocess, config.batch_size)
+            run.hooks = run_hooks(m.config, m.hooks, validation, checkpoints, Hook(), run_dir, saved, run.loop,
                                    plots=False)
             runners.append(_Runner(run, m.model, validation, {"members": len(members), "formulation": form.name}))
-        _train(shared, runners, form, signals, console)
+        train(shared, _Members(shared, runners, form, console), signals)
     return [r.result for r in runners]
 
 
@@ -383,89 +385,68 @@ def _formulation(asked: str, members: Sequence[Member], devices: int) -> type:
     return _Stacked if asked == "stacked" else _Tuple
 
 
-def _train(shared: Run, runners: list[_Runner], form: Any, signals: _StopSignals, console: Console) -> None:
-    """The population's loop: `fit`'s, each call's and epoch's results handed to every member
-    still training."""
-    feed, calls, config = shared.feed, shared.calls, shared.config
-    live = lambda: [(i, r) for i, r in enumerate(runners) if r.status is None]  # noqa: E731
+class _Members:
+    """The crew of a population (`training.Crew`): every call's and epoch's results handed to each
+    member still training, in its own `Run`; a member that stops ends there, the others go on.
+    The shared run (the population's) hears the events first: its evaluation computes every
+    member's validation metrics at once."""
 
-    def each(event: str, args: Callable[[int], tuple] = lambda i: ()) -> None:
+    resume_hint = ("members' checkpoints saved; start the population again, or resume a member alone "
+                   "with its run directory")
+
+    def __init__(self, shared: Run, runners: list[_Runner], form: Any, console: Console):
+        self.shared, self.runners, self.form, self.console = shared, runners, form, console
+
+    def live(self) -> list[tuple[int, _Runner]]:
+        return [(i, r) for i, r in enumerate(self.runners) if r.status is None]
+
+    @property
+    def training(self) -> bool:
+        return bool(self.live())
+
+    def _each(self, event: str, args: Callable[[int], tuple] = lambda i: ()) -> None:
         """Announces `event` to every member still training (with `args(member)`)."""
-        for i, runner in live():
+        for i, runner in self.live():
             try:
                 runner.run.each(event, *args(i))
             except NonFiniteLossError:  # this member diverged: the others go on
-                runner.end(_FAILURES[NonFiniteLossError])
+                runner.end(FAILURES[NonFiniteLossError])
 
-    status = "interrupted"
-    try:
-        feed.setup(calls.compile, (1, 0))
-        calls.get(calls.next_length(feed.steps_per_epoch))
-        shared.each("on_start")
-        each("on_start")
-        for epoch in range(1, config.epochs + 1):
-            shared.loop.epoch = epoch
-            for _, r in live():
-                r.run.loop.epoch = epoch
-            feed.start_epoch(epoch, 0)
-            each("on_epoch_start")
-            t_epoch, compile_before, running = time.perf_counter(), calls.compile_s, None
-            while shared.loop.position < feed.steps_per_epoch:
-                k = calls.next_length(feed.steps_per_epoch - shared.loop.position)
-                args = feed.next_args(k, previous=running)
-                shared.state, metrics = calls(k, shared.state, args)
-                if running is not None:
-                    calls.wait(running)
-                running = metrics
-                shared.loop.position += k
-                shared.step += k
-                signal = signals.poll()
-                states = form.members(shared.state.members)
-                for i, r in live():
-                    r.run.state, r.run.loop.position, r.run.stop_signal = states[i], shared.loop.position, signal
-                    r.run.step += k
-                shared.each("after_call", k, metrics)  # the population's evaluation (built after the first call)
-                each("after_call", lambda i: (k, metrics[i]))
-                if signal is not None and shared.loop.position < feed.steps_per_epoch:
-                    raise TrainingStopped(signal, shared.step, "members' checkpoints saved; start the population "
-                                          "again, or resume a member alone with its run directory")
-                if not live():
-                    break
-            calls.wait(running)
-            train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
-            record = {"epoch": epoch, "step": shared.step, "samples": feed.steps_per_epoch * config.samples_per_step,
-                      "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
-                      "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
-            shared.each("on_epoch_end", record)  # every member's validation metrics, "val_<member>/<name>"
-            for i, r in live():
-                prefix = f"val_{i}/"
-                r.validation.values = {"val_" + k[len(prefix):]: v for k, v in record.items() if k.startswith(prefix)}
-                r.run.loop.train_time_s += train_s
-                member_record = {k: v for k, v in record.items() if not k.startswith("val_")}
-                r.run.loop.history.append(member_record)
-            each("on_epoch_end", lambda i: (runners[i].run.loop.history[-1],))
-            for _, r in live():
-                r.run.loop.position = 0
-                if r.run.stop_reason is not None:
-                    r.end("stopped early")
-            shared.loop.position = 0
-            _print_epoch(console, epoch, config.epochs, runners)
-            if not live():
-                break
-            if signals.signum is not None and epoch < config.epochs:
-                raise TrainingStopped(signals.signum, shared.step, "members' checkpoints saved")
-        status = "completed"
-    except JaxtrainError as e:
-        status = _FAILURES.get(type(e), f"failed: {e}")
-        raise
-    except Exception as e:
-        status = f"failed: {type(e).__name__}: {e}"
-        raise
-    finally:
-        feed.close()
-        for i, r in live():
+    def each(self, event: str) -> None:
+        self.shared.each(event)
+        for _, r in self.live():
+            r.run.loop.epoch = self.shared.loop.epoch
+        self._each(event)
+
+    def after_call(self, k: int, metrics: Any) -> None:
+        shared = self.shared
+        states = self.form.members(shared.state.members)
+        for i, r in self.live():
+            r.run.state, r.run.loop.position, r.run.stop_signal = states[i], shared.loop.position, shared.stop_signal
+            r.run.step += k
+        shared.each("after_call", k, metrics)  # the population's evaluation (built after the first call)
+        self._each("after_call", lambda i: (k, metrics[i]))
+
+    def epoch_end(self, record: dict[str, Any]) -> bool:
+        self.shared.each("on_epoch_end", record)  # every member's validation metrics, "val_<member>/<name>"
+        member_record = {k: v for k, v in record.items() if not k.startswith("val_")}
+        for i, r in self.live():
+            prefix = f"val_{i}/"
+            r.validation.values = {"val_" + k[len(prefix):]: v for k, v in record.items() if k.startswith(prefix)}
+            r.run.loop.train_time_s += record["train_time_s"]
+            r.run.loop.history.append(dict(member_record))
+        self._each("on_epoch_end", lambda i: (self.runners[i].run.loop.history[-1],))
+        for _, r in self.live():
+            r.run.loop.position = 0
+            if r.run.stop_reason is not None:
+                r.end("stopped early")
+        _print_epoch(self.console, record["epoch"], self.shared.config.epochs, self.runners)
+        return self.training
+
+    def end(self, status: str) -> None:
+        for _, r in self.live():
             r.end(status)
-        calls.close()
+        self.shared.calls.close()
 
 
 def _print_epoch(console: Console, epoch: int, epochs: int, runners: list[_Runner]) -> None:

@@ -1,0 +1,271 @@
+"""The training loop: epochs of compiled calls, for one run or for a population's members.
+
+`fit` and `fit_population` build their parts differently (one program, or one program over P
+members) and then run this one loop. What differs is who hears the loop's events, a `Crew`:
+
+- `Alone` (`fit`): the run itself;
+- a population's members (`population._Members`): each member's own `Run` and hooks, fed from
+  the population's calls, ending one by one as they stop.
+
+So signals, fault-injection moments, evaluation, early stopping, checkpoints, hooks and run
+files behave the same for one run and for P, and each is written once: here, in the hooks, or in
+`end_run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import jax
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from jaxtrain._src.checkpoint import CheckpointError
+from jaxtrain._src.checks import abstract_batch
+from jaxtrain._src.config import TrainConfig
+from jaxtrain._src.errors import JaxtrainError, NonFiniteLossError
+from jaxtrain._src.hooks import (
+    EarlyStopping,
+    Hook,
+    MetricsHook,
+    PlotHook,
+    ProfileHook,
+    Run,
+    RunFilesHook,
+    RunHook,
+    TensorBoard,
+)
+from jaxtrain._src.hooks.trackers import make_trackers
+from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.moments import announce
+from jaxtrain._src.report import build_summary
+from jaxtrain._src.report.model_summary import model_summary
+from jaxtrain._src.state import in_mode
+from jaxtrain._src.step import LossFn, Preprocess
+
+__all__ = ["FAILURES", "Alone", "Crew", "StopSignals", "TrainingStopped", "end_run", "run_hooks",
+           "summarise_model", "train"]
+
+
+class TrainingStopped(JaxtrainError):
+    """Training was stopped by SIGINT or SIGTERM after saving a checkpoint (exit code 128 + signal)."""
+
+    def __init__(self, signum: int, step: int, resume_hint: str):
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; {resume_hint}")
+
+
+FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped: non-finite loss",
+            CheckpointError: "failed: checkpoint not written"}
+"""The summary's status for the errors that end a run."""
+
+
+class StopSignals:
+    """Turns SIGINT/SIGTERM into a flag the loop checks at call boundaries (main thread only).
+
+    In a job of several processes SIGTERM is left to JAX's preemption service, which makes every
+    process agree on the call at which they all stop (one stopping alone would leave the others
+    waiting in a collective)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._many, self._calls = jax.process_count() > 1, 0
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT,) if self._many else (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def poll(self) -> int | None:
+        """The stop signal, once one arrived (in every process of a job at the same call)."""
+        if self._many:
+            self._calls += 1
+            if multihost_utils.reached_preemption_sync_point(self._calls) and self.signum is None:
+                self.signum = signal.SIGTERM
+        return self.signum
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class Crew(Protocol):
+    """Who hears the loop's events. The loop keeps the lead `Run`'s state, step, position and
+    history; a crew hands them on to the runs it holds."""
+
+    resume_hint: str
+    """How to continue, for the message of a run stopped by a signal."""
+
+    training: bool
+    """Someone is still training (a population whose members all ended stops mid-epoch)."""
+
+    def each(self, event: str) -> None:
+        """`on_start` or `on_epoch_start` to every run still training."""
+
+    def after_call(self, k: int, metrics: Any) -> None:
+        """A call of `k` steps was queued; `metrics` are its outputs on the device."""
+
+    def epoch_end(self, record: dict[str, Any]) -> bool:
+        """The epoch's record, appended to the lead's history; False ends training."""
+
+    def end(self, status: str) -> None:
+        """Training ended with `status`: every run still open writes its summary and files."""
+
+
+class Alone:
+    """The crew of a lone run (`fit`): the run hears every event itself."""
+
+    training = True
+
+    def __init__(self, run: Run, model: nnx.Module):
+        self.run, self.model = run, model
+
+    @property
+    def resume_hint(self) -> str:
+        return self.run.resume_hint
+
+    def each(self, event: str) -> None:
+        self.run.each(event)
+
+    def after_call(self, k: int, metrics: Any) -> None:
+        self.run.each("after_call", k, metrics)
+
+    def epoch_end(self, record: dict[str, Any]) -> bool:
+        self.run.each("on_epoch_end", record)  # metrics and evaluation fill the record, then the rest
+        return self.run.stop_reason is None
+
+    def end(self, status: str) -> None:
+        nnx.update(self.model, self.run.state.params, self.run.state.model_state)
+        end_run(self.run, build_summary(self.run, status))
+
+
+def train(run: Run, crew: Crew, signals: StopSignals) -> None:
+    """Trains from `run.loop`'s epoch and position to the last epoch: the feed's batches through
+    `run.calls`, every call's outputs and every epoch's record to `crew`; one call stays queued
+    while the host hands the previous one on. Whatever ends it (the last epoch, early stopping, a
+    signal, an error), the feed is closed and `crew.end` writes the runs' ends; errors are raised
+    after that, with the status they gave the summaries."""
+    feed, calls, loop, config = run.feed, run.calls, run.loop, run.config
+    status = "interrupted"
+    try:
+        feed.setup(calls.compile, (loop.epoch, loop.position))  # a streamed feed starts reading meanwhile
+        calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
+        if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
+            raise TrainingStopped(signals.signum, run.step, "before training began; nothing was trained, "
+                                  "so start it again")
+        crew.each("on_start")
+        for epoch in range(loop.epoch, config.epochs + 1):
+            loop.epoch = epoch
+            feed.start_epoch(epoch, loop.position)
+            crew.each("on_epoch_start")
+            t_epoch, compile_before = time.perf_counter(), calls.compile_s
+            running = None  # outputs of the call still running on the device
+            while loop.position < feed.steps_per_epoch and crew.training:
+                k = calls.next_length(feed.steps_per_epoch - loop.position)
+                args = feed.next_args(k, previous=running)
+                run.state, metrics = calls(k, run.state, args)
+                if running is not None:  # wait for the previous call: one call stays queued
+                    calls.wait(running)
+                running = metrics
+                loop.position += k
+                run.step += k
+                run.stop_signal = signals.poll()
+                announce("call", run=run)
+                crew.after_call(k, metrics)
+                announce("call done", run=run)
+                if run.stop_signal is not None and loop.position < feed.steps_per_epoch:
+                    raise TrainingStopped(run.stop_signal, run.step, crew.resume_hint)
+            calls.wait(running)  # the epoch's time includes its last call
+            train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
+            loop.train_time_s += train_s
+            record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.samples_per_step,
+                      "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
+                      "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
+            loop.history.append(record)
+            going_on = crew.epoch_end(record)
+            loop.position = 0
+            if not going_on:
+                break
+            if signals.signum is not None and epoch < config.epochs:
+                raise TrainingStopped(signals.signum, run.step, crew.resume_hint)
+        status = "stopped early" if run.stop_reason else "completed"
+    except JaxtrainError as e:
+        status = FAILURES.get(type(e), f"failed: {e}")
+        raise
+    except Exception as e:  # a user's hook or loss that raised
+        status = f"failed: {type(e).__name__}: {e}"
+        raise
+    finally:
+        feed.close()
+        crew.end(status)
+
+
+def end_run(run: Run, summary: dict[str, Any]) -> None:
+    """Hands the summary to every hook, the run files last (they write summary.json once every
+    hook has added to it), then tells the library's hooks the files are written (`after_files`:
+    the trackers upload them). A hook's error at the end of a finished run (TensorBoard's files on a
+    full disk) fails it: the summary says "failed: ..." and the error is raised after every hook
+    ran; once a run failed, errors of the hooks' clean-up are not raised over the error that stopped it."""
+    run.summary = summary
+    run.calls.close()  # background compiles end (their seconds are in the profile)
+    error = None
+    ending = [functools.partial(h.on_end, run, summary)
+              for h in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook))]
+    ending += [functools.partial(h.after_files, run) for h in run.hooks if isinstance(h, RunHook)]
+    for end in ending:
+        try:
+            end()
+        except Exception as e:
+            if summary["status"] in ("completed", "stopped early") and error is None:
+                summary["status"], error = f"failed: {e}", e
+    if error is not None:
+        raise error
+
+
+def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
+              progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState,
+              plots: bool = True) -> list[Hook]:
+    """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
+    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, run
+    files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
+    plots (unless not `plots`), TensorBoard, the trackers of `config.track`, progress; each
+    restored from `loop` when it has saved state."""
+    ordered = [
+        MetricsHook(config.log_every, config.on_nan),
+        *([evaluation] if evaluation else []),
+        *hooks,
+        *([] if any(isinstance(h, ProfileHook) for h in hooks) else [ProfileHook()]),
+        *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
+        *([RunFilesHook(run_dir, saved)] if run_dir else []),  # an epoch's row is written before its checkpoint
+        *([checkpoints] if checkpoints else []),
+        *([PlotHook()] if run_dir and plots else []),
+        *([TensorBoard()] if run_dir and config.tensorboard else []),
+        *(make_trackers(config.track) if run_dir else []),
+        progress,
+    ]
+    for hook in ordered:
+        if hook.name in loop.hooks:
+            hook.load_state_dict(loop.hooks[hook.name])
+    return ordered
+
+
+def summarise_model(model: nnx.Module, loss_fn: LossFn, train_data: Any, preprocess: Preprocess | None,
+                    batch_size: int) -> dict[str, Any]:
+    """The model summary, its output shapes traced through the loss on one abstract batch."""
+    def trace(model: nnx.Module, batch: Any) -> Any:
+        return loss_fn(model, preprocess(batch) if preprocess else batch, jax.random.key(0))
+
+    return model_summary(in_mode(model, train=True), trace, abstract_batch(train_data, batch_size, "train_data"))
