@@ -13,6 +13,7 @@ from flax import nnx
 
 import jaxtrain
 from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
+from jaxtrain._src.optim import without_values
 from jaxtrain._src.report.run_dir import read_jsonl
 from jaxtrain.models import MLP
 
@@ -77,7 +78,8 @@ def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path):
     resumed = fit(small_mlp(0), mse, DATA, VAL, longer, run_dir=tmp_path / "m0", resume=True, verbosity="silent")
     alone = fit(small_mlp(0), mse, DATA, VAL, longer, run_dir=tmp_path / "lone0", resume=True, verbosity="silent")
     assert len(resumed.history) == 3 and leaves_close(resumed.state.params, alone.state.params) <= 1e-5
-    assert jax.tree.structure(results[0].state.opt_state) == jax.tree.structure(alone.state.opt_state)
+    saved = lambda r: jax.tree.structure(without_values(r.state.opt_state))  # noqa: E731 - as checkpoints hold it
+    assert saved(results[0]) == saved(alone)
 
 
 def test_a_member_its_hook_stops_ends_there_and_the_others_train_on(tmp_path):

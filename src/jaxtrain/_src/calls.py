@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtrain._src.compile_cache import cache_hits
 from jaxtrain._src.config import STEP_FORMS as FORMS
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.memory import compiled_memory, release_free_heap
@@ -438,7 +439,7 @@ class CompiledCalls:
         entry = {"what": getattr(fn, "__name__", "program"), "seconds": 0.0, **record}
 
         def build() -> Callable:
-            t0 = time.perf_counter()
+            t0, hits = time.perf_counter(), cache_hits()
             jitted = jax.jit(fn, donate_argnums=(0,) if donate else (), in_shardings=in_shardings,
                              out_shardings=out_shardings)
             lowered = jitted.lower(*args)
@@ -447,6 +448,7 @@ class CompiledCalls:
             release_free_heap()  # the compiler's freed memory, back to the system
             entry["seconds"] = time.perf_counter() - t0
             entry["temp_bytes"] = (compiled_memory(compiled) or {}).get("temp_bytes")
+            entry["cached"] = cache_hits() > hits  # loaded from the persistent cache, not compiled
             with self._lock:
                 self.compiles.append(entry)
             return compiled

@@ -14,11 +14,12 @@ itself).
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import jax
 
-__all__ = ["ENV", "enable_compile_cache"]
+__all__ = ["ENV", "cache_hits", "enable_compile_cache"]
 
 ENV = "JAXTRAIN_COMPILE_CACHE"
 MAX_BYTES = 2 << 30
@@ -59,3 +60,24 @@ def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int =
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program: small ones too
     jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
     return directory
+
+
+_HIT = "/jax/compilation_cache/cache_hits"
+_counts = threading.local()
+_listening = threading.Lock()
+_registered: list[bool] = []
+
+
+def _count(event: str, **kwargs: object) -> None:
+    if event == _HIT:
+        _counts.hits = getattr(_counts, "hits", 0) + 1
+
+
+def cache_hits() -> int:
+    """Programs this thread has loaded from the persistent cache so far (JAX's monitoring events;
+    0 with no cache): compare it before and after a compile to know whether XLA compiled."""
+    with _listening:
+        if not _registered:
+            jax.monitoring.register_event_listener(_count)
+            _registered.append(True)
+    return getattr(_counts, "hits", 0)

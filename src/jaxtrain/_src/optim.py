@@ -14,7 +14,12 @@ from jaxtrain._src.precision import LossScaleState, policy_of
 
 
 VALUES = ("lr", "min_lr", "momentum", "b1", "b2", "eps", "weight_decay", "clip_norm")
-"""The numbers of an `OptimConfig` that `with_values` holds in the optimizer state."""
+"""The numbers of an `OptimConfig` that `with_values` can hold in the optimizer state."""
+
+EXACT_VALUES = ("lr", "min_lr", "momentum", "eps", "weight_decay", "clip_norm")
+"""The numbers a value in the state computes with exactly as a constant in the program does. Not
+the betas: Adam computes `1 - b2` from them, and in float32 from a held 0.999 that is 1.3e-5 off
+the constant `1 - 0.999` rounded once (measured: Adam's weights 6.5e-6 apart after 12 steps)."""
 
 
 def build_schedule(config: OptimConfig, total_steps: int, values: dict[str, Any] | None = None) -> optax.Schedule:
@@ -66,7 +71,7 @@ def build_optimizer(config: OptimConfig, total_steps: int, schedule: optax.Sched
       values: the numbers of `VALUES` (arrays, possibly traced: see `with_values`) in place of the
         config's; the config still decides which parts the chain has.
     """
-    v = values if values is not None else {name: getattr(config, name) for name in VALUES}
+    v = {name: getattr(config, name) for name in VALUES} | (values or {})
     lr = schedule if schedule is not None else build_schedule(config, total_steps, values)
     parts: list[optax.GradientTransformation] = []
     if config.clip_norm > 0:
@@ -102,12 +107,14 @@ class ValuesState(NamedTuple):
     inner: optax.OptState
 
 
-def with_values(config: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    """`build_optimizer(config)` with its numbers (`VALUES`: learning rate, betas, weight decay, ...)
-    held in the optimizer state rather than in the program, as `optax.inject_hyperparams` does, so
-    that runs which differ only in them share one update function (a population's members, stacked
-    and vmapped). The config decides the chain's parts and the schedule's shape; `learning_rate` in
-    the state is the rate of the last update, as `learning_rate_fn` reads it.
+def with_values(config: OptimConfig, total_steps: int, names: tuple[str, ...] = VALUES) -> optax.GradientTransformation:
+    """`build_optimizer(config)` with its numbers `names` (default `VALUES`: learning rate, betas,
+    weight decay, ...; `lr` and `min_lr` always among them) held in the optimizer state rather than
+    in the program, as `optax.inject_hyperparams` does, so that runs which differ only in them share
+    one update function: a population's members, stacked and vmapped (every number), and runs
+    one after another, whose programs the compilation cache then shares (`EXACT_VALUES`). The
+    config decides the chain's parts, the schedule's shape and the numbers not in `names`;
+    `learning_rate` in the state is the rate of the last update, as `learning_rate_fn` reads it.
 
     Raises:
       ValueError: the exponential schedule (optax checks its rates in Python).
@@ -116,7 +123,7 @@ def with_values(config: OptimConfig, total_steps: int) -> optax.GradientTransfor
         raise ValueError("with_values does not take the exponential schedule")
 
     def init(params: optax.Params) -> ValuesState:
-        values = {name: jnp.asarray(getattr(config, name), jnp.float32) for name in VALUES}
+        values = {name: jnp.asarray(getattr(config, name), jnp.float32) for name in names}
         return ValuesState(jnp.zeros([], jnp.int32), values, jnp.asarray(config.lr, jnp.float32),
                            build_optimizer(config, total_steps, values=values).init(params))
 
@@ -137,15 +144,41 @@ def without_values(opt_state: optax.OptState) -> optax.OptState:
     return jax.tree.map(lambda x: x.inner if is_values(x) else x, opt_state, is_leaf=is_values)
 
 
+def restore_values(template: optax.OptState, saved: optax.OptState) -> optax.OptState:
+    """`saved` (an optimizer state without its numbers: `without_values`, as checkpoints hold it)
+    with each `with_values` state of `template` put back around it: the numbers `template` holds
+    (the run's config), the update count read from the inner schedule's."""
+    is_values = lambda x: isinstance(x, ValuesState)  # noqa: E731
+    leaves, treedef = jax.tree.flatten(template, is_leaf=is_values)
+    inner = treedef.flatten_up_to(saved)
+
+    def put_back(t: Any, s: Any) -> Any:
+        if not is_values(t):
+            return s
+        is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+        counts = [x.count for x in jax.tree.leaves(s, is_leaf=is_schedule) if is_schedule(x)]
+        return t._replace(count=jnp.copy(counts[0]) if counts else t.count, inner=s)  # a buffer of its own
+
+    return treedef.unflatten([put_back(t, s) for t, s in zip(leaves, inner)])
+
+
 def build_train_optimizer(
     config: TrainConfig, total_steps: int, optimizer: optax.GradientTransformation | None = None,
     schedule: optax.Schedule | None = None,
 ) -> optax.GradientTransformation:
-    """The optimizer of a training run: `optimizer` when given, else `build_optimizer(config.optim)`;
-    with `config.ema` keeping an average of the weights (`with_ema`); with `on_nan="skip"` wrapped
-    in `optax.apply_if_finite`, so a non-finite gradient leaves the state unchanged (and is
-    counted); with fp16 precision wrapped in dynamic loss scaling."""
-    tx = optimizer if optimizer is not None else build_optimizer(config.optim, total_steps, schedule)
+    """The optimizer of a training run: `optimizer` when given, else `config.optim`'s with its
+    numbers held in its state (`with_values`: runs that differ only in them compile one program,
+    and share it through the compilation cache; not the exponential schedule, whose rates optax
+    checks in Python); with `config.ema` keeping an average of the weights (`with_ema`); with
+    `on_nan="skip"` wrapped in `optax.apply_if_finite`, so a non-finite gradient leaves the state
+    unchanged (and is counted); with fp16 precision wrapped in dynamic loss scaling. Checkpoints
+    hold the state `without_values`, as the optimizer with its numbers in the program keeps it."""
+    if optimizer is not None:
+        tx = optimizer
+    elif config.optim.schedule == "exponential":
+        tx = build_optimizer(config.optim, total_steps, schedule)
+    else:
+        tx = with_values(config.optim, total_steps, EXACT_VALUES)
     if config.ema:  # inside the skipping wrappers: a skipped update leaves the average as it was
         tx = with_ema(tx, config.ema)
     if config.on_nan == "skip":

@@ -44,7 +44,7 @@ from jaxtrain._src.feeds import adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, Run, RunHook
 from jaxtrain._src.loop import FitResult
 from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.optim import optimizer_structure, with_values, without_values
+from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.report import build_summary
 from jaxtrain._src.run_guard import RunGuard
@@ -166,11 +166,11 @@ class _Tuple:
 class _Stacked:
     """The members' states stacked on a leading axis and one train step vmapped over them: each
     layer's P small matrix products become one batched product. On an H200 GPU 5.6x the lone
-    steps at P = 16 (the tuple 1.1x); the members' optimizers hold their numbers in their state
-    (`optim.with_values`), so one update function serves all. Members differ from their lone runs
-    by the batched products' order of summation (within 1e-5 in the tests; training at high rates
-    amplifies it). Each member's hooks get its state in a lone run's layout (`optim.without_values`),
-    so its checkpoints are a lone run's and resume alone."""
+    steps at P = 16 (the tuple 1.1x); the members' optimizers hold all their numbers in their state,
+    the betas too (`optim.with_values`), so one update function serves all. Members differ from
+    their lone runs by the batched products' order of summation and the betas' rounding (within
+    1e-5 in the tests; training at high rates amplifies it). Checkpoints leave the numbers out
+    (the config has them), so a member's are a lone run's and resume alone."""
 
     name = "stacked"
 
@@ -178,8 +178,7 @@ class _Stacked:
         self.programs, self.P = programs, len(programs)
 
         def unstack(stacked: TrainState) -> tuple[TrainState, ...]:
-            members = (jax.tree.map(lambda x: x[i], stacked) for i in range(self.P))
-            return tuple(m._replace(opt_state=without_values(m.opt_state)) for m in members)
+            return tuple(jax.tree.map(lambda x: x[i], stacked) for i in range(self.P))
 
         self._unstack = jax.jit(unstack)  # one call per K-step call: a copy of each member's state
 
@@ -338,7 +337,7 @@ def fit_population(
         feed, layout, total = first.feed, first.layout, first.total_steps
         form = _formulation(formulation, members, layout.num_devices)
 
-        def program(m: Member) -> Program:
+        def program(m: Member) -> Program:  # stacked: every number in the state, betas too (one vmapped update)
             tx = with_values(m.config.optim, total) if form is _Stacked else m.optimizer
             return build_program(m.model, loss_fn, m.config, optimizer=tx, preprocess=preprocess, augment=augment,
                                  total_steps=total, layout=layout)

@@ -31,7 +31,7 @@ from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, render, 
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
-from jaxtrain._src.optim import fresh_skip_counters, toggle_skip
+from jaxtrain._src.optim import fresh_skip_counters, restore_values, toggle_skip, without_values
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.state import TrainState
 
@@ -57,10 +57,12 @@ class CheckpointHook(RunHook):
           DataError: the training data differ from the checkpoint's and `accept_changed` is False.
         """
         arrays = feed.arrays() if feed is not None else None
+        saved, saved_shardings = _as_saved(template), None if shardings is None else _as_saved(shardings)
         try:
-            state, arrays, meta = self.ckpt.restore_with_feed(template, arrays, shardings=shardings)
+            state, arrays, meta = self.ckpt.restore_with_feed(saved, arrays, shardings=saved_shardings)
         except CheckpointError as e:
-            state, arrays, meta = self._restore_other_on_nan(template, arrays, shardings, e)
+            state, arrays, meta = self._restore_other_on_nan(saved, arrays, saved_shardings, e)
+        state = state._replace(opt_state=restore_values(template.opt_state, state.opt_state))
         self._check_data(meta, getattr(feed, "fingerprint", None), accept_changed)
         try:
             loop = LoopState.from_meta(meta)
@@ -118,7 +120,7 @@ class CheckpointHook(RunHook):
     def on_start(self, run: Run) -> None:
         # arrays off the host are checksummed by a program: compiled beside training (about a second
         # on a CPU), not at the first save; arrays on the host take a CRC-32 and need none
-        flat = flatten_state(run.state) | flatten_feed(run.feed.arrays())
+        flat = flatten_state(_as_saved(run.state)) | flatten_feed(run.feed.arrays())
         if not all(is_on_host(x) for x in flat.values()):
             self.ckpt.checksum_program = run.calls.compile(checksum_program(), shapes_of(flat), background=True,
                                                            what="checkpoint checksums")
@@ -151,7 +153,7 @@ class CheckpointHook(RunHook):
     def _save(self, run: Run, metrics: dict[str, Any] | None, kind: str) -> None:
         meta = {**run.snapshot().to_meta(), "config": self._run_config,
                 "data": getattr(run.feed, "fingerprint", None)}
-        self.ckpt.save(run.step, run.state, meta, metrics, feed=run.feed.arrays())
+        self.ckpt.save(run.step, _as_saved(run.state), meta, metrics, feed=run.feed.arrays())
         announce("checkpoint saved", step=run.step, kind=kind)
         self._last_save = run.step
 
@@ -166,3 +168,10 @@ class CheckpointHook(RunHook):
     @property
     def directory(self) -> Path:
         return self.ckpt.directory
+
+
+def _as_saved(state: TrainState) -> TrainState:
+    """The train state (or its shardings) as checkpoints hold it: the optimizer's numbers, which
+    the run's config gives, left out (`optim.without_values`), so a checkpoint is the same whether
+    the numbers were in the program or in the state."""
+    return state._replace(opt_state=without_values(state.opt_state))
