@@ -3,10 +3,15 @@ and populations; and `tune lr`'s suggestion against the best rate a sweep finds.
 
 Part `trials`: each measured run is the whole command, `jaxtrain sweep WORKLOAD ... --trials N` in a fresh
 process and a fresh sweep folder (process start, data, compilation, training, evaluation,
-checkpoints and the study's bookkeeping included), timed from start to exit. The modes run
-interleaved for `--rounds` rounds; the figure is the median of N trials / wall time, as trials per
-hour, and its ratio to one trial at a time. The trials draw the learning rate only (the random
-sampler, no pruning), so every trial of a workload does the same work whichever mode runs it.
+checkpoints and the study's bookkeeping included), timed from start to exit; mode `shell` is what a
+user has without a sweep: N `jaxtrain train WORKLOAD --optim.lr X --run-dir DIR` commands one after
+another, as a shell loop runs them. The modes run interleaved for `--rounds` rounds; the figure is
+the median of N trials / wall time, as trials per hour, and its ratio to one trial at a time. Where
+the time went comes from the trials' summary.json: compiling (`compile_time_s`, loaded from the
+cache or not), training (`train_s`), and the rest of the wall time (process start, data,
+evaluation, checkpoints, run files, the study); a population's members share one compile and one
+training, counted once. The trials draw the learning rate only (the random sampler, no pruning), so
+every trial of a workload does the same work whichever mode runs it.
 
 Part `lr`: for each case (a recipe with fixed settings; the last cases were not looked at when
 the suggestion's rule was chosen) a sweep of `--lr-trials` trials over the learning rate alone
@@ -17,7 +22,10 @@ factor between the suggestion and the sweep's best rate (target ≤ 3×).
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
+import random
 import shlex
 import statistics
 import subprocess
@@ -61,9 +69,9 @@ class SweepBenchConfig:
     """trials: trials per hour by mode; lr: tune lr against a sweep."""
     workloads: tuple[str, ...] = ("mlp-regression", "mnist-cnn")
     """Recipes swept (each with its small fixed settings above)."""
-    modes: tuple[str, ...] = ("sequential", "workers", "population")
-    """sequential: one trial at a time (`--workers 1`); workers: `--workers W`; population: `--population P`
-    for each P of `populations`."""
+    modes: tuple[str, ...] = ("shell", "sequential", "workers", "population")
+    """shell: N `jaxtrain train` commands one after another; sequential: one trial at a time
+    (`--workers 1`); workers: `--workers W`; population: `--population P` for each P of `populations`."""
     workers: int = 2
     """W of the worker modes."""
     populations: tuple[int, ...] = (4, 8, 16)
@@ -83,14 +91,39 @@ class SweepBenchConfig:
     """A cut-down run for smoke tests (1 round, 2 trials, tiny data)."""
 
 
-def _command(workload: str, mode: str, config: SweepBenchConfig, out: Path) -> list[str]:
+MODES = ("shell", "sequential", "workers", "population")
+
+
+def _commands(workload: str, mode: str, config: SweepBenchConfig, out: Path) -> list[list[str]]:
+    """The commands one measured run of `mode` runs, one after another."""
     flags = [*(QUICK if config.quick else WORKLOADS)[workload], *shlex.split(config.flags)]
+    if mode == "shell":  # the learning rates a random sampler would draw from the same range
+        draw = random.Random(0)
+        rates = [math.exp(draw.uniform(math.log(1e-4), math.log(1e-2))) for _ in range(config.trials)]
+        return [[sys.executable, "-m", "jaxtrain", "train", workload, *flags, "--optim.lr", f"{lr:.6g}",
+                 "--run-dir", str(out / f"trial-{i:04d}"), "--quiet"] for i, lr in enumerate(rates)]
     command = [sys.executable, "-m", "jaxtrain", "sweep", workload, *flags, "--space",
                "optim.lr=loguniform:1e-4:1e-2", "--trials", str(config.trials), "--out", str(out),
                "--sampler", "random", "--pruner", "none"]
     if mode.startswith("population"):
-        return [*command, "--population", mode.split()[1]]
-    return [*command, "--workers", str(1 if mode == "sequential" else config.workers)]
+        return [[*command, "--population", mode.split()[1]]]
+    return [[*command, "--workers", str(1 if mode == "sequential" else config.workers)]]
+
+
+def _split(out: Path, mode: str, wall: float) -> tuple[float, float, int]:
+    """Seconds compiling and training in a measured run's trials (a population's once), and how
+    many of the trials' training programs came from the compilation cache."""
+    summaries = [json.loads(p.read_text()) for p in sorted(out.glob("trial-*/summary.json"))]
+    if mode.startswith("population"):  # members share the population's compile and training
+        groups: dict[int, dict] = {}
+        for s in summaries:
+            groups.setdefault(round(s["profile"]["train_s"], 6), s)
+        summaries = list(groups.values())
+    compile_s = sum(s.get("compile_time_s") or 0.0 for s in summaries)
+    train_s = sum(s["profile"]["train_s"] for s in summaries)
+    cached = sum(any(c.get("cached") for c in s["profile"]["compiles"] if c.get("what") == "train call")
+                 for s in summaries)
+    return compile_s, train_s, cached
 
 
 def _modes(config: SweepBenchConfig) -> list[str]:
@@ -104,7 +137,7 @@ def main(config: SweepBenchConfig) -> int:
         config = dataclasses.replace(config, rounds=1, trials=2, lr_trials=2, lr_cases=("mlp-regression",),
                                      populations=(2,))
     for what, given, known in (("part", config.parts, ("trials", "lr")),
-                               ("mode", config.modes, ("sequential", "workers", "population")),
+                               ("mode", config.modes, MODES),
                                ("workload", config.workloads, tuple(WORKLOADS)),
                                ("case", config.lr_cases, tuple(LR_CASES))):
         unknown = [g for g in given if g not in known]
@@ -119,34 +152,44 @@ def main(config: SweepBenchConfig) -> int:
 def _trials(config: SweepBenchConfig, console: Console) -> int:
     modes = _modes(config)
     rates: dict[tuple[str, str], list[float]] = {(w, m): [] for w in config.workloads for m in modes}
+    splits: dict[tuple[str, str], list[tuple[float, float, float]]] = {key: [] for key in rates}
     with tempfile.TemporaryDirectory(prefix="jaxtrain-bench-sweep-") as tmp:
         for round_ in range(1, config.rounds + 1):
             for workload in config.workloads:
                 for mode in modes:
-                    out = Path(tmp) / f"{workload}-{mode}-{round_}"
+                    out = Path(tmp) / f"{workload}-{mode}-{round_}".replace(" ", "-")
                     t0 = time.perf_counter()
-                    done = subprocess.run(_command(workload, mode, config, out), capture_output=True, text=True)
+                    for command in _commands(workload, mode, config, out):
+                        done = subprocess.run(command, capture_output=True, text=True)
+                        if done.returncode != 0:
+                            console.print(f"round {round_} {workload} {mode}: FAILED (exit {done.returncode}): "
+                                          f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+                            return 1
                     wall = time.perf_counter() - t0
-                    if done.returncode != 0:
-                        console.print(f"round {round_} {workload} {mode}: FAILED (exit {done.returncode}): "
-                                      f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
-                        return 1
                     rates[workload, mode].append(3600 * config.trials / wall)
+                    compile_s, train_s, cached = _split(out, mode, wall)
+                    splits[workload, mode].append((compile_s, train_s, wall - compile_s - train_s))
                     console.print(f"round {round_} {workload} {mode}: {config.trials} trials in {wall:.1f} s "
-                                  f"({rates[workload, mode][-1]:,.0f} trials/hour)")
+                                  f"({rates[workload, mode][-1]:,.0f} trials/hour): compiling {compile_s:.1f} s "
+                                  f"({cached} training programs from the cache), training {train_s:.1f} s, "
+                                  f"the rest {wall - compile_s - train_s:.1f} s")
     table = Table(title=f"sweep: {config.trials} trials per sweep, {config.rounds} interleaved rounds, medians "
                         f"({os.cpu_count()} CPU cores)")
-    for column in ("workload", "mode", "trials/hour (each round)", "median", "× sequential"):
+    for column in ("workload", "mode", "trials/hour (each round)", "median", "× sequential", "× shell",
+                   "compile s", "train s", "rest s"):
         table.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     best = {}
     for workload in config.workloads:
         base = statistics.median(rates[workload, "sequential"]) if "sequential" in modes else None
+        shell = statistics.median(rates[workload, "shell"]) if "shell" in modes else None
         for mode in modes:
             median = statistics.median(rates[workload, mode])
             label = f"{mode} (W={config.workers})" if mode == "workers" else mode
+            parts = [f"{statistics.median(s[i] for s in splits[workload, mode]):.1f}" for i in range(3)]
             table.add_row(workload, label, ", ".join(f"{r:,.0f}" for r in rates[workload, mode]), f"{median:,.0f}",
-                          "-" if base is None else f"{median / base:.2f}×")
-            if base is not None and mode != "sequential":
+                          "-" if base is None else f"{median / base:.2f}×",
+                          "-" if shell is None else f"{median / shell:.2f}×", *parts)
+            if base is not None and mode not in ("sequential", "shell"):
                 best[workload] = max(best.get(workload, 0.0), median / base)
     console.print(table)
     for workload, ratio in best.items():

@@ -1,0 +1,32 @@
+"""`jaxtrain bench sweep`'s baseline without a sweep: N `jaxtrain train` commands in a shell loop,
+drawing their rates as the sweep's random sampler does; and where a measured run's time went."""
+
+import json
+import math
+
+from jaxtrain.tools.bench import sweep as bench
+
+
+def test_the_shell_loop_is_n_train_commands_over_the_swept_range(tmp_path):
+    config = bench.SweepBenchConfig(trials=5)
+    commands = bench._commands("mlp-regression", "shell", config, tmp_path)
+    assert len(commands) == 5 and all(c[2:5] == ["jaxtrain", "train", "mlp-regression"] for c in commands)
+    rates = [float(c[c.index("--optim.lr") + 1]) for c in commands]
+    assert len(set(rates)) == 5 and all(1e-4 <= r <= 1e-2 for r in rates)
+    assert len({c[c.index("--run-dir") + 1] for c in commands}) == 5
+    assert bench._commands("mlp-regression", "shell", config, tmp_path) == commands  # the same draws each round
+    (sweep,) = bench._commands("mlp-regression", "population 4", config, tmp_path)
+    assert sweep[sweep.index("--population") + 1] == "4"
+
+
+def test_a_population_s_compile_and_training_count_once(tmp_path):
+    def trial(i: int, train_s: float, cached: bool) -> None:
+        (tmp_path / f"trial-{i:04d}").mkdir()
+        profile = {"train_s": train_s, "compiles": [{"what": "train call", "cached": cached}]}
+        (tmp_path / f"trial-{i:04d}" / "summary.json").write_text(json.dumps({"compile_time_s": 2.0, "profile": profile}))
+
+    for i in range(4):
+        trial(i, 3.0, cached=False)  # one population of 4
+    assert bench._split(tmp_path, "population 4", 10.0) == (2.0, 3.0, 0)
+    compile_s, train_s, cached = bench._split(tmp_path, "sequential", 10.0)
+    assert (compile_s, train_s) == (8.0, 12.0) and math.isclose(cached, 0)
