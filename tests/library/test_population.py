@@ -4,6 +4,9 @@ that stops or diverges ends alone; members that cannot share a population are on
 
 import dataclasses
 import json
+import os
+import shutil
+import signal
 
 import jax
 import numpy as np
@@ -13,6 +16,7 @@ from flax import nnx
 
 import jaxtrain
 from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
+from jaxtrain._src.training import TrainingStopped
 from jaxtrain._src.optim import without_values
 from jaxtrain._src.report.run_dir import read_jsonl
 from jaxtrain.models import MLP
@@ -120,3 +124,28 @@ def test_members_that_cannot_share_a_population_are_one_line(tmp_path):
     results = fit_population([ok, wide], mse, DATA, VAL, verbosity="silent")
     assert results[1].summary["population"]["formulation"] == "tuple"  # auto, on the CPU
     assert np.isfinite(results[1].best_val_loss)
+
+
+def test_a_population_stopped_mid_epoch_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path):
+    prune = LambdaHook(on_epoch_end=lambda run, record: run.stop("pruned") if run.epoch == 1 else None)
+
+    def members(root, first_hooks=()):
+        return [Member(small_mlp(i), config(lr, epochs=3), run_dir=root / f"m{i}",
+                       hooks=[prune] if i == 2 else first_hooks if i == 0 else ()) for i, lr in enumerate(LRS)]
+
+    whole = fit_population(members(tmp_path / "whole"), mse, DATA, VAL, formulation="tuple", verbosity="silent")
+    term = LambdaHook(after_call=lambda run, k, m: os.kill(os.getpid(), signal.SIGTERM) if run.step == 14 else None)
+    with pytest.raises(TrainingStopped):
+        fit_population(members(tmp_path / "cut", [term]), mse, DATA, VAL, formulation="tuple", verbosity="silent")
+    steps = lambda i: sorted(int(p.name) for p in (tmp_path / "cut" / f"m{i}" / "checkpoints").iterdir()  # noqa: E731
+                             if p.name.isdigit())
+    assert steps(0) == steps(1) == [10, 18]  # the epoch's end, and the stop (the signal is seen a call later)
+    # killed between the members' saves of step 18: member 1's never reached the disk
+    shutil.rmtree(tmp_path / "cut" / "m1" / "checkpoints" / "18")
+    resumed = fit_population(members(tmp_path / "cut"), mse, DATA, VAL, formulation="tuple", verbosity="silent",
+                             resume=True)
+    for got, want, i in zip(resumed, whole, range(3)):
+        assert leaves_close(got.state.params, want.state.params) == 0.0
+        assert got.summary["status"] == want.summary["status"] and len(got.history) == len(want.history)
+        assert rows(tmp_path / "cut" / f"m{i}") == rows(tmp_path / "whole" / f"m{i}")
+    assert resumed[2].summary["status"] == "stopped early"  # it had ended: it stays as it ended

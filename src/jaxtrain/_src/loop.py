@@ -43,7 +43,7 @@ from jaxtrain._src.program import build_program
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
-from jaxtrain._src.training import Alone, StopSignals, TrainingStopped, run_hooks, summarise_model, train
+from jaxtrain._src.training import Alone, StopSignals, TrainingStopped, run_hooks, step_form_of, summarise_model, train
 
 __all__ = ["FitResult", "Session", "TrainingStopped", "fit", "run_fit"]
 
@@ -210,7 +210,7 @@ def run_fit(
 
         progress = ProgressHook(console, bar=bar)
         calls = program.calls(config.steps_per_call or loop.steps_per_call, session.auto_steps, log=progress.message,
-                              form=_step_form(config, loop))
+                              form=step_form_of(config, loop))
         eval_batch = config.eval_batch_size or config.batch_size
         evaluation = None if val is None else EvalHook(program.eval_step, val, val_streamed, eval_batch,
                                                        config.eval_every)
@@ -224,11 +224,6 @@ def run_fit(
 
         train(run, Alone(run, model), signals)
         return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
-
-
-def _step_form(config: TrainConfig, loop: LoopState) -> str:
-    """The calls' form: the config's, or on resume the form the run measured when it began."""
-    return loop.step_form if config.step_form == "auto" and loop.step_form else config.step_form
 
 
 _CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(...))",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
@@ -47,10 +48,11 @@ from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.report import build_summary
+from jaxtrain._src.report.notes import note
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
-from jaxtrain._src.training import FAILURES, StopSignals, end_run, run_hooks, summarise_model, train
+from jaxtrain._src.training import FAILURES, StopSignals, end_run, run_hooks, step_form_of, summarise_model, train
 
 __all__ = ["Member", "PopulationState", "fit_population", "shared_settings"]
 
@@ -262,11 +264,22 @@ class _Runner:
     status: str | None = None  # set once the member's run has ended
     result: FitResult | None = None
 
-    def end(self, status: str) -> None:
+    def close(self, state: TrainState, summary: dict[str, Any]) -> None:
+        """A member a resumed population finds ended (its summary.json): left as it is, its model
+        set to its last checkpoint's weights."""
+        self.status, self.run.state = summary["status"], state
+        nnx.update(self.model, state.params, state.model_state)
+        self.result = FitResult(self.model, state, self.run.loop.history, summary, self.run.run_dir)
+
+    def end(self, status: str, others_train: bool = False) -> None:
         """Ends the member's run: its model updated, its summary and files written (a hook failing
-        there, on a full disk say, fails this member alone: its summary says so)."""
+        there, on a full disk say, fails this member alone: its summary says so). While
+        `others_train`, its state is copied out of the population's, whose arrays the next call
+        donates."""
         run = self.run
         self.status = status
+        if others_train:
+            run.state = jax.tree.map(jnp.copy, run.state)
         nnx.update(self.model, run.state.params, run.state.model_state)
         try:
             end_run(run, {**build_summary(run, status), "population": self.population})
@@ -286,6 +299,7 @@ def fit_population(
     verbosity: str = "summary",
     console: Console | None = None,
     formulation: str = "auto",
+    resume: bool = False,
 ) -> list[FitResult]:
     """Trains every member on the same data as one compiled program; returns a `FitResult` each.
 
@@ -295,9 +309,8 @@ def fit_population(
     learning rate, weight decay, schedule, ...); they share the data, its order (the seed), batch
     size, epochs and every other setting. A member whose hooks stop it (a sweep's pruner, early
     stopping) or whose loss is not finite ends there: its summary says how (`"status"`), and the
-    others train on. The run directories are new runs (a population does not resume as a whole; a
-    member's run resumes alone with `fit(..., resume=True)`); their loss curves are not drawn
-    (`jaxtrain plot RUN_DIR` draws them).
+    others train on. Their loss curves are not drawn (`jaxtrain plot RUN_DIR` draws them). A
+    member's run directory is a lone run's: it resumes alone with `fit(..., resume=True)`.
 
     Args:
       members: the runs (`Member`s).
@@ -310,6 +323,12 @@ def fit_population(
         optimizers differ only in their numbers), or "auto": stacked off the CPU when the members
         allow it, else the tuple (what measured fastest on each backend; `summary["population"]`
         says which ran).
+      resume: continue the population stopped or killed before, from the newest checkpoint step
+        every member still training holds (members save at the same steps; one killed between
+        their saves continues from the step before), so the result is the uninterrupted one (bit
+        for bit in the tuple formulation). Members that had ended stay as they ended. Members with
+        no common step (killed before their first save point was written by all) start over, their
+        earlier files moved aside to `previous-N/`. False: the run directories must be new.
 
     Raises:
       ConfigError, DataError: members that cannot share a population, data that cannot work.
@@ -327,11 +346,11 @@ def fit_population(
                      config.data.allow_nan)
     console = Console(quiet=True) if verbosity == "silent" else console or Console(highlight=False, soft_wrap=True)
     quiet = Console(quiet=True)
-    with StopSignals() as signals, contextlib.ExitStack() as guards:
-        claimed = []
+    with StopSignals() as signals, contextlib.ExitStack() as stack:
+        guards, saved = [], []
         for m in members:
-            saved = {"recipe": m.name, **to_dict(m.saved_config or m.config)}
-            claimed.append((guards.enter_context(RunGuard(m.run_dir, saved)).path, saved))
+            saved.append({"recipe": m.name, **to_dict(m.saved_config or m.config)})
+            guards.append(stack.enter_context(RunGuard(m.run_dir, saved[-1], resume=resume)))
         first = build_program(members[0].model, loss_fn, members[0].config, train_data=train_data,
                               optimizer=members[0].optimizer, preprocess=preprocess, augment=augment)
         feed, layout, total = first.feed, first.layout, first.total_steps
@@ -343,32 +362,113 @@ def fit_population(
                                  total_steps=total, layout=layout)
 
         programs = [first if form is _Tuple else program(members[0])] + [program(m) for m in members[1:]]
+        checkpoints = [CheckpointHook(g.path / "checkpoints", m.config.checkpoint, m.name, c)
+                       if g.path is not None and (m.config.checkpoint.enabled or g.resume) else None
+                       for m, g, c in zip(members, guards, saved)]
+        resumed = _Resumed.of(guards, checkpoints, programs, feed, config)
+        for guard in guards:
+            guard.clear()  # a start over's files moved aside
         form = form(programs)
-        step = layout.put(np.int32(0), first.state_shardings.step)
-        state = PopulationState(step, form.state([p.state for p in programs]))
+        step = layout.put(np.int32(resumed.step), first.state_shardings.step)
+        state = PopulationState(step, form.state(resumed.states))
         shardings = PopulationState(first.state_shardings.step, form.shardings(programs))
         population = dataclasses.replace(first, train_step=form.step, eval_step=form.eval_step, state=state,
                                          state_shardings=shardings)
         val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
-        calls = population.calls(config.steps_per_call, AutoSteps(slow_call_s=AutoSteps().slow_call_s * len(members)))
+        lead = resumed.lead
+        calls = population.calls(config.steps_per_call or lead.steps_per_call,
+                                 AutoSteps(slow_call_s=AutoSteps().slow_call_s * len(members)),
+                                 form=step_form_of(config, lead))
         evaluation = None if val is None else EvalHook(population.eval_step, val, val_streamed,
                                                        config.eval_batch_size or config.batch_size, config.eval_every)
-        loop = LoopState(feed=feed.get_state())
-        shared = Run("population", config, quiet, None, jax.local_devices()[0], layout, feed, calls, state, 0, loop,
-                     [evaluation] if evaluation else [], num_val=evaluation.num_samples if evaluation else 0)
+        loop = LoopState(epoch=lead.epoch, position=lead.position, feed=feed.get_state())
+        shared = Run("population", config, quiet, None, jax.local_devices()[0], layout, feed, calls, state,
+                     resumed.step, loop, [evaluation] if evaluation else [],
+                     num_val=evaluation.num_samples if evaluation else 0)
         runners, states = [], form.members(state.members)
-        for i, (m, (run_dir, saved)) in enumerate(zip(members, claimed)):
-            checkpoints = (CheckpointHook(run_dir / "checkpoints", m.config.checkpoint, m.name, saved)
-                           if run_dir is not None and m.config.checkpoint.enabled else None)
+        about = {"members": len(members), "formulation": form.name}
+        for i, (m, guard) in enumerate(zip(members, guards)):
             validation = _Validation()
-            run = Run(m.name, m.config, quiet, run_dir, shared.device, layout, feed, _MemberCalls(calls, len(members)),
-                      states[i], 0, LoopState(feed=feed.get_state()), [], num_val=shared.num_val, t_start=t_start)
+            member_loop = resumed.loops[i]
+            run = Run(m.name, m.config, quiet, guard.path, shared.device, layout, feed,
+                      _MemberCalls(calls, len(members)), states[i], int(resumed.states[i].step), member_loop, [],
+                      num_val=shared.num_val, resumed_step=resumed.step if guard.resume else None, t_start=t_start)
+            runners.append(_Runner(run, m.model, validation, about))
+            if resumed.ended[i] is not None:  # it ended before the population stopped: it stays as it ended
+                runners[-1].close(jax.tree.map(jnp.copy, resumed.states[i]), resumed.ended[i])  # its slot's are donated
+                continue
             run.model_summary = summarise_model(m.model, loss_fn, train_data, preprocess, config.batch_size)
-            run.hooks = run_hooks(m.config, m.hooks, validation, checkpoints, Hook(), run_dir, saved, run.loop,
-                                   plots=False)
-            runners.append(_Runner(run, m.model, validation, {"members": len(members), "formulation": form.name}))
-        train(shared, _Members(shared, runners, form, console), signals)
+            run.hooks = run_hooks(m.config, m.hooks, validation, checkpoints[i], Hook(), guard.path, saved[i],
+                                  member_loop, plots=False)
+        if any(r.status is None for r in runners):
+            train(shared, _Members(shared, runners, form, console), signals)
+        else:
+            feed.close()
     return [r.result for r in runners]
+
+
+ENDED = ("completed", "stopped early", FAILURES[NonFiniteLossError])
+"""A member's summary status that a resumed population leaves as it is (a completed one only when no
+more steps are asked)."""
+
+
+@dataclasses.dataclass
+class _Resumed:
+    """Where a population starts: each member's train state and loop state, the step they share,
+    and the summaries of members that had ended (None for the others)."""
+
+    step: int
+    states: list[TrainState]
+    loops: list[LoopState]
+    ended: list[dict[str, Any] | None]
+
+    @property
+    def lead(self) -> LoopState:
+        """The loop state of a member still training (the feed's position, K and form are theirs)."""
+        return next((loop for loop, e in zip(self.loops, self.ended) if e is None), self.loops[0])
+
+    @classmethod
+    def of(cls, guards: list[RunGuard], checkpoints: list[CheckpointHook | None], programs: list[Program],
+           feed: Any, config: TrainConfig) -> "_Resumed":
+        """Fresh states, or (members resuming) the newest checkpoint step every member still
+        training holds, with the feed set to it; members without such a step start over."""
+        fresh = cls(0, [p.state for p in programs], [LoopState(feed=feed.get_state()) for _ in programs],
+                    [None] * len(programs))
+        if not any(g.resume for g in guards):
+            return fresh
+        total = programs[0].total_steps
+        ended = [_ended(g, c, total) if g.resume else None for g, c in zip(guards, checkpoints)]
+        live = [i for i, e in enumerate(ended) if e is None]
+        held = [set(checkpoints[i].ckpt.steps()) if guards[i].resume else set() for i in live]
+        common = max(set.intersection(*held), default=None) if held else None
+        if live and common is None:  # some member never saved where the others did: all start over
+            note("the members share no checkpoint step to continue from; the population starts over")
+            for g in guards:
+                g.start_over()
+            return fresh
+        states, loops = list(fresh.states), list(fresh.loops)
+        for n, i in enumerate(live):  # the first restores the shared feed
+            states[i], loops[i] = checkpoints[i].restore(programs[i].state, programs[i].state_shardings,
+                                                         config.epochs, feed if n == 0 else None,
+                                                         config.data.accept_changed, step=common)
+        for i, summary in enumerate(ended):
+            if summary is not None:
+                states[i], loops[i] = checkpoints[i].restore(programs[i].state, programs[i].state_shardings)
+        return cls(common if live else int(states[0].step), states, loops, ended)
+
+
+def _ended(guard: RunGuard, checkpoints: CheckpointHook, total_steps: int) -> dict[str, Any] | None:
+    """The summary of a member that ended before the population stopped (pruned, diverged, or
+    completed every step asked), else None."""
+    try:
+        summary = json.loads((guard.path / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("status") not in ENDED:
+        return None
+    if summary["status"] == "completed" and summary.get("steps", 0) < total_steps:
+        return None  # more epochs asked: it trains on
+    return summary if checkpoints is not None and checkpoints.ckpt.latest_step() is not None else None
 
 
 def _formulation(asked: str, members: Sequence[Member], devices: int) -> type:
@@ -390,8 +490,8 @@ class _Members:
     The shared run (the population's) hears the events first: its evaluation computes every
     member's validation metrics at once."""
 
-    resume_hint = ("members' checkpoints saved; start the population again, or resume a member alone "
-                   "with its run directory")
+    resume_hint = ("members' checkpoints saved; resume the population (fit_population(..., resume=True)), or a "
+                   "member alone with its run directory")
 
     def __init__(self, shared: Run, runners: list[_Runner], form: Any, console: Console):
         self.shared, self.runners, self.form, self.console = shared, runners, form, console
@@ -409,7 +509,7 @@ class _Members:
             try:
                 runner.run.each(event, *args(i))
             except NonFiniteLossError:  # this member diverged: the others go on
-                runner.end(FAILURES[NonFiniteLossError])
+                runner.end(FAILURES[NonFiniteLossError], others_train=True)
 
     def each(self, event: str) -> None:
         self.shared.each(event)
@@ -438,7 +538,7 @@ class _Members:
         for _, r in self.live():
             r.run.loop.position = 0
             if r.run.stop_reason is not None:
-                r.end("stopped early")
+                r.end("stopped early", others_train=True)
         _print_epoch(self.console, record["epoch"], self.shared.config.epochs, self.runners)
         return self.training
 

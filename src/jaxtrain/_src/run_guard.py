@@ -168,6 +168,13 @@ class RunGuard:
             return summary
         return None
 
+    def start_over(self) -> None:
+        """A resume that cannot continue from its checkpoint (a population whose members share no
+        step to continue from): the run starts from the beginning, its files moved aside to
+        `previous-N/` by `clear()`."""
+        self.resume = False
+        self._aside = self._primary and self.path is not None and self.path.is_dir()
+
     def _start_again(self) -> None:
         """A resume with no checkpoint to continue from: a finished run is refused; an unfinished
         one starts from the beginning with its files moved aside (a resume never deletes them)."""

@@ -50,7 +50,7 @@ from jaxtrain._src.state import in_mode
 from jaxtrain._src.step import LossFn, Preprocess
 
 __all__ = ["FAILURES", "Alone", "Crew", "StopSignals", "TrainingStopped", "end_run", "run_hooks",
-           "summarise_model", "train"]
+           "step_form_of", "summarise_model", "train"]
 
 
 class TrainingStopped(JaxtrainError):
@@ -211,6 +211,12 @@ def train(run: Run, crew: Crew, signals: StopSignals) -> None:
     finally:
         feed.close()
         crew.end(status)
+
+
+def step_form_of(config: TrainConfig, loop: LoopState) -> str:
+    """The calls' form: the config's, or on resume the form the run measured when it began (a
+    resumed run computes as it did)."""
+    return loop.step_form if config.step_form == "auto" and loop.step_form else config.step_form
 
 
 def end_run(run: Run, summary: dict[str, Any]) -> None:

@@ -47,10 +47,10 @@ class CheckpointHook(RunHook):
         self._accepted: str | None = None  # the note of a resume on changed data, for metrics.jsonl
 
     def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None, feed: Any = None,
-                accept_changed: bool = False) -> tuple[TrainState, LoopState]:
+                accept_changed: bool = False, step: int | None = None) -> tuple[TrainState, LoopState]:
         """The newest complete checkpoint's train state (checked against `template`, placed with
-        `shardings`, whatever mesh wrote it) and loop state; `feed` (a `feeds.Feed`) is set to
-        its saved position and arrays.
+        `shardings`, whatever mesh wrote it) and loop state, or checkpoint `step`'s; `feed` (a
+        `feeds.Feed`) is set to its saved position and arrays.
 
         Raises:
           ConfigError: `epochs` is fewer than the checkpoint has trained (or is in the middle of).
@@ -59,9 +59,9 @@ class CheckpointHook(RunHook):
         arrays = feed.arrays() if feed is not None else None
         saved, saved_shardings = _as_saved(template), None if shardings is None else _as_saved(shardings)
         try:
-            state, arrays, meta = self.ckpt.restore_with_feed(saved, arrays, shardings=saved_shardings)
+            state, arrays, meta = self.ckpt.restore_with_feed(saved, arrays, step, shardings=saved_shardings)
         except CheckpointError as e:
-            state, arrays, meta = self._restore_other_on_nan(saved, arrays, saved_shardings, e)
+            state, arrays, meta = self._restore_other_on_nan(saved, arrays, saved_shardings, e, step)
         state = state._replace(opt_state=restore_values(template.opt_state, state.opt_state))
         self._check_data(meta, getattr(feed, "fingerprint", None), accept_changed)
         try:
@@ -82,8 +82,8 @@ class CheckpointHook(RunHook):
                  f"(pass {setting('epochs', done + 1)} or more to train further)")
         return state, loop
 
-    def _restore_other_on_nan(self, template: TrainState, arrays: Any, shardings: Any, error: CheckpointError
-                              ) -> tuple[TrainState, Any, dict[str, Any]]:
+    def _restore_other_on_nan(self, template: TrainState, arrays: Any, shardings: Any, error: CheckpointError,
+                              step: int | None = None) -> tuple[TrainState, Any, dict[str, Any]]:
         """A checkpoint written with the other `on_nan` (whose optimizer state has, or lacks,
         `optax.apply_if_finite`'s counters), restored into that structure and brought to this
         run's; `error` again where it is not that either."""
@@ -93,7 +93,7 @@ class CheckpointHook(RunHook):
             replicated = (shardings.step,) * 2 + (shardings.step,)
             other_shardings = shardings._replace(opt_state=toggle_skip(shardings.opt_state, lambda: replicated))
         try:
-            state, arrays, meta = self.ckpt.restore_with_feed(other, arrays, shardings=other_shardings)
+            state, arrays, meta = self.ckpt.restore_with_feed(other, arrays, step, shardings=other_shardings)
         except CheckpointError:
             raise error from None
 
