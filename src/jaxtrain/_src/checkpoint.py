@@ -32,6 +32,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -371,7 +372,10 @@ def _mib_tenths(nbytes: float, up: bool) -> int:
 
 class Checkpointer:
     """Saves and restores checkpoints in `directory`; keeps the last `keep_last` and the
-    `keep_best` with the best `best_metric` (lowest when `best_mode` is min).
+    `keep_best` with the best `best_metric` (lowest when `best_mode` is min). With a `writer` (a
+    thread shared by a population's members), a save copies the arrays on their device and hands
+    the rest of the save to the writer: the loop goes on while P members' saves are written one
+    after another beside it.
 
     Reading "the latest" or "the best" skips steps that cannot be read, each with one line to
     `note` (default: `note: ...` on stderr of process 0); `restored_step` is the step the last
@@ -391,8 +395,10 @@ class Checkpointer:
         best_mode: str = "min",
         read_only: bool = False,
         note: Callable[[str], None] | None = None,
+        writer: Executor | None = None,
     ):
         self.directory = Path(directory).absolute()
+        self._writer, self._writing = writer, []
         self.read_only, self._note = read_only, note or notes.note
         self.restored_step: int | None = None
         self._silencer: _StderrSilencer | None = None
@@ -458,15 +464,29 @@ class Checkpointer:
         """
         flat = flatten_state(state) | flatten_feed(feed)
         # A deep copy: the save is asynchronous and the caller keeps changing its dicts and lists.
-        meta_json = json.dumps({"format": FORMAT_VERSION, **meta, "step": step, "metrics": metrics or {},
-                                "checksums": checksums(flat, self.checksum_program)})
-        meta = json.loads(meta_json)
-        self._preflight(sum(x.nbytes for x in flat.values()), len(flat), len(meta_json))
+        meta = json.loads(json.dumps({"format": FORMAT_VERSION, **meta, "step": step, "metrics": metrics or {}}))
+        if self._writer is None:
+            self._write(step, flat, meta, metrics)
+            return
+        self._written()  # an earlier save's failure stops the run here
+        flat = {k: jnp.copy(v) if isinstance(v, jax.Array) else v for k, v in flat.items()}  # the next call donates
+        self._writing.append(self._writer.submit(self._write, step, flat, meta, metrics))
+
+    def _write(self, step: int, flat: dict[str, Any], meta: dict[str, Any], metrics: dict[str, float] | None) -> None:
+        meta["checksums"] = checksums(flat, self.checksum_program)
+        self._preflight(sum(x.nbytes for x in flat.values()), len(flat), len(json.dumps(meta)))
         import orbax.checkpoint as ocp
 
         args = ocp.args.Composite(state=ocp.args.StandardSave(flat))
         scores = {k: v for k, v in (metrics or {}).items() if v is not None} or None
         self._guard(lambda: self._manager.save(step, args=args, metrics=scores, force=True, custom_metadata=meta))
+
+    def _written(self) -> None:
+        """Waits for the saves handed to the writer (by the next save point, long written);
+        raises the first one's failure."""
+        writing, self._writing = self._writing, []
+        for future in writing:
+            future.result()
 
     def _preflight(self, nbytes: int, n_arrays: int, meta_bytes: int) -> None:
         """Fails before orbax starts writing when the directory is read-only or lacks the space:
@@ -494,6 +514,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until pending saves are on disk; raises CheckpointError if one failed."""
+        self._written()
         self._guard(self._manager.wait_until_finished)
 
     def read_meta(self, step: int) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -225,16 +226,20 @@ def _stackable(members: Sequence[Member]) -> str | None:
 
 class _MemberCalls:
     """A member's view of the population's compiled calls: the same K, compile time and
-    programs; FLOPs per step its share; closing it leaves the population's calls open."""
+    programs; FLOPs per step its share (XLA's count of the population's program, asked once for
+    all members: `shared`); closing it leaves the population's calls open."""
 
-    def __init__(self, calls: Any, members: int):
-        self._calls, self._members = calls, members
+    def __init__(self, calls: Any, members: int, shared: dict[Any, float | None]):
+        self._calls, self._members, self._shared = calls, members, shared
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._calls, name)
 
     def flops_per_step(self, *args: Any, **kwargs: Any) -> float | None:
-        flops = self._calls.flops_per_step(*args, **kwargs)
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in self._shared:
+            self._shared[key] = self._calls.flops_per_step(*args, **kwargs)
+        flops = self._shared[key]
         return None if flops is None else flops / self._members
 
     def close(self) -> None: ...
@@ -362,7 +367,9 @@ def fit_population(
                                  total_steps=total, layout=layout)
 
         programs = [first if form is _Tuple else program(members[0])] + [program(m) for m in members[1:]]
-        checkpoints = [CheckpointHook(g.path / "checkpoints", m.config.checkpoint, m.name, c)
+        # the members' saves are written by one thread beside the loop, one after another
+        writer = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-checkpoints"))
+        checkpoints = [CheckpointHook(g.path / "checkpoints", m.config.checkpoint, m.name, c, writer)
                        if g.path is not None and (m.config.checkpoint.enabled or g.resume) else None
                        for m, g, c in zip(members, guards, saved)]
         resumed = _Resumed.of(guards, checkpoints, programs, feed, config)
@@ -385,13 +392,13 @@ def fit_population(
         shared = Run("population", config, quiet, None, jax.local_devices()[0], layout, feed, calls, state,
                      resumed.step, loop, [evaluation] if evaluation else [],
                      num_val=evaluation.num_samples if evaluation else 0)
-        runners, states = [], form.members(state.members)
+        runners, states, flops = [], form.members(state.members), {}
         about = {"members": len(members), "formulation": form.name}
         for i, (m, guard) in enumerate(zip(members, guards)):
             validation = _Validation()
             member_loop = resumed.loops[i]
             run = Run(m.name, m.config, quiet, guard.path, shared.device, layout, feed,
-                      _MemberCalls(calls, len(members)), states[i], int(resumed.states[i].step), member_loop, [],
+                      _MemberCalls(calls, len(members), flops), states[i], int(resumed.states[i].step), member_loop, [],
                       num_val=shared.num_val, resumed_step=resumed.step if guard.resume else None, t_start=t_start)
             runners.append(_Runner(run, m.model, validation, about))
             if resumed.ended[i] is not None:  # it ended before the population stopped: it stays as it ended

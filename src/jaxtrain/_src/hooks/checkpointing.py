@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,10 @@ class CheckpointHook(RunHook):
     """Saves checkpoints into `directory` (`<run dir>/checkpoints`); `restore` resumes from one."""
 
     def __init__(self, directory: str | os.PathLike, config: CheckpointConfig, name: str = "fit",
-                 run_config: dict[str, Any] | None = None):
+                 run_config: dict[str, Any] | None = None, writer: Executor | None = None):
         self.config, self._name, self._run_config = config, name, run_config
-        self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode)
+        self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode,
+                                 writer=writer)
         self._last_save = 0
         self._accepted: str | None = None  # the note of a resume on changed data, for metrics.jsonl
 
