@@ -146,7 +146,7 @@ def test_the_epoch_row_is_on_disk_before_the_epochs_checkpoint_starts(tmp_path):
     assert seen == [True, True]
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", ".summary.json.tmp", "tensorboard"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "predict.json", ".lock", "tensorboard"])
 def test_a_run_directory_whose_files_are_links_is_refused(tmp_path, name):
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -156,17 +156,24 @@ def test_a_run_directory_whose_files_are_links_is_refused(tmp_path, name):
     with pytest.raises(ConfigError) as e:
         _fit(run_dir, config=TrainConfig(epochs=1, batch_size=16, tensorboard=True))
     assert f"{run_dir / name} is a symbolic link" in _one_line(e)
-    assert victim.read_text() == "precious\n" and sorted(p.name for p in run_dir.iterdir()) == [".lock", name]
+    assert victim.read_text() == "precious\n" and sorted(p.name for p in run_dir.iterdir()) == sorted({".lock", name})
 
 
 def test_a_link_made_during_a_run_is_not_followed(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     writer = RunDir(tmp_path / "run")
-    (tmp_path / "run" / ".summary.json.tmp").symlink_to(victim)
-    with pytest.raises(ConfigError, match="cannot write"):
+    (tmp_path / "run" / ".summary.json.tmp").symlink_to(victim)  # the temporary name of earlier versions
+    (tmp_path / "run" / ".write-test").symlink_to(victim)
+    writer.write_json("summary.json", {"status": "completed"})  # its temporary file has a fresh name
+    RunDir(tmp_path / "run")  # so has the write test's
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"status": "completed"}
+    (tmp_path / "run" / "summary.json").unlink()
+    (tmp_path / "run" / "summary.json").symlink_to(victim)
+    with pytest.raises(ConfigError, match="summary.json is a symbolic link"):
         writer.write_json("summary.json", {"status": "completed"})
     assert victim.read_text() == "precious\n"
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".partial")]
 
 
 def test_a_full_disk_under_tensorboard_is_one_line_and_a_failed_summary(tmp_path, monkeypatch):

@@ -44,6 +44,7 @@ from jax.experimental import multihost_utils
 from jaxtrain._src.errors import JaxtrainError, argument
 from jaxtrain._src.loop_state import FORMAT_VERSION
 from jaxtrain._src.report import notes
+from jaxtrain._src.safe_files import probe_writable
 from jaxtrain._src.state import TrainState
 
 
@@ -491,10 +492,8 @@ class Checkpointer:
     def _preflight(self, nbytes: int, n_arrays: int, meta_bytes: int) -> None:
         """Fails before orbax starts writing when the directory is read-only or lacks the space:
         a write that fails inside orbax's threads is reported only later, and noisily."""
-        probe = self.directory / f".write-test-{jax.process_index()}"
         try:
-            probe.write_bytes(b"0")
-            probe.unlink()
+            probe_writable(self.directory)  # a fresh name, made exclusively: a planted link is never followed
             free = shutil.disk_usage(self.directory).free
         except OSError as e:
             self._fail(e.strerror or str(e))

@@ -6,17 +6,27 @@
   weights inside as constants and a symbolic batch dimension, the preprocessing the model was
   trained with folded in, so that it takes raw inputs;
 - `signature.json`: the input's and outputs' names, dtypes and shapes (the batch axis written
-  "batch"), the preprocessing folded in, the platforms and the JAX version;
-- `weights.safetensors`: the weights by readable name (`jaxtrain.load_weights` reads them back);
-- `README.md`: the few lines that run it with nothing but `jax` (and `flatbuffers`) installed:
+  "batch"), the preprocessing folded in, the platforms, the JAX version, and the SHA-256 of
+  model.jax_export (`artifact_sha256`) and of the weights' bytes (`weights_sha256`, as
+  weights.safetensors records it);
+- `weights.safetensors`: the weights by readable name (`jaxtrain.load_weights` reads them back,
+  checking their checksum);
+- `README.md`: the few lines that check the artifact's checksum and run it with nothing but `jax`
+  (and `flatbuffers`) installed:
 
       from jax import export
       forward = export.deserialize(open("model.jax_export", "rb").read())
       outputs = forward.call(inputs)
+
+Each file is written whole or not at all, never through a symbolic link (`safe_files`);
+signature.json goes last, so its checksums say which files belong together. An export that
+fails into a folder it created removes what it wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,15 +37,18 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain._src.data.transforms import to_spec
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, argument
 from jaxtrain._src.predict import Forward
+from jaxtrain._src.safe_files import write_bytes, write_error, write_text
 from jaxtrain._src.step import Preprocess
-from jaxtrain._src.weights import save_weights
+from jaxtrain._src.weights import write_weights
 
-__all__ = ["export"]
+__all__ = ["check_directory", "check_platforms", "export"]
 
 ARTIFACT = "model.jax_export"
 BATCH = "batch"
+FILES = ("weights.safetensors", ARTIFACT, "README.md", "signature.json")  # in the order they are written
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # jax.export's built-in platforms
 
 _README = """# An exported jaxtrain model
 
@@ -45,17 +58,20 @@ installed (`pip install "jax=={version}" flatbuffers`; the deserializer needs fl
 {platforms}:
 
 ```python
+import hashlib, json
 import numpy as np
 from jax import export
 
-forward = export.deserialize(open("{artifact}", "rb").read())
+blob = open("{artifact}", "rb").read()
+assert hashlib.sha256(blob).hexdigest() == json.load(open("signature.json"))["artifact_sha256"], "damaged"
+forward = export.deserialize(blob)
 inputs = np.zeros(({example}), np.{dtype})  # any number of rows: the first axis is symbolic
 outputs = forward.call(inputs)
 ```
 
 Input `{name}`: {input_shape} {dtype}. Outputs: {outputs}. `signature.json` says the same for
 programs; `weights.safetensors` holds the weights by name (`jaxtrain.load_weights(model, path)`,
-`safetensors.numpy.load_file(path)`).
+which checks their SHA-256, `safetensors.numpy.load_file(path)`).
 """
 
 
@@ -81,6 +97,8 @@ def export(model: nnx.Module, example: Any, directory: str | os.PathLike, *, pre
       metadata: JSON-ready facts that join signature.json (the run, its step, ...).
     """
     row, dtype = tuple(example.shape[1:]), np.dtype(example.dtype)
+    platforms = check_platforms(platforms)
+    directory = check_directory(Path(directory))
     forward = Forward(model, preprocess, inputs)
     f, variables = forward.function(), jax.device_get(forward.variables)
 
@@ -89,15 +107,12 @@ def export(model: nnx.Module, example: Any, directory: str | os.PathLike, *, pre
 
     (batch,) = jax.export.symbolic_shape(BATCH)
     spec = jax.ShapeDtypeStruct((batch, *row), dtype)
-    platforms = tuple(platforms) if platforms else (jax.devices()[0].platform,)
     try:
         exported = jax.export.export(jax.jit(serve), platforms=platforms)(spec)
     except Exception as e:  # noqa: BLE001 - the model's own tracing error, said in one line
         raise ConfigError(f"the model cannot be exported with a symbolic batch size: {type(e).__name__}: "
                           f"{str(e).strip().splitlines()[0][:300]}") from None
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / ARTIFACT).write_bytes(exported.serialize())
+    artifact = bytes(exported.serialize())
     outputs = jax.tree_util.tree_leaves_with_path(exported.out_tree.unflatten(exported.out_avals))
     out = [{"name": jax.tree_util.keystr(p, simple=True, separator=".") or "outputs", "dtype": str(a.dtype),
             "shape": _shape_text(a.shape)} for p, a in outputs]
@@ -106,14 +121,68 @@ def export(model: nnx.Module, example: Any, directory: str | os.PathLike, *, pre
         "platforms": list(platforms),
         "inputs": [{"name": inputs, "dtype": str(dtype), "shape": [BATCH, *row]}],
         "outputs": out, "preprocess": to_spec(preprocess), **(metadata or {}),
+        "artifact_sha256": hashlib.sha256(artifact).hexdigest(),
     }
-    (directory / "signature.json").write_text(json.dumps(signature, indent=2) + "\n")
-    save_weights(model, directory / "weights.safetensors")
     folded = f", with its preprocessing ({to_spec(preprocess)['kind']}) folded in" if to_spec(preprocess) else (
         ", with its preprocessing folded in" if preprocess is not None else "")
-    (directory / "README.md").write_text(_README.format(
+    readme = _README.format(
         artifact=ARTIFACT, folded=folded, version=jax.__version__, platforms=", ".join(platforms),
         example=", ".join(str(d) for d in (2, *row)) + ("," if not row else ""), dtype=dtype.name, name=inputs,
         input_shape=f"(batch, {', '.join(map(str, row))})" if row else "(batch,)",
-        outputs="; ".join(f"`{o['name']}` ({', '.join(map(str, o['shape']))}) {o['dtype']}" for o in out)))
+        outputs="; ".join(f"`{o['name']}` ({', '.join(map(str, o['shape']))}) {o['dtype']}" for o in out))
+    created = not directory.exists()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        signature["weights_sha256"] = write_weights(model, directory / "weights.safetensors")
+        write_bytes(directory / ARTIFACT, artifact)
+        write_text(directory / "README.md", readme)
+        write_text(directory / "signature.json", json.dumps(signature, indent=2) + "\n")  # last: the checksums
+    except OSError as e:
+        _remove(directory, created)
+        raise write_error(directory, e, "export elsewhere") from None
+    except BaseException:
+        _remove(directory, created)
+        raise
     return signature
+
+
+def check_platforms(platforms: Sequence[str] | None) -> tuple[str, ...]:
+    """The platforms to export for, each one jax.export knows (default: this machine's).
+
+    Raises:
+      ConfigError: a platform it does not know (one line naming those it does).
+    """
+    if isinstance(platforms, str):
+        platforms = [platforms]
+    wanted = tuple(dict.fromkeys(str(p).strip().lower() for p in platforms or ()))
+    unknown = [p for p in wanted if p not in PLATFORMS]
+    if unknown:
+        hint = " (gpu is cuda or rocm)" if "gpu" in unknown else ""
+        raise ConfigError(f"unknown platform{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for "
+                          f"{argument('platforms')}; jax.export knows {', '.join(PLATFORMS)}{hint}",
+                          platforms=unknown)
+    return wanted or (jax.export.default_export_platform(),)
+
+
+def check_directory(directory: Path) -> Path:
+    """Refuses an export folder that is a symbolic link (the files would land in the folder it names)
+    or an existing file."""
+    if directory.is_symlink():
+        raise ConfigError(f"{directory} is a symbolic link (to {os.readlink(directory)}); an export writes into a "
+                          f"folder of its own: give the real folder or another {argument('out', python='directory')}",
+                          path=directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory} is a file, not a folder; choose another "
+                          f"{argument('out', python='directory')}", path=directory)
+    return directory
+
+
+def _remove(directory: Path, created: bool) -> None:
+    """After a failed export into a folder it created: the files it wrote, and the folder."""
+    if not created:
+        return
+    for name in FILES:
+        with contextlib.suppress(OSError):
+            (directory / name).unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()

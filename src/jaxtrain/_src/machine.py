@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.report.blocks import device_description
+from jaxtrain._src.safe_files import write_text
 
 __all__ = ["cached_matmul_rate", "machine_file", "matmul_rate", "measure_matmul_rate", "record_matmul_rate",
            "standard_matmul_size"]
@@ -80,10 +82,8 @@ def record_matmul_rate(device: jax.Device, rate: float, n: int) -> None:
     entries[_key(device)] = {"matmul_f32_flop_s": rate, "n": n, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(entries, indent=2) + "\n")
-        tmp.replace(path)
-    except OSError:
+        write_text(path, json.dumps(entries, indent=2) + "\n")
+    except (OSError, ConfigError):
         pass
 
 

@@ -7,7 +7,9 @@ The preprocessing the model was trained with runs inside the compiled forward, a
 Inputs are read a batch at a time (a row source such as an HDF5 file is read in contiguous
 blocks), and the next batch is handed to the device while the current one computes, so memory
 holds a few batches whatever the size of the inputs; `predict_batches` yields the outputs batch
-by batch for callers that write them out as they come (`jaxtrain predict`).
+by batch for callers that write them out as they come (`jaxtrain predict`). Input rows holding NaN
+or Inf are refused by default, naming them (their outputs would be NaN): `allow_nonfinite=True`
+predicts them anyway.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain._src.data.arrays import is_source, num_rows
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, DataError, argument
 from jaxtrain._src.sharding import Layout, make_layout
 from jaxtrain._src.state import eval_graphdef
 from jaxtrain._src.step import Preprocess
@@ -113,22 +115,38 @@ class Forward:
         return self.jitted(batch)(self.variables, batch)
 
 
-def _batches(data: dict | Any, batch_size: int) -> Iterator[tuple[dict, int]]:
+def _batches(data: dict | Any, batch_size: int, allow_nonfinite: bool = False) -> Iterator[tuple[dict, int]]:
     """`(batch, valid)`: host batches of `batch_size` rows, the last padded by repeating its final
-    row; `valid` rows of each are real."""
+    row; `valid` rows of each are real. Rows holding NaN or Inf are refused unless `allow_nonfinite`."""
     n = num_rows(data)
     for start in range(0, n, batch_size):
         stop = min(start + batch_size, n)
         block = data.read(start, stop) if is_source(data) else {k: np.asarray(v[start:stop]) for k, v in data.items()}
+        if not allow_nonfinite:
+            _refuse_nonfinite(block, start)
         valid = stop - start
         if valid < batch_size:
             block = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - valid, axis=0)]) for k, v in block.items()}
         yield block, valid
 
 
+def _refuse_nonfinite(block: dict[str, np.ndarray], start: int) -> None:
+    """Raises DataError naming the first few rows of `block` (rows `start`... of the inputs) that
+    hold NaN or Inf in a floating field."""
+    for name, v in block.items():
+        if v.dtype.kind not in "fc" or np.isfinite(v).all():
+            continue
+        bad = np.flatnonzero(~np.isfinite(v.reshape(len(v), -1)).all(axis=1)) + start  # (k,) row numbers
+        rows = ", ".join(f"{r:,}" for r in bad[:5]) + (f" and {len(bad) - 5:,} more" if len(bad) > 5 else "")
+        many = len(bad) > 1
+        raise DataError(f"input row{'s' if many else ''} {rows} (field {name!r}) hold{'' if many else 's'} NaN or Inf,"
+                        f" so their outputs would too: fix or drop those rows, or pass "
+                        f"{argument('allow_nonfinite', True)} to predict them anyway", rows=bad[:5].tolist())
+
+
 def predict_batches(model: nnx.Module | Forward, data: Any, *, batch_size: int | None = None,
                     preprocess: Preprocess | None = None, inputs: str | None = None,
-                    layout: Layout | None = None) -> Iterator[Any]:
+                    layout: Layout | None = None, allow_nonfinite: bool = False) -> Iterator[Any]:
     """The model's outputs (NumPy pytrees) batch by batch, in the order of `data`'s rows; see
     `predict`. While one batch's outputs are copied back, the next batch is computing."""
     data, inputs = _fields(data, inputs)
@@ -142,7 +160,7 @@ def predict_batches(model: nnx.Module | Forward, data: Any, *, batch_size: int |
     size = min(batch_size or DEFAULT_BATCH_SIZE, n)
     size = -(-size // devices) * devices  # a multiple of the data axis: each device takes equal rows
     pending: collections.deque = collections.deque()
-    for block, valid in _batches(data, size):
+    for block, valid in _batches(data, size, allow_nonfinite):
         pending.append((forward(block), valid))
         if len(pending) > 1:
             yield _host(*pending.popleft())
@@ -155,7 +173,7 @@ def _host(outputs: Any, valid: int) -> Any:
 
 
 def predict(model: nnx.Module, data: Any, *, batch_size: int | None = None, preprocess: Preprocess | None = None,
-            inputs: str | None = None, layout: Layout | None = None) -> Any:
+            inputs: str | None = None, layout: Layout | None = None, allow_nonfinite: bool = False) -> Any:
     """The trained model's outputs for every row of `data`, as NumPy arrays.
 
     Runs the evaluation-mode forward (dropout off, batch-norm running statistics), compiled once
@@ -173,6 +191,8 @@ def predict(model: nnx.Module, data: Any, *, batch_size: int | None = None, prep
       inputs: the field of the batch the model is called on, `model(batch[inputs])`; a bare array
         is that field (default "x"); a dict with one field needs none.
       layout: a mesh (`jaxtrain.distributed`'s layouts) to split batches over; default one device.
+      allow_nonfinite: predict input rows that hold NaN or Inf (refused by default: DataError
+        naming the first few rows).
 
     Returns:
       The model's output pytree with a leading axis of `len(data)` rows.
@@ -181,7 +201,7 @@ def predict(model: nnx.Module, data: Any, *, batch_size: int | None = None, prep
       >>> y = jaxtrain.predict(model, x_raw, preprocess=jaxtrain.data.normalize("x", mean, std))
     """
     parts = list(predict_batches(model, data, batch_size=batch_size, preprocess=preprocess, inputs=inputs,
-                                 layout=layout))
+                                 layout=layout, allow_nonfinite=allow_nonfinite))
     return jax.tree.map(lambda *ys: np.concatenate(ys), *parts)
 
 

@@ -28,11 +28,11 @@ from jaxtrain._src.config import flat_dict
 from jaxtrain._src.errors import ConfigError, argument, resume_advice, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.report.run_dir import refuse_links
+from jaxtrain._src.safe_files import open_nofollow
 
 LOCK = ".lock"
 # What a run writes into its directory: all of it goes when a run overwrites it, nothing else does.
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.json", "curves.png", ".config.json.tmp",
-             ".summary.json.tmp", ".metrics.jsonl.tmp")
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.json", "predict.json", "curves.png")
 RUN_DIRS = ("checkpoints", "tensorboard")
 FINISHED = ("completed", "stopped early")  # summary.json's status of a run that a resume leaves as it is
 # Settings a resume may change: where and how it runs, what it prints and keeps; not what it computes.
@@ -105,7 +105,8 @@ class RunGuard:
         try:
             self._created = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
-            f = open(self.path / LOCK, "a+", encoding="utf-8")
+            refuse_links(self.path, [LOCK])
+            f = os.fdopen(open_nofollow(self.path / LOCK, os.O_RDWR | os.O_CREAT), "a+", encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"cannot use run directory {self.path}: {e.strerror}; choose another "
                               f"{argument('run_dir')}", run_dir=self.path) from None

@@ -9,11 +9,15 @@ The format (https://huggingface.co/docs/safetensors): an 8-byte little-endian he
 JSON header giving each tensor's dtype, shape and byte range, then the tensors' bytes, C order.
 It is written here (a few lines) rather than through the `safetensors` package, which the tests
 use as the independent reader. The header's `__metadata__` records each name's variable type
-(`Param`, `BatchStat`, ...); PRNG keys are stored as their raw key data.
+(`Param`, `BatchStat`, ...) and `sha256`, the SHA-256 of the tensors' bytes (everything after the
+header), which reading checks: a file damaged on the disk or in transfer is refused in one line
+(a file written before the checksum was kept reads as before). PRNG keys are stored as their raw
+key data. Files are written whole or not at all (`jaxtrain._src.safe_files`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -25,8 +29,10 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.safe_files import atomic_write
 
-__all__ = ["flat_weights", "load_weights", "read_safetensors", "save_weights", "write_safetensors"]
+__all__ = ["flat_weights", "load_weights", "read_safetensors", "save_weights", "write_safetensors",
+           "write_weights"]
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": jax.numpy.bfloat16,
@@ -35,14 +41,17 @@ _DTYPES = {
 }
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 _KEY = "key:"  # the metadata kind of a PRNG key stored as its key data: "key:<impl>"
+SHA256 = "sha256"  # the metadata entry holding the SHA-256 of the tensors' bytes
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
-                      metadata: dict[str, str] | None = None) -> None:
-    """Writes `tensors` to `path` in the safetensors format (atomically: beside it, then renamed)."""
+                      metadata: dict[str, str] | None = None) -> str:
+    """Writes `tensors` to `path` in the safetensors format, whole or not at all, with the SHA-256
+    of their bytes in the metadata (`sha256`); returns that checksum."""
     header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
     offset = 0
     arrays = []
+    digest = hashlib.sha256()
     for name, array in tensors.items():
         array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a scalar (an RNG count) 1-d
         if array.dtype not in _NAMES:
@@ -50,33 +59,43 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
         header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
                         "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
-        arrays.append(array)
+        data = array.tobytes()
+        digest.update(data)
+        arrays.append(data)
+    header["__metadata__"][SHA256] = digest.hexdigest()
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the tensors' bytes start 8-byte aligned
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
+    with atomic_write(path, advice="write the weights elsewhere") as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
-        for array in arrays:
-            f.write(array.tobytes())
-    os.replace(tmp, path)
+        for data in arrays:
+            f.write(data)
+    return header["__metadata__"][SHA256]
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """`(tensors, metadata)` of a safetensors file.
+    """`(tensors, metadata)` of a safetensors file, its checksum verified when it carries one.
 
     Raises:
-      ConfigError: a missing file, or one that is not in the format (one line saying what is wrong).
+      ConfigError: a missing file, one that is not in the format, or whose tensors' bytes do not
+        match the checksum its metadata records (one line saying what is wrong).
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"weights file {path} does not exist")
     data = path.read_bytes()
     try:
+        if len(data) < 8:
+            raise ValueError(f"{len(data)} bytes: too short for a header")
         (n,) = struct.unpack("<Q", data[:8])
+        if n > len(data) - 8:
+            raise ValueError(f"its header claims {n:,} bytes, the file holds {len(data) - 8:,} after the length")
         header = json.loads(data[8: 8 + n])
+        if not isinstance(header, dict):
+            raise ValueError(f"its header is {type(header).__name__}, not a JSON object")
         metadata = header.pop("__metadata__", {}) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise ValueError("its __metadata__ is not an object of strings")
         body = memoryview(data)[8 + n:]
         tensors = {}
         for name, t in header.items():
@@ -86,7 +105,12 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
                 raise ValueError(f"{name}: byte range {begin}-{end} does not hold its shape {t['shape']}")
             tensors[name] = np.frombuffer(body[begin:end], dtype).reshape(t["shape"]).copy()
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path} is not a safetensors file ({e})") from None
+        raise ConfigError(f"{path} is not a safetensors file ({str(e).splitlines()[0][:200]})") from None
+    if SHA256 in metadata:
+        found = hashlib.sha256(body).hexdigest()
+        if found != metadata[SHA256]:
+            raise ConfigError(f"{path} is damaged: its tensors' SHA-256 is {found[:12]}..., its header records "
+                              f"{metadata[SHA256][:12]}...; copy or export the weights again")
     return tensors, metadata
 
 
@@ -112,10 +136,15 @@ def save_weights(model: nnx.Module, path: str | os.PathLike, metadata: dict[str,
     """Writes `model`'s variables to the safetensors file `path`; returns the path.
 
     `metadata` (strings) joins the file's header beside jaxtrain's `variables` entry (each name's
-    variable type, as JSON)."""
-    tensors, kinds = flat_weights(model)
-    write_safetensors(path, tensors, {**(metadata or {}), "format": "jaxtrain", "variables": json.dumps(kinds)})
+    variable type, as JSON) and `sha256` (the checksum `load_weights` verifies)."""
+    write_weights(model, path, metadata)
     return Path(path)
+
+
+def write_weights(model: nnx.Module, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> str:
+    """`save_weights`, returning the SHA-256 of the tensors' bytes that the file records."""
+    tensors, kinds = flat_weights(model)
+    return write_safetensors(path, tensors, {**(metadata or {}), "format": "jaxtrain", "variables": json.dumps(kinds)})
 
 
 def load_weights(model: nnx.Module, path: str | os.PathLike) -> nnx.Module:
@@ -124,10 +153,16 @@ def load_weights(model: nnx.Module, path: str | os.PathLike) -> nnx.Module:
 
     Raises:
       ConfigError: names or shapes that differ between the file and the model (one line naming the
-        first few), or a file that is not safetensors.
+        first few), a file that is not safetensors, or one whose bytes fail its checksum.
     """
     tensors, metadata = read_safetensors(path)
-    kinds = json.loads(metadata.get("variables", "{}"))
+    try:
+        kinds = json.loads(metadata.get("variables", "{}"))
+        if not isinstance(kinds, dict) or not all(isinstance(v, str) for v in kinds.values()):
+            raise ValueError("not an object of strings")
+    except ValueError as e:
+        raise ConfigError(f"{path}: its metadata entry 'variables' is not a JSON object of variable types ({e}); "
+                          "save the weights again with jaxtrain.save_weights") from None
     state = nnx.state(model)
     flat = list(nnx.to_flat_state(state))
     names = {_name(p) for p, _ in flat}

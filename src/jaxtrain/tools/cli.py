@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from jaxtrain._src.errors import ConfigError, JaxtrainError, rendering
+from jaxtrain._src.safe_files import remove_partials
 
 USAGE = """usage: jaxtrain COMMAND ...
 
@@ -29,7 +30,8 @@ commands:
                            start again in a directory that holds a run (its files are replaced)
   eval RUN_DIR [--checkpoint best|latest|STEP]
                            evaluate a run's checkpoint on its validation data
-  predict RUN_DIR --input FILE --output FILE [--batch-size N] [--checkpoint best|latest|STEP] [--weights raw|ema]
+  predict RUN_DIR --input FILE --output FILE [--batch-size N] [--checkpoint best|latest|STEP]
+          [--weights raw|ema] [--allow-nonfinite]
                            a trained run's outputs for raw inputs (.npy, .npz, HDF5), with the run's own
                            preprocessing, in batches: one compiled forward, bounded memory
   export RUN_DIR --out DIR [--checkpoint best|latest|STEP] [--platforms cpu,cuda] [--weights raw|ema]
@@ -262,6 +264,8 @@ class PredictConfig:
     """best (by the run's best metric), latest, or a step number."""
     weights: Literal["raw", "ema"] = "raw"
     """raw: the trained weights; ema: their average (a run trained with --ema)."""
+    allow_nonfinite: bool = False
+    """Predict input rows that hold NaN or Inf (refused by default, naming the rows)."""
 
 
 def _predict(args: Sequence[str]) -> int:
@@ -269,11 +273,12 @@ def _predict(args: Sequence[str]) -> int:
 
     if not args or args[0].startswith("-"):
         raise ConfigError("usage: jaxtrain predict RUN_DIR --input FILE --output FILE [--batch-size N] "
-                          "[--checkpoint best|latest|STEP] [--weights raw|ema]")
+                          "[--checkpoint best|latest|STEP] [--weights raw|ema] [--allow-nonfinite]")
     c = parse_config(PredictConfig, PredictConfig(), args[1:], "jaxtrain predict RUN_DIR")
     if not c.input or not c.output:
         raise ConfigError("jaxtrain predict needs --input FILE (.npy, .npz, .h5) and --output FILE")
-    print(runs.predict_files(args[0], c.input, c.output, c.batch_size or None, c.checkpoint, c.weights))
+    print(runs.predict_files(args[0], c.input, c.output, c.batch_size or None, c.checkpoint, c.weights,
+                             c.allow_nonfinite))
     return 0
 
 
@@ -799,6 +804,7 @@ def _stop_on_sigterm(command: str) -> Any:
 
     def handle(signum: int, frame: Any) -> None:
         detail = " before training started; nothing was written" if command == "train" else ""
+        remove_partials()  # a file being written (predict's output, ...) leaves no partial copy
         print(f"stopped by SIGTERM{detail}", file=sys.stderr, flush=True)
         os._exit(128 + signum)
 

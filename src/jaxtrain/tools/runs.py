@@ -29,6 +29,7 @@ from jaxtrain._src.predict import Forward
 from jaxtrain._src.program import build_program
 from jaxtrain._src.report import device_description
 from jaxtrain._src.run_guard import RunGuard
+from jaxtrain._src.safe_files import write_text
 from jaxtrain._src.sharding import make_layout
 from jaxtrain._src.step import make_evaluate
 from jaxtrain.tools.recipes import RECIPES, Recipe, RecipeConfig, get_recipe
@@ -111,9 +112,9 @@ def _save_info(recipe: Recipe, w: Workload, run_dir: Path) -> Hook:
         if jax.process_index() != 0:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / MODEL_INFO).write_text(json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
+        write_text(run_dir / MODEL_INFO, json.dumps({"recipe": recipe.name, **w.info}, indent=2) + "\n")
         if w.inputs is not None:
-            (run_dir / PREDICT_INFO).write_text(json.dumps(predict_info(w), indent=2) + "\n")
+            write_text(run_dir / PREDICT_INFO, json.dumps(predict_info(w), indent=2) + "\n")
 
     return LambdaHook(on_start=save)
 
@@ -291,15 +292,28 @@ def read_predict_info(run_dir: str | os.PathLike) -> dict[str, Any]:
     """A recipe run's predict.json (see `predict_info`).
 
     Raises:
-      ConfigError: the run has none (its model has no forward on one input, as AlphaZero's
-        network, or it was trained before jaxtrain saved one).
+      ConfigError: the run has none (a run trained from Python, a model with no forward on one
+        input, as AlphaZero's network, or a run trained before jaxtrain saved one), or it is not a
+        JSON object (truncated, emptied, edited).
     """
     path = Path(run_dir) / PREDICT_INFO
     if not path.is_file():
-        read_config(Path(run_dir))  # not a run directory at all: that line first
+        recipe = read_config(Path(run_dir)).get("recipe")  # not a run directory at all: that line first
+        if recipe not in RECIPES:
+            raise ConfigError(f"{run_dir} was trained from Python with jaxtrain.fit (run {recipe!r}), so it has no "
+                              f"{PREDICT_INFO}; predict it from Python: jaxtrain.predict(jaxtrain.load(run_dir, "
+                              "model=template), inputs, preprocess=...), the template a model of the run's structure")
         raise ConfigError(f"{run_dir} has no {PREDICT_INFO}: its model takes no single input to predict from, or "
                           "the run was trained before jaxtrain saved what prediction needs; train it again")
-    return json.loads(path.read_text())
+    try:
+        info = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{path} cannot be read ({str(e)[:120]}); it is truncated or damaged: train the run again, "
+                          "or restore the file") from None
+    if not isinstance(info, dict) or not {"inputs", "shape", "dtype"} <= info.keys():
+        raise ConfigError(f"{path} is not what a run saves for prediction (a JSON object with inputs, shape and "
+                          "dtype); it is damaged or edited: train the run again, or restore the file")
+    return info
 
 
 def _saved_model(run_dir: str | os.PathLike, checkpoint: str, weights: str) -> tuple[Any, ...]:
@@ -323,22 +337,27 @@ def run_forward(run_dir: str | os.PathLike, checkpoint: str = "best", weights: s
 
 
 def predict_files(run_dir: str | os.PathLike, input_path: str | os.PathLike, output_path: str | os.PathLike,
-                  batch_size: int | None = None, checkpoint: str = "best", weights: str = "raw") -> str:
+                  batch_size: int | None = None, checkpoint: str = "best", weights: str = "raw",
+                  allow_nonfinite: bool = False) -> str:
     """`jaxtrain predict`: the outputs of a recipe run's checkpoint for the raw inputs in
-    `input_path`, written to `output_path` batch by batch; returns a one-line account."""
+    `input_path`, written to `output_path` batch by batch (whole or not at all, never over the
+    inputs); returns a one-line account. Input rows with NaN or Inf are refused unless
+    `allow_nonfinite`."""
     from jaxtrain._src.predict import predict_batches
-    from jaxtrain.tools.array_files import read_inputs, write_outputs
+    from jaxtrain.tools.array_files import check_output, close_inputs, read_inputs, write_outputs
 
-    forward, info, step = run_forward(run_dir, checkpoint, weights)
+    check_output(output_path, [input_path])  # before any work: a bad output or input costs nothing
+    info = read_predict_info(run_dir)
     data = read_inputs(input_path, info["inputs"], tuple(info["shape"]), info["dtype"])
-    n = data_lib.num_rows(data)
-    t0 = time.perf_counter()
     try:
-        shapes = write_outputs(output_path, predict_batches(forward, data, batch_size=batch_size), n)
+        forward, info, step = run_forward(run_dir, checkpoint, weights)
+        n = data_lib.num_rows(data)
+        t0 = time.perf_counter()
+        shapes = write_outputs(output_path, predict_batches(forward, data, batch_size=batch_size,
+                                                            allow_nonfinite=allow_nonfinite), n, [input_path])
+        seconds = time.perf_counter() - t0
     finally:
-        if hasattr(data, "close"):  # an HDF5 source
-            data.close()
-    seconds = time.perf_counter() - t0
+        close_inputs(data)
     outputs = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
     return (f"{output_path}: {outputs} from {n:,} rows of {input_path} (checkpoint of step {step:,}"
             f"{', the average of its weights' if weights == 'ema' else ''}, "
@@ -349,8 +368,9 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: s
                platforms: tuple[str, ...] = (), weights: str = "raw") -> str:
     """`jaxtrain export`: a recipe run's checkpoint as a self-contained artifact in `out` (see
     `jaxtrain._src.export`), its saved preprocessing folded in; returns a one-line account."""
-    from jaxtrain._src.export import export
+    from jaxtrain._src.export import check_directory, check_platforms, export
 
+    platforms, _ = check_platforms(platforms), check_directory(Path(out))  # before the model is restored
     recipe, _, model, preprocess, info, step = _saved_model(run_dir, checkpoint, weights)
     example = jax.ShapeDtypeStruct((1, *info["shape"]), info["dtype"])
     signature = export(model, example, out, preprocess=preprocess, inputs=info["inputs"], platforms=platforms,

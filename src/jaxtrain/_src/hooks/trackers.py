@@ -21,7 +21,6 @@ import importlib
 import io
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from jaxtrain._src.config import flat_dict, to_dict
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks.base import Run, RunHook
+from jaxtrain._src.safe_files import write_text
 
 IDS = "trackers.json"  # {tracker name: the tracked run's id}, in the run directory
 ARTIFACTS = ("summary.json", "config.json", "metrics.jsonl", "curves.png", "model.json", "predict.json")
@@ -97,9 +97,7 @@ class Tracker(RunHook):
         path = run.run_dir / IDS
         ids = json.loads(path.read_text()) if path.is_file() else {}
         ids[self.name_in_ids] = run_id
-        tmp = path.with_name(f".{IDS}.partial")
-        tmp.write_text(json.dumps(ids, indent=2) + "\n")
-        os.replace(tmp, path)
+        write_text(path, json.dumps(ids, indent=2) + "\n")
 
     @staticmethod
     def _config(run: Run) -> dict[str, Any]:
@@ -244,12 +242,11 @@ class CSV(Tracker):
         rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines() if line]
         columns = list(dict.fromkeys(k for row in rows for k in row))
         path = run.run_dir / "metrics.csv"
-        tmp = path.with_name(".metrics.csv.partial")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, columns)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text(path, text.getvalue())
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._write(run)

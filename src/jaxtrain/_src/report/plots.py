@@ -9,6 +9,7 @@ from typing import Any
 
 from jaxtrain._src.errors import ConfigError, argument
 from jaxtrain._src.report.run_dir import read_jsonl
+from jaxtrain._src.safe_files import atomic_write
 
 
 def plot_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
@@ -73,7 +74,8 @@ def save_figure(fig: Any, path: Path, make_parent: bool = False) -> Path:
     try:
         if make_parent:
             path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        with atomic_write(path, advice=f"write the plot elsewhere with {argument('out', placeholder='FILE.png')}") as f:
+            fig.savefig(f, dpi=110, format=path.suffix.lstrip(".").lower() or "png")
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror or e}; write the plot elsewhere with "
                           f"{argument('out', placeholder='FILE.png')}", path=path) from None

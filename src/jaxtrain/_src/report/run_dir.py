@@ -1,9 +1,9 @@
 """The run directory: config.json, metrics.jsonl and summary.json.
 
 Written the way a database writes its log: metrics rows are appended (flushed every row, fsynced at
-every epoch end), JSON files are replaced atomically, and no write follows a symbolic link (a run
-directory whose files are links is refused). A reader drops a torn or malformed line (a full disk,
-a power loss, a hand edit) with a note instead of failing.
+every epoch end), JSON files are replaced atomically (`safe_files.atomic_write`), and no write
+follows a symbolic link (a run directory whose files are links is refused). A reader drops a torn
+or malformed line (a full disk, a power loss, a hand edit) with a note instead of failing.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any, Callable, Iterable
 
 from jaxtrain._src.errors import ConfigError, argument
 from jaxtrain._src.report.notes import note
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+from jaxtrain._src.safe_files import NOFOLLOW, atomic_write, probe_writable
 
 
 def _jsonable(value: Any) -> Any:
@@ -47,16 +46,13 @@ def refuse_links(path: Path, names: Iterable[str]) -> None:
 class RunDir:
     """Writes a run's files. Every JSON file is replaced atomically; metrics are appended."""
 
-    FILES = ("config.json", "metrics.jsonl", "summary.json", ".config.json.tmp", ".summary.json.tmp",
-             ".metrics.jsonl.tmp")
+    FILES = ("config.json", "metrics.jsonl", "summary.json")
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".write-test"
-            probe.write_text("")
-            probe.unlink()
+            probe_writable(self.path)
         except OSError as e:
             raise self._error(e, "") from None
         refuse_links(self.path, self.FILES)
@@ -64,25 +60,24 @@ class RunDir:
 
     def _error(self, e: OSError, name: str) -> ConfigError:
         where = self.path / name if name else self.path
-        return ConfigError(f"cannot write {where}: {e.strerror or e}; free space or choose another "
-                           f"{argument('run_dir')}", run_dir=self.path)
+        return ConfigError(f"cannot write {where}: {e.strerror or e}; free space or {self._advice()}",
+                           run_dir=self.path)
+
+    @staticmethod
+    def _advice() -> str:
+        return f"choose another {argument('run_dir')}"
 
     def _open_metrics(self) -> Any:
         try:
-            fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o644)
+            fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o644)
         except OSError as e:
             raise self._error(e, "metrics.jsonl") from None
         return os.fdopen(fd, "a", encoding="utf-8")
 
-    def _write_new(self, tmp: Path, text: str) -> None:
-        """Writes `text` to a new file `tmp` (never an existing one, never through a link), synced."""
-        if tmp.exists() and not tmp.is_symlink():
-            tmp.unlink()  # left by a write that was killed
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+    def _replace(self, name: str, text: str) -> None:
+        """Replaces `name` with `text` atomically (a new temporary file, synced, renamed over it)."""
+        with atomic_write(self.path / name, advice=self._advice()) as f:
+            f.write(text.encode("utf-8"))
 
     def write_json(self, name: str, payload: dict[str, Any]) -> None:
         """Replaces `name` atomically: a new temporary file, synced, renamed over it.
@@ -90,22 +85,13 @@ class RunDir:
         Raises:
           ConfigError: the file cannot be written (a full or read-only disk, a link in the way).
         """
-        tmp = self.path / f".{name}.tmp"
-        try:
-            self._write_new(tmp, json.dumps(_jsonable(payload), indent=2) + "\n")
-            os.replace(tmp, self.path / name)
-        except OSError as e:
-            raise self._error(e, name) from None
+        self._replace(name, json.dumps(_jsonable(payload), indent=2) + "\n")
 
     def keep_rows(self, keep: Callable[[dict[str, Any]], bool]) -> None:
         """Rewrites metrics.jsonl with only the rows `keep` accepts (atomically), then appends from there."""
         rows = [r for r in read_jsonl(self.path / "metrics.jsonl") if keep(r)]
         self._metrics.close()
-        try:
-            self._write_new(self.path / ".metrics.jsonl.tmp", "".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
-            os.replace(self.path / ".metrics.jsonl.tmp", self.path / "metrics.jsonl")
-        except OSError as e:
-            raise self._error(e, "metrics.jsonl") from None
+        self._replace("metrics.jsonl", "".join(json.dumps(_jsonable(r)) + "\n" for r in rows))
         self._metrics = self._open_metrics()
 
     def log(self, record: dict[str, Any], sync: bool = False) -> None:
