@@ -843,6 +843,7 @@ def _run_workers(job: _Job, workers: int, console: Console) -> None:
 
     main = threading.current_thread() is threading.main_thread()
     previous = (signal.signal(signal.SIGTERM, stop), signal.getsignal(signal.SIGINT)) if main else None
+    _start_resource_tracker()
     try:
         for process in processes:
             process.start()
@@ -866,6 +867,20 @@ def _run_workers(job: _Job, workers: int, console: Console) -> None:
     if failed and finished < job.trials:
         raise JaxtrainError(f"the study holds {finished} of {job.trials} finished trials: {len(failed)} of "
                             f"{workers} workers failed (above); run the same command again to continue it")
+
+
+def _start_resource_tracker() -> None:
+    """Starts multiprocessing's resource tracker, which the workers share, told not to warn of
+    "leaked" semaphores at its end: those are the semaphores of workers the sweep ended by SIGKILL
+    (tensorboardX's queues), which it removes. A tracker already running is left as it is."""
+    from multiprocessing import resource_tracker
+
+    option = "ignore:resource_tracker:UserWarning"
+    sys.warnoptions.append(option)  # the tracker starts with this process's -W options
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(option)
 
 
 def _stop_workers(job: _Job, processes: Sequence[Any], signum: int) -> None:
