@@ -820,6 +820,8 @@ def _die_with_parent() -> None:
 
 
 class _Signalled(Exception):
+    """SIGTERM arrived while the sweep waited for its workers."""
+
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
