@@ -1,8 +1,10 @@
 """Workers of `jaxtrain sweep` sharing one study in a real PostgreSQL server (started here from the
 pgserver wheel): one worker is SIGKILLed mid-trial, the others fail and ask its trial again, the
 study ends with exactly N finished trials, each in a run directory of its own, and the same
-command run again adds nothing. The heartbeat is 2 s (stale after 6 s), not 1: a live trial
-starved of the CPU for 3 s in a loaded test run would be failed too."""
+command run again adds nothing; workers asking from one history draw apart. The heartbeat is 2 s
+(stale after 6 s), not 1: a live trial starved of the CPU for 3 s in a loaded test run would be
+failed too. And the sweep owns its workers: SIGTERM ends them and their trials are asked again by
+the same command; a worker dies with its parent, SIGKILL included."""
 
 import json
 import os
@@ -11,8 +13,10 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
+from _runs import draws_of_workers
 
 optuna = pytest.importorskip("optuna")
 pgserver = pytest.importorskip("pgserver")
@@ -61,6 +65,7 @@ def test_workers_on_postgresql_survive_a_killed_worker(tmp_path, postgres):
     assert len(retried) == 1 and retried[0].params == failed[0].params
     run_dirs = [t.user_attrs["run_dir"] for t in study.trials]
     assert len(set(run_dirs)) == len(run_dirs) == 5  # no run directory holds two trials
+    assert len({t.params["optim.lr"] for t in finished}) == 4  # the two workers drew apart
     for t in finished:
         assert json.loads((out / f"trial-{t.number:04d}" / "summary.json").read_text())["status"] == "completed"
 
@@ -77,3 +82,78 @@ def test_workers_on_postgresql_survive_a_killed_worker(tmp_path, postgres):
     subprocess.run([sys.executable, "-m", "jaxtrain", *line[1:], "--quiet"], check=True, timeout=120)
     summary = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert summary["best_val_loss"] == pytest.approx(best.value, rel=1e-6)
+
+    # 16 trials asked by 4 workers in turn on one PostgreSQL study: 16 distinct values (on this server,
+    # not a second one: starting it is the slow part)
+    from jaxtrain.tools import cli, sweep
+    from jaxtrain.tools.recipes import get_recipe
+
+    recipe = get_recipe("mlp-regression")
+    config = cli.parse_config(type(recipe.config), recipe.config, [], "test")
+    job = sweep._Job(recipe, config, (sweep.parse_space("optim.lr=loguniform:1e-4:1e-2"),), 16, str(tmp_path), postgres,
+                     "draws", "val_loss", "minimize", "tpe", "none", 0, (), 10)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")  # asked by hand, as workers would
+        drawn = draws_of_workers(job)
+    assert len(set(drawn)) == 16, drawn
+
+
+SMALL = ["--data.samples", "600", "--data.val-samples", "88", "--data.features", "8", "--data.targets", "4",
+         "--data.teacher-width", "8", "--model.hidden", "32", "--epochs", "3"]
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_two_worker_sweep_and_the_same_command_finishes_it(tmp_path):
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "jaxtrain", "sweep", "mlp-regression", *SMALL, "--space",
+               "optim.lr=loguniform:1e-4:1e-2", "--trials", "2", "--workers", "2", "--out", str(out),
+               "--pruner", "none"]
+    parent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    while not list(out.glob("trial-*/config.json")):  # a worker is training a trial
+        assert parent.poll() is None and time.monotonic() < deadline, parent.communicate()[0]
+        time.sleep(0.05)
+    workers = _workers(parent)
+    parent.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    printed, _ = parent.communicate(timeout=60)
+    _, alive = psutil.wait_procs(workers, timeout=max(0.0, 3 - (time.monotonic() - sent)))
+    assert not alive, (alive, printed)  # no worker outlives the sweep by 3 s
+    assert parent.returncode == 143, printed
+    errors = [line for line in printed.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: stopped by SIGTERM: its 2 workers ended;"), printed
+    assert "leaked" not in printed  # the killed workers' semaphores: removed without a warning
+
+    study = optuna.load_study(study_name="mlp-regression", storage=f"sqlite:///{out / 'study.db'}")
+    states = optuna.trial.TrialState
+    failed = [t for t in study.trials if t.state == states.FAIL]
+    waiting = [t for t in study.trials if t.state == states.WAITING]
+    assert failed and not [t for t in study.trials if t.state == states.RUNNING], study.trials
+    assert sorted(t.system_attrs["failed_trial"] for t in waiting) == [t.number for t in failed if t.params]
+    # the same command: the stopped trials' values again, the study finished, one directory per trial
+    again = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "again: the sweep was stopped)" in again.stdout
+    study = optuna.load_study(study_name="mlp-regression", storage=f"sqlite:///{out / 'study.db'}")
+    finished = [t for t in study.trials if t.state == states.COMPLETE]
+    assert len(finished) == 2 and {t.params["optim.lr"] for t in finished} <= {t.params["optim.lr"] for t in failed}
+    assert {p.name for p in out.glob("trial-*")} <= {f"trial-{t.number:04d}" for t in study.trials}
+    for t in finished:  # a directory of its own, trained to the end
+        assert json.loads((out / f"trial-{t.number:04d}" / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_worker_dies_with_its_parent_even_by_sigkill():
+    child = ("import time; from jaxtrain.tools.sweep import _die_with_parent; _die_with_parent(); "
+             "print('ready', flush=True); time.sleep(120)")
+    middle = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen([sys.executable, "
+                               f"'-c', {child!r}]); print(p.pid, flush=True); p.wait()"],
+                              stdout=subprocess.PIPE, text=True)
+    pid = int(middle.stdout.readline())
+    assert middle.stdout.readline().strip() == "ready"
+    assert os.getpgid(pid) == pid  # its own process group: the terminal's Ctrl-C reaches the sweep alone
+    middle.kill()
+    middle.wait()
+    _, alive = psutil.wait_procs([psutil.Process(pid)], timeout=3)
+    assert not alive

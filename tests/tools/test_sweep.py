@@ -1,11 +1,16 @@
 """`jaxtrain sweep`: spaces, a study that re-running continues, trials as run directories whose
 command reproduces them, pruning, the report, and bad input as one line."""
 
+import dataclasses
 import json
+import os
 import shlex
+import signal
+import socket
 
 import optuna
 import pytest
+from _runs import draws_of_workers
 
 from jaxtrain._src.errors import ConfigError
 from jaxtrain.tools import cli, sweep
@@ -73,6 +78,12 @@ def test_a_pruned_trial_stops_at_the_epoch_the_pruner_names(tmp_path):
     for t in study.trials:
         summary = json.loads((tmp_path / f"trial-{t.number:04d}" / "summary.json").read_text())
         assert summary["status"] == "stopped early" and summary["epochs"] == 1  # not the 3 asked for
+    # a trial that reaches its last epoch did all its work: complete, whatever the pruner says there
+    last = sweep.sweep(recipe, dataclasses.replace(config, epochs=1), [sweep.parse_space("optim.lr=choice:1e-3")], 1,
+                       tmp_path / "one-epoch", pruner=optuna.pruners.ThresholdPruner(upper=0.0))
+    assert [t.state for t in last.trials] == [optuna.trial.TrialState.COMPLETE]
+    summary = json.loads((tmp_path / "one-epoch" / "trial-0000" / "summary.json").read_text())
+    assert summary["status"] == "completed" and last.trials[0].value == summary["best_val_loss"]
 
 
 def test_a_diverging_trial_fails_and_the_sweep_goes_on(tmp_path):
@@ -96,6 +107,145 @@ def test_bad_sweeps_are_one_line_and_exit_2(tmp_path, capsys):
     assert "holds no study.db" in capsys.readouterr().err
 
 
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bad_storages_seeds_spaces_and_sizes_are_one_line_naming_the_flag_before_any_work(tmp_path, capsys,
+                                                                                             monkeypatch):
+    out = tmp_path / "s"
+    lr = ["--space", "optim.lr=loguniform:1e-4:1e-2"]
+    for args, message in (
+            ([*lr, "--storage", "bogus://x"], "--storage bogus://x is not a database URL SQLAlchemy can open"),
+            ([*lr, "--storage", f"sqlite:///{tmp_path}/missing/study.db"], "unable to open database file; its folder"),
+            ([*lr, "--storage", f"postgresql://u:secret@127.0.0.1:{_closed_port()}/db"], "Connection refused"),
+            ([*lr, "--seed", str(2**70)], f"--seed {2**70}: the sampler's seed must be an integer from 0 to"),
+            (["--space", "optim.lr=uniform:1e-4:inf"], "'inf' is not a finite number"),
+            (["--space", "optim=choice:1,2"], "'optim' is a section of the config, not a field; name one of its "
+                                              "fields (optim.name, optim.lr,"),
+            ([*lr, "--space", "optim.lr=uniform:1e-4:1e-2"], "--space optim.lr is given twice"),
+            (["--space", "optim.b1=uniform:0.5:1.5"], "the config refuses 1.5"),  # the high end, not only the low
+            (["--space", "optim.name=choice:adam,nope"], "the config refuses 'nope'"),
+            ([*lr, "--workers", str(os.cpu_count() + 1)], f"--workers {os.cpu_count() + 1}: this machine gives the "
+                                                          "sweep"),
+            ([*lr, "--trials", "100000"], "--trials 100000: past 10,000 trials"),
+            ([*lr, "--trials", "2000", "--population", "2000"], "--population 2000: a population's trials are all "
+                                                                "asked before any trains")):
+        trials = [] if "--trials" in args else ["--trials", "1"]
+        assert cli.main(["sweep", "mlp-regression", *FLAGS, *args, *trials, "--out", str(out)]) == 2, args
+        line = _one_line(capsys)
+        assert message in line, line
+        assert "secret" not in line and not list(out.glob("trial-*")), line  # no password shown; nothing trained
+    # the machine's memory: workers of this process's size, a population's states on the device
+    monkeypatch.setattr(sweep, "_cores", lambda: 4)
+    monkeypatch.setattr(sweep, "WORKER_BYTES", 2**50)
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *lr, "--trials", "1", "--workers", "2", "--out",
+                     str(out)]) == 2
+    assert "of memory available: pass --workers 1 or fewer" in _one_line(capsys)
+    from jaxtrain.tools import tune
+
+    monkeypatch.setattr(tune, "_device_memory", lambda device: (2**16, "the test's 64 KiB"))
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *lr, "--trials", "64", "--population", "64", "--out",
+                     str(out)]) == 2
+    assert "more than the test's 64 KiB: pass --population" in _one_line(capsys)
+
+
+def test_unreadable_and_incompatible_studies_are_one_line(tmp_path, capsys):
+    lr = ["--space", "optim.lr=loguniform:1e-4:1e-2"]
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "study.db").write_bytes(os.urandom(4096))
+    for command in (["sweep", "mlp-regression", *FLAGS, *lr, "--trials", "1", "--out", str(damaged)],
+                    ["sweep", "report", str(damaged)]):
+        assert cli.main(command) == 2
+        assert "file is not a database; it is not a study" in _one_line(capsys)
+    out = tmp_path / "s"
+    out.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{out / 'study.db'}", study_name="mlp-regression")
+    study.add_trial(optuna.trial.create_trial(params={"optim.lr": 1e-3}, value=1.0, distributions={
+        "optim.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}))
+    for args, message in (([*lr, "--direction", "max"], "is set to minimize, not maximize: give its --direction"),
+                          (["--space", "optim.lr=uniform:1e-4:1e-2"],
+                           "drew optim.lr as optim.lr=loguniform:0.0001:0.01; keep that kind")):
+        assert cli.main(["sweep", "mlp-regression", *FLAGS, *args, "--trials", "2", "--out", str(out)]) == 2
+        assert message in _one_line(capsys)
+    assert len(optuna.load_study(study_name="mlp-regression", storage=f"sqlite:///{out / 'study.db'}").trials) == 1
+
+
+def test_the_sweep_folder_is_locked_and_its_links_are_refused(tmp_path, capsys):
+    from jaxtrain._src.run_guard import lock_directory
+
+    lr = ["--space", "optim.lr=loguniform:1e-4:1e-2"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_text("keep")
+    for name, target, what in (("trial-0000", elsewhere, "folder"), ("study.db", elsewhere / "precious", "file"),
+                               (".lock", elsewhere / "precious", "lock")):
+        out = tmp_path / name.strip(".")
+        out.mkdir()
+        (out / name).symlink_to(target)
+        assert cli.main(["sweep", "mlp-regression", *FLAGS, *lr, "--trials", "1", "--out", str(out)]) == 2
+        line = _one_line(capsys)
+        assert f"{out / name} is a symbolic link" in line and "--out" in line, line
+    assert [p.name for p in elsewhere.iterdir()] == ["precious"] and (elsewhere / "precious").read_text() == "keep"
+    out = tmp_path / "busy"
+    with lock_directory(out, "sweep folder", "--out", "that sweep"):  # another sweep writing into it now
+        assert cli.main(["sweep", "mlp-regression", *FLAGS, *lr, "--trials", "1", "--out", str(out)]) == 2
+        assert f"sweep folder {out} is in use by process {os.getpid()}" in _one_line(capsys)
+    assert not list(out.glob("trial-*"))
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the test asks as workers would
+def test_workers_asking_from_one_history_draw_apart(tmp_path):
+    """Four workers' handles on one study, each asking while the others' trials run (as W worker
+    processes do), draw 16 distinct values, TPE's startup and its model alike; a later run of the
+    study draws apart from them too. A sampler seeded once per worker drew alike when seeds met."""
+    job = dataclasses.replace(_job(tmp_path, trials=20), sampler="tpe")
+    drawn = draws_of_workers(job)  # opened alike: the trial, not the worker, seeds the draw
+    assert len(set(drawn)) == 16, drawn
+    again = job.open()  # the study run again
+    for _ in range(4):
+        trial = again.ask()
+        drawn.append(job.prepare(trial, "")[0]["optim.lr"])
+        again.tell(trial, 1.0)
+    assert len(set(drawn)) == 20
+    seeds = [t.user_attrs["sampler_seed"] for t in again.trials]
+    assert seeds == [sweep.trial_seed(0, n) for n in range(20)]  # recorded, and reproducible from --seed
+
+
+class _StopWithSigterm(optuna.pruners.BasePruner):
+    """Sends this process SIGTERM at the first epoch's end, as a scheduler stopping the sweep would."""
+
+    def prune(self, study, trial) -> bool:
+        if len(trial.intermediate_values) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return False
+
+
+def test_sigterm_in_a_trial_stops_the_sweep_and_its_values_are_asked_again(tmp_path):
+    recipe = get_recipe("mlp-regression")
+    config = cli.parse_config(type(recipe.config), recipe.config, list(FLAGS), "test")
+    space = [sweep.parse_space("optim.lr=loguniform:1e-4:1e-2")]
+    with pytest.raises(sweep.SweepStopped, match="stopped by SIGTERM: trial 0 was stopped") as stopped:
+        sweep.sweep(recipe, config, space, 1, tmp_path, pruner=_StopWithSigterm())
+    assert stopped.value.exit_code == 143
+    study = sweep.load_study(tmp_path)
+    assert [t.state.name for t in study.trials] == ["FAIL", "WAITING"]
+    assert study.trials[1].params == study.trials[0].params and study.trials[1].system_attrs["failed_trial"] == 0
+    study = sweep.sweep(recipe, config, space, 1, tmp_path, pruner="none")  # the same sweep again
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
+    assert study.trials[1].params == study.trials[0].params
+    assert json.loads((tmp_path / "trial-0001" / "summary.json").read_text())["status"] == "completed"
+
+
 def _job(tmp_path, trials, heartbeat=1):
     recipe = get_recipe("mlp-regression")
     config = cli.parse_config(type(recipe.config), recipe.config, list(FLAGS), "test")
@@ -107,7 +257,7 @@ def _job(tmp_path, trials, heartbeat=1):
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the test asks as a worker would
 def test_a_trial_whose_worker_died_is_failed_and_asked_again_with_its_values(tmp_path, capsys):
     job = _job(tmp_path, trials=1)
-    study = job.open(0)
+    study = job.open()
     dead = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
     study._storage.record_heartbeat(dead._trial_id)  # one beat, then silence: its worker is gone
     job.work(study, sweep.Console(), "")
@@ -122,12 +272,13 @@ def test_a_trial_whose_worker_died_is_failed_and_asked_again_with_its_values(tmp
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the test asks as a worker would
 def test_a_trial_asked_past_the_end_is_not_run(tmp_path, capsys):
     job = _job(tmp_path, trials=1)
-    study = job.open(0)
+    study = job.open()
     job.work(study, sweep.Console(), "")
     late = study.ask()  # as a second worker would, between its count and its ask
     with pytest.raises(sweep._Surplus):
         job.run(late, sweep.Console(), "")
-    assert late.user_attrs == {"surplus": True} and not (tmp_path / "trial-0001").exists()
+    assert late.user_attrs.get("surplus") is True and "run_dir" not in late.user_attrs
+    assert not (tmp_path / "trial-0001").exists()
     study.tell(late, state=optuna.trial.TrialState.FAIL)
     sweep.print_report(study, sweep.Console(), "val_loss")
     assert "study s: 1 trials" in capsys.readouterr().out
@@ -142,6 +293,7 @@ def test_two_workers_share_the_study_on_sqlite(tmp_path, capfd):
     study = sweep.load_study(out)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 4
     assert sorted(p.name for p in out.glob("trial-*")) == [f"trial-000{i}" for i in range(4)]
+    assert len({(t.params["optim.lr"], t.params["model.hidden"]) for t in study.trials}) == 4  # drawn apart
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ directory whose files are symbolic links is refused before anything is written.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -22,13 +23,12 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from jaxtrain._src.config import flat_dict
 from jaxtrain._src.errors import ConfigError, argument, resume_advice, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.report.run_dir import refuse_links
-from jaxtrain._src.safe_files import open_nofollow
 
 LOCK = ".lock"
 # What a run writes into its directory: all of it goes when a run overwrites it, nothing else does.
@@ -102,27 +102,9 @@ class RunGuard:
     def _lock(self) -> None:
         if not self.path.exists() and not self._create:
             return  # nobody can be using a directory that does not exist yet
-        try:
-            self._created = not self.path.exists()
-            self.path.mkdir(parents=True, exist_ok=True)
-            refuse_links(self.path, [LOCK])
-            f = os.fdopen(open_nofollow(self.path / LOCK, os.O_RDWR | os.O_CREAT), "a+", encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot use run directory {self.path}: {e.strerror}; choose another "
-                              f"{argument('run_dir')}", run_dir=self.path) from None
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = _holder(f.read())
-            f.close()
-            raise ConfigError(f"run directory {self.path} is in use by {holder}; wait for that run to end (or stop "
-                              f"it), or choose another {argument('run_dir')}", run_dir=self.path) from None
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}) + "\n")
-        f.flush()
-        self._lock_file = f
+        self._created = not self.path.exists()
+        self._lock_file = lock_directory(self.path, "run directory", argument("run_dir"), "that run",
+                                         run_dir=self.path)
 
     def _unlock(self) -> None:
         if self._lock_file is not None:
@@ -212,6 +194,39 @@ class RunGuard:
             (self.path / name).unlink(missing_ok=True)
         for name in RUN_DIRS:
             shutil.rmtree(self.path / name, ignore_errors=True)
+
+
+def lock_directory(path: Path, what: str, flag: str, holder: str, **facts: Any) -> IO[str]:
+    """Claims directory `path` (created if missing) for this process: an exclusive lock on its
+    `.lock` file, which says who holds it. Closing the returned file releases the lock; so does the
+    end of the process, however it ends. A `.lock` that is a symbolic link is not followed.
+
+    Args:
+      what, flag: the directory in words ("run directory") and the setting that chooses it, for messages.
+      holder: who the other process is, in words ("that run").
+      facts: attributes of the error.
+
+    Raises:
+      ConfigError: the directory cannot be made or locked there, or a live process holds it.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        why = f"{path / LOCK} is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise ConfigError(f"cannot use {what} {path}: {why}; choose another {flag}", **facts) from None
+    f = os.fdopen(fd, "r+", encoding="utf-8")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        who = _holder(f.read())
+        f.close()
+        raise ConfigError(f"{what} {path} is in use by {who}; wait for {holder} to end (or stop it), or choose "
+                          f"another {flag}", **facts) from None
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}) + "\n")
+    f.flush()
+    return f
 
 
 def has_checkpoint(directory: Path) -> bool:

@@ -453,13 +453,18 @@ def _sweep(args: Sequence[str]) -> int:
   --space NAME=KIND:ARGS   loguniform:A:B, uniform:A:B, int:A:B, choice:V1,V2,... over any config
                            field (optim.lr, model.hidden, batch_size, ...); repeat for each field
   --objective FIELD        an epoch record field (default val_loss); --direction min (default) or max
-  --workers W              W processes run trials side by side on the one study; the same command on
-                           other machines with one --storage postgresql://... joins them
+  --workers W              W processes run trials side by side on the one study (at most the cores);
+                           the same command on other machines with one --storage postgresql://...
+                           joins them. They end with the sweep; SIGTERM or Ctrl-C ends them, marks
+                           their running trials failed and queues their values for the next run
+  --seed S                 the sampler's seed (0 to 2**32-1); each trial draws from one derived from
+                           it and the trial's number, so workers and later runs never draw alike
   --heartbeat S            seconds between a running trial's heartbeats (default 10); a trial whose
                            worker died is failed after three missed beats and asked again
   --population P           ask P trials at once and train them side by side as one compiled program
                            (trials that differ in more than the optimizer's settings, such as a
-                           model's width, are grouped with those they share the rest with)
+                           model's width, are grouped with those they share the rest with; at most
+                           1024, and from 64 up the members' states must fit the device's memory)
   jaxtrain sweep report DIR [--study NAME] [--storage URL]: the trials table, the best trial's
   command, parameter importances and plots (history, parallel coordinates, slices) in DIR""")
         return 0

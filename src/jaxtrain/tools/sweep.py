@@ -12,12 +12,24 @@ pointed at one `storage`, PostgreSQL for instance). Each trial beats a heartbeat
 a trial whose worker died (SIGKILL, a lost machine) goes stale after three missed beats, is marked
 failed and is asked again with the same values as a new trial. A worker starts a trial only while
 fewer than `trials` are finished or running, and waits while the rest run elsewhere, so the study
-ends with `trials` finished ones whichever workers die on the way.
+ends with `trials` finished ones whichever workers die on the way. The sampler draws each trial
+from a seed of its own, derived from `seed` and the trial's number (which the storage hands out
+once), so workers, machines and later runs of the study never draw alike from one history, and a
+one-process sweep on a new study draws the same values for the same seed.
+
+The sweep owns its workers: they end when it ends, however it ends (the kernel's parent-death
+signal), and Ctrl-C or SIGTERM reach the sweep alone, which ends its workers, marks their running
+trials failed and asks their values again when the same command runs again (exit code 128 +
+signal); a trial that `fit` stopped on such a signal in a one-process sweep is asked again too.
+The sweep's files and trial directories are never followed through symbolic links, and with its
+study in its folder (the default) the folder is locked while it runs: a second sweep into it is
+refused (sweeps sharing a study in `storage` share their folder by design).
 
 Pruning: after each epoch the trial reports its objective (`val_loss` by default) to Optuna;
 when the pruner (median by default) says so, the run stops at that epoch's end and the trial is
-marked pruned. A trial whose loss is not finite fails (its run directory says so) and the sweep
-goes on; a failed trial counts toward the trials run this time, not toward the finished ones.
+marked pruned. A trial that reaches its last epoch is complete: the pruner is not asked there. A
+trial whose loss is not finite fails (its run directory says so) and the sweep goes on; a failed
+trial counts toward the trials run this time, not toward the finished ones.
 
 Search spaces are written `NAME=KIND:ARGS` over any config field: `optim.lr=loguniform:1e-4:1e-2`,
 `optim.b1=uniform:0.8:0.99`, `batch_size=int:16:128`, `model.hidden=choice:64,128,256` (a field
@@ -26,28 +38,52 @@ holding a tuple, such as the MLP's widths, takes the chosen value in each of its
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
+import os
+import re
 import shlex
+import signal
+import socket
+import sys
 import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain import Hook
-from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError
+from jaxtrain import Hook, TrainingStopped
+from jaxtrain._src.config import MAX_SEED
+from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError, argument
+from jaxtrain._src.memory import format_bytes
+from jaxtrain._src.report.run_dir import refuse_links
+from jaxtrain._src.run_guard import lock_directory
 from jaxtrain.tools.recipes.base import Recipe
 
-__all__ = ["Space", "apply_values", "load_study", "parse_space", "print_report", "sweep", "without_flags"]
+__all__ = ["Space", "SweepStopped", "apply_values", "load_study", "parse_space", "print_report", "sweep",
+           "without_flags"]
 
 KINDS = ("loguniform", "uniform", "int", "choice")
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "hyperband", "none")
+PLOTS = ("history", "parallel", "slices")
+# The sweep's own files in its folder (besides trial-NNNN/): never written through a symbolic link.
+SWEEP_FILES = ("study.db", "study.db-journal", "study.db-wal", "study.db-shm", *(f"sweep-{n}.png" for n in PLOTS))
+# Optuna reads every earlier trial at each ask (0.05 s at 1,000 trials, 0.16 s at 5,000 on SQLite, 2 cores):
+# past this many, asking grows toward the time small trials train, and hours in all.
+MAX_TRIALS = 10_000
+# A population's trials are all asked before any trains, and each member is one more step in its program.
+MAX_POPULATION = 1_024
+# A worker process before its data: Python, JAX, Optuna and jaxtrain loaded (230 MiB measured on Linux).
+WORKER_BYTES = 256 * 2**20
+# From this size up a population's memory is checked before anything is asked (it costs a build of the
+# workload, seconds; smaller populations are left to the run).
+MEASURED_POPULATION = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +95,28 @@ class Space:
     low: float | None = None
     high: float | None = None
     choices: tuple[Any, ...] = ()
+
+    def __str__(self) -> str:
+        """As written on the command line: `optim.lr=loguniform:0.0001:0.01`."""
+        if self.kind == "choice":
+            return f"{self.name}=choice:{','.join(str(c) for c in self.choices)}"
+        return f"{self.name}={self.kind}:{self.low:g}:{self.high:g}"
+
+    def ends(self) -> tuple[Any, ...]:
+        """The values at the ends of the range (every choice): a field must take them all."""
+        if self.kind == "choice":
+            return self.choices
+        return (int(self.low), int(self.high)) if self.kind == "int" else (self.low, self.high)
+
+    def distribution(self) -> Any:
+        """The Optuna distribution `suggest` draws from."""
+        import optuna.distributions as d
+
+        if self.kind == "choice":
+            return d.CategoricalDistribution(list(self.choices))
+        if self.kind == "int":
+            return d.IntDistribution(int(self.low), int(self.high))
+        return d.FloatDistribution(self.low, self.high, log=self.kind == "loguniform")
 
     def suggest(self, trial: Any) -> Any:
         if self.kind == "loguniform":
@@ -72,9 +130,12 @@ class Space:
 
 def _number(text: str, spec: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise ConfigError(f"--space {spec}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"--space {spec}: {text!r} is not a finite number; a range needs finite ends")
+    return value
 
 
 def _choice(text: str) -> Any:
@@ -131,6 +192,10 @@ def _replace(config: Any, path: list[str], value: Any, name: str) -> Any:
     if path[0] not in fields:
         raise ConfigError(f"--space {name}: the config has no field {path[0]!r} (it has: {', '.join(sorted(fields))})")
     current = getattr(config, path[0])
+    if len(path) == 1 and dataclasses.is_dataclass(current):
+        fields = ", ".join(f"{name}.{f.name}" for f in dataclasses.fields(current))
+        raise ConfigError(f"--space {name}: {path[0]!r} is a section of the config, not a field; name one of its "
+                          f"fields ({fields})")
     if len(path) > 1:
         if not dataclasses.is_dataclass(current):
             raise ConfigError(f"--space {name}: {path[0]!r} is not a section of the config")
@@ -151,6 +216,8 @@ class _Report(Hook):
         if value is None or not math.isfinite(value):
             return
         self.trial.report(value, run.epoch)
+        if run.epoch >= run.config.epochs:  # all its work is done: complete, whatever the pruner would say
+            return
         if self.trial.should_prune():
             self.pruned = True
             run.stop(f"pruned by the sweep at epoch {run.epoch}")
@@ -172,6 +239,14 @@ def _sampler(name: str, seed: int) -> Any:
     return optuna.samplers.TPESampler(seed=seed) if name == "tpe" else optuna.samplers.RandomSampler(seed=seed)
 
 
+def trial_seed(seed: int, number: int) -> int:
+    """The sampler's seed for trial `number` of a sweep seeded `seed`: a stream of its own for every
+    trial (numbers are handed out once by the storage), whichever worker, machine or run asks it."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
 def _pruner(name: str) -> Any:
     import optuna
 
@@ -179,6 +254,16 @@ def _pruner(name: str) -> Any:
         raise ConfigError(f"unknown pruner {name!r}; choose {', '.join(PRUNERS)}")
     return {"median": optuna.pruners.MedianPruner(n_startup_trials=2), "hyperband": optuna.pruners.HyperbandPruner(),
             "none": optuna.pruners.NopPruner()}[name]
+
+
+class SweepStopped(JaxtrainError):
+    """A signal (SIGTERM, Ctrl-C) stopped the sweep; its running trials were marked failed and their
+    values are asked again when the same command runs again (exit code 128 + signal)."""
+
+    def __init__(self, signum: int, detail: str):
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}: {detail}; run the same command again to "
+                         "finish the study")
 
 
 def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out: str | Path, *,
@@ -191,46 +276,251 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
     Args:
       recipe, config: the recipe and its config for the fixed settings (the command's train flags).
       spaces: the search space.
-      trials: finished trials (complete or pruned) the study should hold.
+      trials: finished trials (complete or pruned) the study should hold (at most `MAX_TRIALS`).
       out: the sweep folder: `study.db` (the default storage) and a run directory per trial.
       storage: an SQLAlchemy URL (`sqlite:///...`, `postgresql://...`); default SQLite in `out`.
       study: the study's name (default the recipe's).
       objective, direction: the epoch record field to optimise, "minimize" or "maximize".
       sampler: "tpe" or "random"; pruner: "median", "hyperband", "none", or an Optuna pruner.
+      seed: the sampler's seed, 0 to 2**32 - 1 (each trial draws from a seed derived from it and its number).
       flags: the command's own train flags, written into each trial's command line.
-      workers: processes that run trials side by side (1: this one).
+      workers: processes that run trials side by side (1: this one); at most the cores this process
+        may use, and as many processes of `WORKER_BYTES` as the available memory holds.
       heartbeat: seconds between a running trial's heartbeats; three missed ones fail and retry it.
       population: trials asked at once and trained side by side as one compiled program
         (`jaxtrain.fit_population`); those whose values change more than the optimizer's settings
-        (a model's width, the batch size) are grouped with the trials they share the rest with.
+        (a model's width, the batch size) are grouped with the trials they share the rest with. At
+        most `MAX_POPULATION`; from `MEASURED_POPULATION` up, the members' states must fit the device.
 
     Raises:
-      ConfigError: a bad space, trials, workers, heartbeat or population < 1, an unknown sampler, pruner or
-        direction, a field the recipe's config does not have.
+      ConfigError: before anything runs: a bad space (a field given twice, a section, an end of a
+        range the config refuses), trials, workers, heartbeat or population < 1 or more than the
+        machine holds, a seed out of range, an unknown sampler, pruner or direction, a sweep folder in
+        use or holding symbolic links, a storage that cannot be opened, a study of another direction
+        or whose fields were drawn from other kinds of distribution.
+      SweepStopped: SIGTERM or Ctrl-C stopped it (workers), or stopped `fit` in a trial.
       JaxtrainError: workers failed before the study held `trials` finished trials.
     """
     for name, value in (("trials", trials), ("workers", workers), ("heartbeat", heartbeat), ("population", population)):
         if value < 1:
-            raise ConfigError(f"{name}={value} must be >= 1")
+            raise ConfigError(f"{argument(name, value)} must be >= 1")
+    if trials > MAX_TRIALS:
+        raise ConfigError(f"{argument('trials', trials)}: past {MAX_TRIALS:,} trials a study spends more time asking "
+                          f"Optuna than training small trials (each ask reads every earlier trial): split the search "
+                          f"into studies of at most {MAX_TRIALS:,} trials")
+    if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+        raise ConfigError(f"{argument('seed', seed)}: the sampler's seed must be an integer from 0 to {MAX_SEED}")
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"direction={direction!r}: choose minimize or maximize")
+    _check_spaces(config, spaces)
+    _check_workers(workers)
+    _check_population(recipe, config, min(population, trials))
+    out = Path(out)
+    where, flag = _where(out, storage)
+    job = _Job(recipe, config, tuple(spaces), trials, str(out), storage or f"sqlite:///{out.resolve() / 'study.db'}",
+               study or recipe.name, objective, direction, sampler, pruner, seed, tuple(flags), heartbeat, population,
+               where, flag)
+    console = console or Console(highlight=False)
+    with _claim(out, lock=storage is None), _storage_errors(where, flag):
+        study_obj = job.open()
+        _check_study(study_obj, job)
+        study_obj.set_user_attr("objective", objective)  # for `sweep report`
+        if workers == 1:
+            job.work(study_obj, console, "")
+        else:
+            _run_workers(job, workers, console)
+    return study_obj
+
+
+def _check_spaces(config: Any, spaces: Sequence[Space]) -> None:
+    """Every field is given once, exists, and takes the values at both ends of its range (every
+    choice), before a trial runs: a draw the config refuses would stop the sweep half way."""
     if not spaces:
         raise ConfigError("a sweep needs at least one --space NAME=KIND:ARGS")
-    for space in spaces:  # every field exists and takes a value of its kind, before a trial runs
-        apply_values(config, {space.name: space.choices[0] if space.kind == "choice" else
-                              (int(space.low) if space.kind == "int" else space.low)})
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    job = _Job(recipe, config, tuple(spaces), trials, str(out), storage or f"sqlite:///{out.resolve() / 'study.db'}",
-               study or recipe.name, objective, direction, sampler, pruner, seed, tuple(flags), heartbeat, population)
-    study_obj = job.open(seed)
-    study_obj.set_user_attr("objective", objective)  # for `sweep report`
-    console = console or Console(highlight=False)
-    if workers == 1:
-        job.work(study_obj, console, "")
+    seen: dict[str, Space] = {}
+    for space in spaces:
+        if space.name in seen:
+            raise ConfigError(f"--space {space.name} is given twice ({seen[space.name]} and {space}); give each "
+                              "field once")
+        seen[space.name] = space
+        for value in space.ends():
+            try:
+                apply_values(config, {space.name: value})
+            except ConfigError as e:
+                if e.template.startswith("--space"):
+                    raise
+                raise ConfigError(f"--space {space}: the config refuses {value!r} ({e.template}); keep the range "
+                                  "within the values it takes") from None
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _check_workers(workers: int) -> None:
+    """Refuses more workers than the cores (each is a whole training process, whose XLA already
+    spreads over every core: more only wait on each other) or than the available memory holds."""
+    from jaxtrain.tools.tune import _available_ram
+
+    cores = _cores()
+    if workers > cores:
+        raise ConfigError(f"{argument('workers', workers)}: this machine gives the sweep {cores} cores, and each "
+                          f"worker is a whole training process that spreads over every core, so more would only wait "
+                          f"on each other: pass {argument('workers', cores)} or fewer")
+    if workers > 1:
+        size, available = WORKER_BYTES, _available_ram()
+        if workers * size > available:
+            raise ConfigError(f"{argument('workers', workers)}: each worker is a process of at least "
+                              f"{format_bytes(size)} (Python, JAX and Optuna, before its data), "
+                              f"{format_bytes(workers * size)} in all, more than the {format_bytes(available)} of "
+                              f"memory available: pass {argument('workers', max(1, available // size))} or fewer")
+
+
+def _check_population(recipe: Recipe, config: Any, population: int) -> None:
+    """Refuses a population too large to ask (`MAX_POPULATION`) or, from `MEASURED_POPULATION` up,
+    whose members' train states (parameters and optimizer state, one each) exceed the device's memory."""
+    if population > MAX_POPULATION:
+        raise ConfigError(f"{argument('population', population)}: a population's trials are all asked before any "
+                          f"trains, and each member is one more step in its compiled program: pass "
+                          f"{argument('population', MAX_POPULATION)} or fewer")
+    if population < MEASURED_POPULATION:
+        return
+    import jax
+
+    from jaxtrain._src.sharding import make_layout
+    from jaxtrain.tools.tune import _device_memory, _StepMemory
+
+    w = recipe.build(config)
+    try:
+        state = _StepMemory(w, config, make_layout(config.mesh)).state_bytes  # abstract: nothing is placed
+    finally:
+        w.close()
+    total, where = _device_memory(jax.local_devices()[0])
+    if population * state > total:
+        raise ConfigError(f"{argument('population', population)}: each member keeps its own parameters and optimizer "
+                          f"state ({format_bytes(state)}) on the device, {format_bytes(population * state)} in all, "
+                          f"more than {where}: pass {argument('population', max(1, total // state))} or fewer")
+
+
+@contextlib.contextmanager
+def _claim(out: Path, lock: bool) -> Iterator[None]:
+    """Refuses a sweep folder whose files or trial directories are symbolic links (the sweep would
+    write wherever they point) and, with `lock`, locks it for this sweep as a run directory is
+    locked. A study in the folder (SQLite, the default) is this sweep's alone: more processes are
+    its workers. Sweeps that share a study in a `storage` share their folder by design (machines
+    writing their trials into one shared folder), so theirs is not locked."""
+    if lock:
+        held = lock_directory(out, "sweep folder", argument("out"), "that sweep", out=out)
     else:
-        _run_workers(job, workers, console)
-    return study_obj
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot use sweep folder {out}: {e.strerror}; choose another {argument('out')}",
+                              out=out) from None
+    try:
+        _refuse_links(out, [p.name for p in out.iterdir() if p.name.startswith("trial-")] + list(SWEEP_FILES))
+        yield
+    finally:
+        if lock:
+            held.close()
+
+
+def _refuse_links(out: Path, names: Sequence[str]) -> None:
+    refuse_links(out, names, "a sweep", argument("out"))
+
+
+def _where(out: Path, storage: str | None) -> tuple[str, str]:
+    """The study's storage in words for messages, and the flag that chooses it."""
+    if storage:
+        return argument("storage", _masked(storage)), argument("storage")
+    return f"{out / 'study.db'} (the study in {argument('out')})", argument("out")
+
+
+def _masked(url: str) -> str:
+    """`url` with its password hidden (it goes into messages): `postgresql://user:***@host/db`."""
+    return re.sub(r"^([^:/]+://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def _sqlalchemy_error(e: BaseException) -> str | None:
+    """"url" for SQLAlchemy's error about a URL it cannot use, "database" for its others, else None.
+    Optuna's storage raises them; they are known by name, SQLAlchemy being Optuna's dependency, not ours."""
+    names = {c.__name__ for c in type(e).__mro__ if c.__module__.startswith("sqlalchemy.")}
+    return "url" if "ArgumentError" in names else ("database" if "SQLAlchemyError" in names else None)
+
+
+@contextlib.contextmanager
+def _storage_errors(where: str, flag: str, opening: bool = False) -> Iterator[None]:
+    """The study's storage failing as one line naming it (`where`, chosen by `flag`): a URL
+    SQLAlchemy cannot open, a server that does not answer, a missing folder, a damaged or locked
+    database, a schema of another Optuna; while `opening` it, a database driver not installed."""
+    try:
+        yield
+    except Exception as e:
+        error = _storage_error(e, where, flag, opening)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _storage_error(e: Exception, where: str, flag: str, opening: bool) -> ConfigError | None:
+    kind = _sqlalchemy_error(e)
+    if kind == "url":
+        return ConfigError(f"{where} is not a database URL SQLAlchemy can open ({_first_line(e)}); give "
+                           "sqlite:///PATH or postgresql://USER@HOST/DB")
+    if kind == "database":
+        reason = _first_line(getattr(e, "orig", None) or e)
+        hint = next((h for key, h in _STORAGE_HINTS if key in reason.lower()), "")
+        return ConfigError(f"the study's storage {where} failed: {reason}{hint.format(flag=flag)}")
+    if isinstance(e, ImportError) and opening:  # the URL's driver (psycopg for postgresql://) is not installed
+        return ConfigError(f"{where} needs the database driver {e.name!r}, which is not installed: install it "
+                           "(pip install psycopg[binary] for PostgreSQL)")
+    if isinstance(e, RuntimeError) and "table schema" in str(e):  # Optuna: tables of another Optuna version
+        return ConfigError(f"{where}: {_first_line(e)}")
+    return None
+
+
+_STORAGE_HINTS = (  # what to do, by what the driver said
+    ("unable to open database file", "; its folder must exist and be writable, or choose another {flag}"),
+    ("not a database", "; it is not a study (damaged, or another file): move it away, or choose another {flag}"),
+    ("malformed", "; the file is damaged: move it away, or choose another {flag}"),
+    ("database is locked", "; another process holds it locked: end that process, or choose another {flag}"),
+    ("connect", "; is the database server running and reachable there?"),
+)
+
+
+def _first_line(e: Any) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _check_study(study: Any, job: "_Job") -> None:
+    """Refuses a study this sweep cannot continue: another direction (Optuna would keep the study's
+    silently), or a field its trials drew from another kind of distribution (the sampler would fail)."""
+    import optuna
+
+    if study.direction.name.lower() != job.direction:
+        raise ConfigError(f"study {study.study_name} in {job.where} is set to {study.direction.name.lower()}, not "
+                          f"{job.direction}: give its {argument('direction')}, or start another study "
+                          f"({argument('study', placeholder='NAME')}, or another {argument('out')})")
+    ours = {s.name: s for s in job.spaces}
+    for trial in study.get_trials(deepcopy=False):
+        for name, drawn in trial.distributions.items():
+            if name in ours:
+                try:
+                    optuna.distributions.check_distribution_compatibility(drawn, ours[name].distribution())
+                except ValueError:
+                    raise ConfigError(f"--space {ours[name]}: study {study.study_name} in {job.where} drew {name} "
+                                      f"as {_spec(name, drawn)}; keep that kind, or start another study "
+                                      f"({argument('study', placeholder='NAME')}, or another {argument('out')})"
+                                      ) from None
+
+
+def _spec(name: str, d: Any) -> str:
+    """An Optuna distribution as a --space: `optim.lr=loguniform:0.0001:0.01`."""
+    if hasattr(d, "choices"):
+        return str(Space(name, "choice", choices=tuple(d.choices)))
+    kind = "int" if isinstance(d.low, int) else ("loguniform" if d.log else "uniform")
+    return str(Space(name, kind, d.low, d.high))
 
 
 FINISHED = ("COMPLETE", "PRUNED")
@@ -238,6 +528,32 @@ FINISHED = ("COMPLETE", "PRUNED")
 
 class _Surplus(Exception):
     """A trial asked while the study already had its trials finished or running elsewhere."""
+
+
+def _owner(pid: int | None = None) -> str:
+    """A process (this one by default) as a trial records who runs it, for the sweep that ends its workers."""
+    return f"{socket.gethostname()} {os.getpid() if pid is None else pid}"
+
+
+def _retry(study: Any, trial: Any, why: str, fail: bool) -> bool:
+    """Asks the values of `trial` (frozen) again as a new trial, as Optuna does for a trial whose
+    worker died, unless it drew none or is asked again already; `fail` marks it failed first (it is
+    still running). Returns whether it was asked again."""
+    import optuna
+
+    states = optuna.trial.TrialState
+    others = study.get_trials(deepcopy=False)
+    again = bool(trial.params) and not any(t.system_attrs.get("failed_trial") == trial.number for t in others)
+    if again:
+        study.add_trial(optuna.trial.create_trial(
+            state=states.WAITING, params=trial.params, distributions=trial.distributions,
+            system_attrs={"failed_trial": trial.number, "retry_reason": why}))
+    if fail:
+        try:
+            study._storage.set_trial_state_values(trial._trial_id, states.FAIL)
+        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            pass  # it ended meanwhile
+    return again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,27 +575,34 @@ class _Job:
     flags: tuple[str, ...]
     heartbeat: int
     population: int = 1
+    where: str = "the study's storage"  # the storage in words, and the flag that chooses it, for messages
+    flag: str = "--storage"
 
-    def open(self, seed: int) -> Any:
-        """The study, created if new, on a storage that beats heartbeats and retries stale trials."""
+    def open(self) -> Any:
+        """The study, created if new, on a storage that beats heartbeats and retries stale trials.
+
+        Raises:
+          ConfigError: the storage cannot be opened (`_storage_errors`).
+        """
         import optuna
 
         # Optuna logs each failed trial with its traceback; the sweep says why in one line itself
         optuna.logging.set_verbosity(optuna.logging.ERROR)
-        with warnings.catch_warnings():
+        if self.url.startswith("sqlite"):
+            engine = {"connect_args": {"timeout": 60}}  # workers wait for each other's writes
+        elif self.url.startswith("postgresql"):
+            engine = {"connect_args": {"connect_timeout": 10}}  # a host that drops packets: not minutes
+        else:
+            engine = None
+        with _storage_errors(self.where, self.flag, opening=True), warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
             storage = optuna.storages.RDBStorage(
-                self.url, engine_kwargs={"connect_args": {"timeout": 60}} if self.url.startswith("sqlite") else None,
-                heartbeat_interval=self.heartbeat, grace_period=3 * self.heartbeat,
+                self.url, engine_kwargs=engine, heartbeat_interval=self.heartbeat, grace_period=3 * self.heartbeat,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
-        study = optuna.create_study(storage=storage, study_name=self.name, direction=self.direction,
-                                    load_if_exists=True, sampler=_sampler(self.sampler, seed),
-                                    pruner=_pruner(self.pruner) if isinstance(self.pruner, str) else self.pruner)
-        # A study run again continues with a sampler seeded past its trials: the same seed would draw
-        # the values of its first trials again (a new study keeps `seed`, so a sweep is reproducible).
-        if asked := len(study.get_trials(deepcopy=False)):
-            study.sampler = _sampler(self.sampler, seed + asked)
-        return study
+            # each trial reseeds the sampler (`prepare`): this seed draws nothing
+            return optuna.create_study(storage=storage, study_name=self.name, direction=self.direction,
+                                       load_if_exists=True, sampler=_sampler(self.sampler, self.seed),
+                                       pruner=_pruner(self.pruner) if isinstance(self.pruner, str) else self.pruner)
 
     def work(self, study: Any, console: Console, label: str) -> None:
         """Runs trials until the study holds `trials` finished ones, or this worker ran that many."""
@@ -333,6 +656,9 @@ class _Job:
         except NonFiniteLossError as e:  # a diverging trial fails; the sweep goes on
             console.print(f"{name}: failed ({e})")
             raise
+        except TrainingStopped as e:  # SIGTERM or Ctrl-C in fit: Optuna marks the trial failed; asked again
+            _retry(trial.study, trial.study._storage.get_trial(trial._trial_id), "the sweep was stopped", fail=False)
+            raise SweepStopped(e.exit_code - 128, f"{name} was stopped and is asked again") from None
         value = _best(result.history, self.objective, self.direction)
         console.print(f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
                       f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
@@ -345,21 +671,29 @@ class _Job:
         None for a trial asked past the end (marked surplus)."""
         import optuna
 
+        trial.set_user_attr("worker", _owner())  # first: the sweep that ends this worker fails its trials
         others = trial.study.get_trials(deepcopy=False)
         taken = {optuna.trial.TrialState[n] for n in (*FINISHED, "RUNNING")}
         if sum(t.state in taken and t.number < trial.number for t in others) >= self.trials:
             trial.set_user_attr("surplus", True)
             return None
+        # A stream of its own for each trial: workers asking from one history draw apart (a sampler seeded
+        # once per worker drew the same values in two workers whose seeds met).
+        seed = trial_seed(self.seed, trial.number)
+        trial.study.sampler = _sampler(self.sampler, seed)
+        trial.set_user_attr("sampler_seed", seed)
         values = {s.name: s.suggest(trial) for s in self.spaces}
         run_dir = Path(self.out) / f"trial-{trial.number:04d}"
+        _refuse_links(Path(self.out), [run_dir.name])  # planted while the sweep runs
         trial_config = dataclasses.replace(apply_values(self.config, values), quiet=True, run_dir="")
         command = shlex.join(["jaxtrain", "train", self.recipe.name, *without_flags(self.flags, list(values)),
                               *(x for k in values for x in _flag_args(k, _value_at(trial_config, k))),
                               "--run-dir", str(run_dir)])
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("command", command)
-        retry = next(t for t in others if t.number == trial.number).system_attrs.get("failed_trial")
-        name = f"{label}trial {trial.number}" + ("" if retry is None else f" (trial {retry} again: its worker died)")
+        attrs = next(t for t in others if t.number == trial.number).system_attrs
+        retry, why = attrs.get("failed_trial"), attrs.get("retry_reason", "its worker died")
+        name = f"{label}trial {trial.number}" + ("" if retry is None else f" (trial {retry} again: {why})")
         return values, trial_config, run_dir, name
 
     def run_population(self, study: Any, n: int, console: Console, label: str) -> int:
@@ -380,12 +714,20 @@ class _Job:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
                 groups.setdefault(runs.population_key(prepared[1]), []).append((trial, *prepared))
-            for group in groups.values():
+            pending = list(groups.values())
+            while pending:
+                group = pending.pop(0)
                 reports = [_Report(trial, self.objective) for trial, *_ in group]
                 t0 = time.perf_counter()
                 try:
                     results = runs.train_population(self.recipe, [g[2] for g in group], [g[3] for g in group],
                                                     hooks=[[r] for r in reports])
+                except TrainingStopped as e:  # SIGTERM or Ctrl-C: this group's trials and the rest, asked again
+                    for trial, *_ in [*group, *(g for rest in pending for g in rest)]:
+                        _retry(study, study._storage.get_trial(trial._trial_id), "the sweep was stopped", fail=False)
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    raise SweepStopped(e.exit_code - 128, f"{label}{len(trials)} trials were stopped and are asked "
+                                       "again") from None
                 except JaxtrainError as e:
                     for trial, *_, name in group:
                         console.print(f"{name}: failed ({e})")
@@ -436,42 +778,134 @@ class _Heartbeats:
 
 
 def _worker(job: _Job, index: int) -> None:
-    """A worker process: its own sampler seed, its lines labelled, a user error as one line and its
-    exit code, Ctrl-C (which reaches every worker) without a traceback."""
-    import sys
-
+    """A worker process: it ends with the sweep, labels its lines, says a user error in one line
+    with its exit code."""
+    _die_with_parent()
     console = Console(highlight=False, soft_wrap=True)
     try:
-        job.work(job.open(job.seed + index), console, f"worker {index}: ")
+        with _storage_errors(job.where, job.flag):
+            job.work(job.open(), console, f"worker {index}: ")
     except JaxtrainError as e:
         print(f"error: worker {index}: {e.for_cli()}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:  # its trial is failed by Optuna; the command run again continues
+    except KeyboardInterrupt:  # a Ctrl-C sent to it alone; its trial is failed by Optuna
         sys.exit(130)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
+
+
+def _die_with_parent() -> None:
+    """Makes this process end when its parent (the sweep) ends, however that ends, SIGKILL
+    included: the kernel's parent-death signal on Linux, a thread watching the parent elsewhere.
+    Leaves the parent's process group, so that the terminal's Ctrl-C reaches the sweep alone, which
+    ends its workers and marks their trials itself."""
+    parent = multiprocessing.parent_process()
+    expected = parent.pid if parent is not None else os.getppid()
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        def watch() -> None:
+            while os.getppid() == expected:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="jaxtrain-sweep-parent", daemon=True).start()
+    if os.getppid() != expected:  # the parent ended before the signal was asked for
+        os._exit(1)
+
+
+class _Signalled(Exception):
+    """SIGTERM arrived while the sweep waited for its workers."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _run_workers(job: _Job, workers: int, console: Console) -> None:
     """Starts `workers` processes on the job, waits for them and says how each that failed ended.
+    SIGTERM or Ctrl-C ends them (SIGKILL: they hold nothing that a kill would damage), marks their
+    running trials failed and asks their values again.
 
     Raises:
+      SweepStopped: SIGTERM or Ctrl-C arrived.
       JaxtrainError: workers failed and the study holds fewer than `trials` finished trials.
     """
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked JAX runtime
     processes = [context.Process(target=_worker, args=(job, i), name=f"jaxtrain-sweep-worker-{i}")
                  for i in range(1, workers + 1)]
-    for process in processes:
-        process.start()
-    console.print(f"started {workers} workers (pids {', '.join(str(p.pid) for p in processes)})")
-    for process in processes:
-        process.join()
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Signalled(signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = (signal.signal(signal.SIGTERM, stop), signal.getsignal(signal.SIGINT)) if main else None
+    _start_resource_tracker()
+    try:
+        for process in processes:
+            process.start()
+        console.print(f"started {workers} workers (pids {', '.join(str(p.pid) for p in processes)})")
+        for process in processes:
+            process.join()
+    except (_Signalled, KeyboardInterrupt) as e:
+        if main:  # a second signal must not cut the cleanup short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _stop_workers(job, processes, e.signum if isinstance(e, _Signalled) else signal.SIGINT)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
     failed = [(i, p.exitcode) for i, p in enumerate(processes, 1) if p.exitcode != 0]
     for i, code in failed:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         console.print(f"worker {i} {how}")
-    finished = job._count(job.open(job.seed), FINISHED)
+    finished = job._count(job.open(), FINISHED)
     if failed and finished < job.trials:
         raise JaxtrainError(f"the study holds {finished} of {job.trials} finished trials: {len(failed)} of "
                             f"{workers} workers failed (above); run the same command again to continue it")
+
+
+def _start_resource_tracker() -> None:
+    """Starts multiprocessing's resource tracker, which the workers share, told not to warn of
+    "leaked" semaphores at its end: those are the semaphores of workers the sweep ended by SIGKILL
+    (tensorboardX's queues), which it removes. A tracker already running is left as it is."""
+    from multiprocessing import resource_tracker
+
+    option = "ignore:resource_tracker:UserWarning"
+    sys.warnoptions.append(option)  # the tracker starts with this process's -W options
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(option)
+
+
+def _stop_workers(job: _Job, processes: Sequence[Any], signum: int) -> None:
+    """Ends the workers, fails the trials they were running and asks their values again.
+
+    Raises:
+      SweepStopped: always, saying what was stopped.
+    """
+    import optuna
+
+    for process in processes:
+        if process.pid is not None and process.is_alive():
+            process.kill()
+    for process in processes:
+        if process.pid is not None:
+            process.join()
+    owners = {_owner(p.pid) for p in processes if p.pid is not None}
+    study = job.open()
+    running = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+               if t.user_attrs.get("worker") in owners]
+    again = sum(_retry(study, t, "the sweep was stopped", fail=True) for t in running)
+    raise SweepStopped(signum, f"its {len(processes)} workers ended; {len(running)} running trials were marked "
+                       f"failed, {again} of them asked again")
 
 
 def _flag(value: Any) -> str:
@@ -546,15 +980,19 @@ def load_study(out: str | Path, storage: str | None = None, study: str | None = 
     """
     import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     url = storage or f"sqlite:///{Path(out).resolve() / 'study.db'}"
     if storage is None and not (Path(out) / "study.db").is_file():
         raise ConfigError(f"{out} holds no study.db; pass the folder a sweep wrote (its --out), or --storage URL")
-    names = [s.study_name for s in optuna.study.get_all_study_summaries(url)]
-    if study is None and len(names) != 1:
-        raise ConfigError(f"{url} holds {len(names)} studies ({', '.join(names) or 'none'}); name one with --study")
-    if study is not None and study not in names:
-        raise ConfigError(f"{url} holds no study {study!r} (it has: {', '.join(names) or 'none'})")
-    return optuna.load_study(study_name=study or names[0], storage=url)
+    where, flag = _where(Path(out), storage) if storage else (str(Path(out) / "study.db"), "folder")
+    with _storage_errors(where, flag, opening=True):
+        names = [s.study_name for s in optuna.study.get_all_study_summaries(url)]
+        if study is None and len(names) != 1:
+            raise ConfigError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'}); name one with "
+                              "--study")
+        if study is not None and study not in names:
+            raise ConfigError(f"{where} holds no study {study!r} (it has: {', '.join(names) or 'none'})")
+        return optuna.load_study(study_name=study or names[0], storage=url)
 
 
 def plot_report(study: Any, out: str | Path) -> list[Path]:
@@ -567,9 +1005,9 @@ def plot_report(study: Any, out: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as vis
 
+    _refuse_links(Path(out), [f"sweep-{name}.png" for name in PLOTS])
     paths = []
-    for name, draw in (("history", vis.plot_optimization_history), ("parallel", vis.plot_parallel_coordinate),
-                       ("slices", vis.plot_slice)):
+    for name, draw in zip(PLOTS, (vis.plot_optimization_history, vis.plot_parallel_coordinate, vis.plot_slice)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
             draw(study)

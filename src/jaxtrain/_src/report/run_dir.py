@@ -29,17 +29,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def refuse_links(path: Path, names: Iterable[str]) -> None:
-    """Refuses a run directory where one of `names` is a symbolic link: a run's writes would land
-    in whatever file the link points at.
+def refuse_links(path: Path, names: Iterable[str], who: str = "a run", flag: str | None = None) -> None:
+    """Refuses a directory of `who` (a run's, a sweep's) where one of `names` is a symbolic link:
+    its writes would land in whatever the link points at.
 
     Raises:
-      ConfigError: naming the link and its target.
+      ConfigError: naming the link, its target and the setting that chooses the directory (`flag`,
+        default the run directory's).
     """
     for name in names:
         if (path / name).is_symlink():
-            raise ConfigError(f"{path / name} is a symbolic link (to {os.readlink(path / name)}); a run writes only "
-                              f"its own files: remove the link, or choose another {argument('run_dir')}",
+            raise ConfigError(f"{path / name} is a symbolic link (to {os.readlink(path / name)}); {who} writes only "
+                              f"its own files: remove the link, or choose another {flag or argument('run_dir')}",
                               run_dir=path)
 
 
