@@ -312,11 +312,13 @@ def test_a_grain_source_without_a_stable_repr_resumes_exactly_by_skipping_and_sa
                                 operations=[grain.transforms.Batch(B, drop_remainder=True)])
 
     ckpt = CheckpointConfig(every_steps=5, keep_last=100, keep_best=0)
-    reference = _fit(grain_loader(), run_dir=tmp_path / "run", checkpoint=ckpt, steps_per_epoch=N // B)
+    first = grain_loader()  # kept alive: a new source never takes its address (its repr) in this process
+    reference = _fit(first, run_dir=tmp_path / "run", checkpoint=ckpt, steps_per_epoch=N // B)
     for later in (p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit() and int(p.name) > 18):
         shutil.rmtree(later)  # as if killed after step 18 (of 24), mid-epoch 2, in another process
     capsys.readouterr()
     resumed = _fit(grain_loader(), run_dir=tmp_path / "run", resume=True, checkpoint=ckpt, steps_per_epoch=N // B)
+    assert resumed.summary["steps"] == reference.summary["steps"] == 2 * (N // B) and first is not None
     for a, b in zip(_params(resumed), _params(reference), strict=True):
         np.testing.assert_array_equal(a, b)
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
