@@ -1,13 +1,16 @@
-"""Trackers are side channels: an MLflow server that dies mid-run, a W&B login refused at the start, a
-full disk under metrics.csv each turn that tracker off with one note on stderr, and the run completes
-with its own files whole. MLflow's retries are bounded for our calls without overriding the user's."""
+"""Trackers are side channels: a dead MLflow server at the start or one that dies mid-run, a W&B login
+refused, a full disk under metrics.csv each turn that tracker off with one note on stderr, and the run
+completes with its own files whole. MLflow's retries are bounded for our calls (seconds, not minutes)
+without overriding the user's settings."""
 
 import errno
 import http.server
 import json
 import logging
 import os
+import socket
 import threading
+import time
 
 import pytest
 from conftest import mse, regression_data, silent, small_mlp
@@ -68,11 +71,37 @@ class FakeMLflow(http.server.ThreadingHTTPServer):
         self.server_close()
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_dead_mlflow_server_at_the_start_is_one_note_and_training_goes_on(tmp_path, monkeypatch, capsys, caplog):
+    pytest.importorskip("mlflow")
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    for name in trackers.MLFLOW_HTTP_BOUNDS:  # MLflow's own defaults retried for minutes; ours bound it
+        monkeypatch.delenv(name, raising=False)
+    caplog.set_level(logging.WARNING)
+    t0 = time.monotonic()
+    result = _fit(tmp_path / "run", "mlflow", epochs=1)
+    assert time.monotonic() - t0 < 60  # 2-3 s of retries here; MLflow's defaults were still retrying after 300 s
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: the mlflow tracker could not start (ConnectionRefusedError: [Errno 111] Connection refused); it is "
+        f"off for the rest of this run, which goes on (check that the MLflow server at {url} answers, or drop "
+        "mlflow from the trackers)"]
+    assert not [r for r in caplog.records if r.name.startswith("urllib3")]  # no warning per retry
+    assert result.summary["status"] == "completed" and not (tmp_path / "run" / "trackers.json").exists()
+
+
 def test_an_mlflow_server_killed_mid_run_is_one_note_and_the_run_completes(tmp_path, monkeypatch, capsys, caplog):
+    pytest.importorskip("mlflow")
     server = FakeMLflow()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-    for name in trackers.MLFLOW_HTTP_BOUNDS:  # the bounds are ours, not the test's
+    for name in trackers.MLFLOW_HTTP_BOUNDS:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")  # the user's setting is kept: no waits here
     kill = LambdaHook(on_epoch_end=lambda run, record: server.stop() if run.epoch == 1 else None)
     caplog.set_level(logging.WARNING)
     run_dir = tmp_path / "run"
@@ -94,7 +123,7 @@ def test_an_mlflow_server_killed_mid_run_is_one_note_and_the_run_completes(tmp_p
     assert [r["step"] for r in rows if r["kind"] == "epoch"] == [4, 8, 12]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert json.loads((run_dir / "trackers.json").read_text()) == {"mlflow": "r1"}
-    assert all(name not in os.environ for name in trackers.MLFLOW_HTTP_BOUNDS)  # set for the calls only
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # set for the calls only
 
 
 def test_mlflow_calls_are_bounded_without_overriding_the_users_settings(monkeypatch):

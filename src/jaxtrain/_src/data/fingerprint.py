@@ -8,8 +8,9 @@ the same contents, passes: its modification time alone is not a change).
 A loader (a torch or Grain DataLoader) is fingerprinted through the map-style dataset it reads:
 its length, its first sample's arrays and 8 samples, each read twice (a dataset whose samples
 change from one read to the next, as random augmentation makes them, is checked by length and
-arrays only); a torch DataLoader with worker processes reads them in a worker, as it would. A loader with no dataset to sample (a generator, an iterable dataset) has an
-`unchecked` fingerprint saying why: a resume notes that its data cannot be checked.
+arrays only); a torch DataLoader with worker processes reads them in a worker, as it would. A
+loader with no dataset to sample (a generator, an iterable dataset) has an `unchecked`
+fingerprint saying why: a resume notes that its data cannot be checked.
 """
 
 from __future__ import annotations
