@@ -108,7 +108,7 @@ def side_channel(method: Callable[..., None]) -> Callable[..., None]:
 
 
 # MLflow's HTTP settings for the trackers' calls, where the environment does not set them: a
-# connection refused fails in 2-3 s (3 tries) and a server that hangs in at most 17 s, where
+# connection refused fails in 2-3 s (3 tries) and a server that hangs in about 18 s, where
 # MLflow's defaults (7 retries, backoff 2, 120 s timeout) retried a dead server for minutes.
 MLFLOW_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
@@ -197,9 +197,11 @@ class MLflow(Tracker):
         self._status = "FINISHED"
 
     def advice(self) -> str:
-        where = self._client.tracking_uri if self._client is not None else self.tracking_uri
-        return f"that the MLflow server at {where} answers, or drop mlflow from the trackers" if where else \
-            "MLFLOW_TRACKING_URI, or drop mlflow from the trackers"
+        where = getattr(self._client, "tracking_uri", None) or self.tracking_uri
+        if not where:
+            return "MLFLOW_TRACKING_URI, or drop mlflow from the trackers"
+        what = f"that the MLflow server at {where} answers" if where.startswith("http") else f"the MLflow store {where}"
+        return f"{what}, or drop mlflow from the trackers"
 
     def bounds(self) -> contextlib.AbstractContextManager:
         return _bounded_http()
