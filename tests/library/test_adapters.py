@@ -1,7 +1,9 @@
 """Others' data in fit: map-style datasets (PyTorch, Hugging Face, Grain, plain classes) in jaxtrain's
 order equal the arrays they hold; iterables of batches (DataLoader, Grain, generators) train in
-their own order, resume exactly, and every bad input is one line."""
+their own order, resume exactly (a Grain source without a stable repr() by skipping), are fingerprinted
+through their datasets so that a resume on changed data is refused, and every bad input is one line."""
 
+import itertools
 import os
 import re
 import shutil
@@ -17,7 +19,9 @@ from jaxtrain import CheckpointConfig, DataConfig, TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain._src.data import adapters
 from jaxtrain._src.data.adapters import BatchStream, MapSource, NpySource, adapt
+from jaxtrain._src.data.fingerprint import data_change, fingerprint
 from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.hooks.checkpointing import CheckpointHook
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.step import epoch_permutation
 
@@ -232,6 +236,99 @@ def test_resume_is_exact_for_map_style_grain_and_torch_loaders(tmp_path):
     _resume_each_mid_epoch(tmp_path / "torch", torch_loader)
 
 
+class Augmented(TorchRows):
+    """A dataset whose samples change from one read to the next (random augmentation)."""
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        return {**sample, "x": sample["x"] + 0.01 * torch.randn(sample["x"].shape)}
+
+
+class NoRepr(Rows):
+    """A Grain source with Python's default repr(): a memory address, new in every process."""
+
+    __repr__ = object.__repr__
+
+
+def _loader(data, cls=TorchRows):
+    return torch.utils.data.DataLoader(cls(data), batch_size=B, shuffle=True, generator=torch.Generator())
+
+
+def test_a_loader_is_fingerprinted_through_its_dataset():
+    def fp(data):
+        return fingerprint(BatchStream(data, "train_data"))
+
+    same = fp(_loader(TRAIN))
+    assert same == fp(_loader(TRAIN)) and same["rows"] == N and "sample_crc32" in same
+    assert data_change(same, fp(_loader(regression_data(N + N // 8)))) == f"rows {N:,} -> {N + N // 8:,}"
+    scaled = {k: v * 1.5 for k, v in TRAIN.items()}  # the same rows, other values
+    assert data_change(same, fp(_loader(scaled))) == "other values in the 8 rows sampled"
+    augmented = fp(_loader(TRAIN, Augmented))  # checked by its length and arrays only: no false refusal
+    assert "sample_crc32" not in augmented and data_change(augmented, fp(_loader(TRAIN, Augmented))) is None
+    sampler = grain.samplers.IndexSampler(N, shuffle=True, seed=7, num_epochs=1)
+    grain_loader = grain.DataLoader(data_source=NoRepr(TRAIN), sampler=sampler, worker_count=0,
+                                    operations=[grain.transforms.Batch(B, drop_remainder=True)])
+    assert fp(grain_loader)["source"] == "the DataLoader's NoRepr" and fp(grain_loader)["rows"] == N
+    assert fp(grain.MapDataset.source(Rows(TRAIN)).batch(B))["rows"] == -(-N // B)  # its batches, by index
+    assert fp(lambda: iter([TRAIN])) == {"unchecked": "train_data (function) has no map-style dataset to sample"}
+
+
+def test_a_loader_whose_dataset_changed_is_refused_on_resume_and_one_without_a_dataset_noted(tmp_path, capsys):
+    ckpt = CheckpointConfig(every_steps=5, keep_last=100, keep_best=0)
+    _fit(_loader(TRAIN), run_dir=tmp_path / "run", checkpoint=ckpt, epochs=1)
+    with pytest.raises(DataError) as e:
+        _fit(_loader(regression_data(N + N // 2)), run_dir=tmp_path / "run", resume=True, checkpoint=ckpt)
+    assert _one_line(e).startswith(f"the training data changed since checkpoint step {N // B} was saved (the "
+                                   f"DataLoader's TorchRows ({N + N // 2} rows): rows {N} -> {N + N // 2}); a resume "
+                                   "would continue on other data")
+
+    unchecked = fingerprint(BatchStream(lambda: iter([TRAIN]), "train_data"))  # no dataset to sample: a note
+    capsys.readouterr()
+    CheckpointHook(tmp_path / "c", ckpt)._check_data({"step": 12, "data": unchecked}, unchecked, False)
+    assert capsys.readouterr().err == ("note: train_data (function) has no map-style dataset to sample: the resume "
+                                       "cannot check that the training data are those of checkpoint step 12\n")
+
+
+def test_a_grain_loader_built_otherwise_refuses_its_saved_state_in_one_line():
+    def stream(seed):
+        sampler = grain.samplers.IndexSampler(N, shuffle=True, seed=seed, num_epochs=1)
+        return BatchStream(grain.DataLoader(data_source=Rows(TRAIN), sampler=sampler, worker_count=0,
+                                            operations=[grain.transforms.Batch(B, drop_remainder=True)]), "train_data")
+
+    first = stream(7)
+    state = [after for _, after in itertools.islice(first.batches(1), 3)][-1]
+    assert first.refused(1, state) is None and stream(7).refused(1, state) is None  # a stable repr: taken back
+    with pytest.raises(DataError) as e:
+        stream(8).refused(1, state)  # another shuffle
+    assert _one_line(e) == ("train_data cannot resume from the loader state saved in the checkpoint: the loader "
+                            "refused it (ValueError: Sampler in checkpoint does not match dataloader sampler.); build "
+                            "the loader as the run did (its sampler, workers and source), or start a new run")
+
+
+def test_a_grain_source_without_a_stable_repr_resumes_exactly_by_skipping_and_says_what_to_add(tmp_path, capsys):
+    def grain_loader():
+        sampler = grain.samplers.IndexSampler(N, shuffle=True, seed=7, num_epochs=1)
+        return grain.DataLoader(data_source=NoRepr(TRAIN), sampler=sampler, worker_count=0,
+                                operations=[grain.transforms.Batch(B, drop_remainder=True)])
+
+    ckpt = CheckpointConfig(every_steps=5, keep_last=100, keep_best=0)
+    first = grain_loader()  # kept alive: a new source never takes its address (its repr) in this process
+    reference = _fit(first, run_dir=tmp_path / "run", checkpoint=ckpt, steps_per_epoch=N // B)
+    for later in (p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit() and int(p.name) > 18):
+        shutil.rmtree(later)  # as if killed after step 18 (of 24), mid-epoch 2, in another process
+    capsys.readouterr()
+    resumed = _fit(grain_loader(), run_dir=tmp_path / "run", resume=True, checkpoint=ckpt, steps_per_epoch=N // B)
+    assert resumed.summary["steps"] == reference.summary["steps"] == 2 * (N // B) and first is not None
+    for a, b in zip(_params(resumed), _params(reference), strict=True):
+        np.testing.assert_array_equal(a, b)
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: train_data: resuming step 6 of epoch 2 by skipping the 6 batches of epoch 2 already "
+                     "trained on (the loader refused its saved state: Grain compares the data source by repr(), and "
+                     "NoRepr's holds a memory address, new in every process; give NoRepr a stable __repr__ (e.g. "
+                     "def __repr__(self): return f\"NoRepr({len(self)})\") so that a resume takes the saved "
+                     "position)"], notes
+
+
 def test_npy_and_npz_shards_read_as_one_range(tmp_path):
     (tmp_path / "npy").mkdir()
     (tmp_path / "npz").mkdir()
@@ -350,6 +447,19 @@ def test_a_dataloader_worker_error_or_death_is_one_line_not_a_hang():
     reset = adapters._iteration_error(ConnectionResetError(104, "Connection reset by peer"), "train_data", 1, 2)
     assert str(reset) == ("train_data raised ConnectionResetError at batch 2 of epoch 1: [Errno 104] Connection reset "
                           "by peer; a worker process of the loader died (killed, or out of memory)")
+
+
+@pytest.mark.slow  # a worker process
+def test_a_loader_with_workers_is_fingerprinted_in_a_worker_not_here():
+    from _lazy_rows import OpensOnFirstUse
+
+    here = BatchStream(torch.utils.data.DataLoader(OpensOnFirstUse(TRAIN), batch_size=B), "train_data")
+    dataset = OpensOnFirstUse(TRAIN)
+    here.data = torch.utils.data.DataLoader(dataset, batch_size=B, num_workers=1, multiprocessing_context="spawn")
+    # (swapped in after the stream read its first batch here: one worker process started, not two)
+    assert fingerprint(here) == fingerprint(BatchStream(_loader(TRAIN, Rows), "train_data")) | {
+        "source": "the DataLoader's OpensOnFirstUse"}
+    assert dataset.opened_in is None  # its workers, children of this process, inherit nothing opened here
 
 
 def test_adapt_passes_arrays_and_sources_through_and_picks_the_kind():

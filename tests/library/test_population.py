@@ -16,9 +16,9 @@ from flax import nnx
 
 import jaxtrain
 from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
-from jaxtrain._src.training import TrainingStopped
 from jaxtrain._src.optim import without_values
 from jaxtrain._src.report.run_dir import read_jsonl
+from jaxtrain._src.training import TrainingStopped
 from jaxtrain.models import MLP
 
 DATA, VAL = regression_data(320), regression_data(70, seed=1)

@@ -1,7 +1,8 @@
 """Nothing lost, nothing silently wrong: a finished run stays finished (a resume trains, compiles and
 rewrites nothing; with no checkpoint it never deletes run files), and run files are written like a
 database writes its log (epoch rows synced before the epoch's checkpoint, torn lines dropped on read,
-no write through a symbolic link, every write error one line with the summary saying "failed")."""
+no write through a symbolic link, every write error one line with the summary saying "failed"; TensorBoard,
+a side channel, is turned off with one note instead)."""
 
 import errno
 import json
@@ -176,20 +177,21 @@ def test_a_link_made_during_a_run_is_not_followed(tmp_path):
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".partial")]
 
 
-def test_a_full_disk_under_tensorboard_is_one_line_and_a_failed_summary(tmp_path, monkeypatch):
+def test_a_full_disk_under_tensorboard_turns_it_off_with_one_note_and_the_run_goes_on(tmp_path, monkeypatch,
+                                                                                        capsys):
     from tensorboardX import SummaryWriter
 
     def full(self):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(SummaryWriter, "close", full)
+    monkeypatch.setattr(SummaryWriter, "flush", full)  # at the first epoch's end
     run_dir = tmp_path / "run"
-    with pytest.raises(ConfigError) as e:
-        _fit(run_dir, config=TrainConfig(epochs=2, batch_size=16, steps_per_call=2, tensorboard=True))
-    assert "cannot write TensorBoard events" in _one_line(e) and "No space left on device" in str(e.value)
-    assert e.value.exit_code == 2
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"].startswith("failed: cannot write TensorBoard events")
+    result = _fit(run_dir, config=TrainConfig(epochs=2, batch_size=16, steps_per_call=2, tensorboard=True))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("note: TensorBoard failed at step 4 (OSError: [Errno 28] No space "
+                                               "left on device); it is off for the rest of this run"), err
+    assert result.summary["status"] == "completed" and len(result.history) == 2
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
     assert Checkpointer(run_dir / "checkpoints", read_only=True).steps()[-1] == 8
 
 

@@ -23,7 +23,8 @@ def test_a_population_s_compile_and_training_count_once(tmp_path):
     def trial(i: int, train_s: float, cached: bool) -> None:
         (tmp_path / f"trial-{i:04d}").mkdir()
         profile = {"train_s": train_s, "compiles": [{"what": "train call", "cached": cached}]}
-        (tmp_path / f"trial-{i:04d}" / "summary.json").write_text(json.dumps({"compile_time_s": 2.0, "profile": profile}))
+        summary = {"compile_time_s": 2.0, "profile": profile}
+        (tmp_path / f"trial-{i:04d}" / "summary.json").write_text(json.dumps(summary))
 
     for i in range(4):
         trial(i, 3.0, cached=False)  # one population of 4

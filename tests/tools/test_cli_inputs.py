@@ -119,3 +119,18 @@ def test_hdf5_sequence_with_one_dimensional_targets_is_one_line(tmp_path, capsys
                       np.zeros(400, np.float32))
     _one_line_exit_2(_seq_argv(path, "regression", tmp_path / "run"), capsys, "'targets' has rows ()",
                      "(samples, 1)")
+
+
+@pytest.mark.parametrize("recipe, make", [
+    ("hdf5-sequence", lambda path: _sequences(path, np.zeros((300, 16), np.int8), np.zeros(300, np.int32),
+                                              np.zeros((300, 2), np.float32))),
+    ("mlp-regression", lambda path: main(["data", "generate", "mlp-regression", str(path), "--samples", "300"])),
+])
+def test_a_file_with_fewer_rows_than_val_samples_names_the_flag(recipe, make, tmp_path, capsys):
+    path = tmp_path / "d.h5"
+    make(path)
+    capsys.readouterr()
+    _one_line_exit_2(["train", recipe, "--data.path", str(path), "--run-dir", str(tmp_path / "run")], capsys,
+                     f"{path} has 300 rows and --data.val-samples", "holds more than that out for validation, leaving "
+                     "none to train on; pass --data.val-samples below 300 (e.g. 30)")
+    assert not (tmp_path / "run").exists()

@@ -183,14 +183,9 @@ def test_tracker_mistakes_are_one_line(tmp_path, capsys, monkeypatch):
     with pytest.raises(jaxtrain.ConfigError, match="needs a run directory"):
         jaxtrain.fit(small_mlp(), mse, regression_data(64), config=jaxtrain.TrainConfig(epochs=1, track="csv"),
                      verbosity="silent")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    assert main([*TRAIN, "--epochs", "1", "--track", "mlflow", "--run-dir", str(tmp_path / "c")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "the mlflow tracker could not start: " in err[0], err
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
     assert main([*TRAIN, "--epochs", "1", "--track", "mlflow", "--run-dir", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs the mlflow package: pip install mlflow" in err[0]
     assert not os.path.exists(tmp_path / "b" / "trackers.json")
+

@@ -296,7 +296,9 @@ class IterFeed(StreamFeed):
     batches exactly), else one counting pass over the loader before training. A short last batch
     is dropped, or with `data.last_batch="pad"` filled with its own first rows; either way the
     compiled call keeps one shape. Resume: from the iterator's saved state when it has one
-    (Grain's `get_state`/`set_state`), else by skipping the batches already trained on.
+    (Grain's `get_state`/`set_state`), else (or where Grain refuses it for a source whose repr() is
+    a memory address) by skipping the batches already trained on. The data's fingerprint is taken
+    through the loader's map-style dataset (`data.fingerprint`).
     """
 
     def __init__(self, stream: Any, config: TrainConfig, layout: Layout):
@@ -319,7 +321,8 @@ class IterFeed(StreamFeed):
                                   grad_accum=config.grad_accum)
         self.num_samples = self.steps_per_epoch * self._rows
         self.placement = Placement("loader", f"batches of {B} from {type(stream.data).__name__}, in its order")
-        self.fingerprint, self._last, self._saved, self._started = None, last, None, False
+        self._last, self._saved, self._started = last, None, False
+        self.fingerprint = fingerprint(stream)  # through the loader's dataset; "unchecked" where it has none
         # ((epoch, step), the iterator's state after it), appended by the reader, dropped once trained past
         self._states: collections.deque = collections.deque()
 
@@ -350,11 +353,14 @@ class IterFeed(StreamFeed):
         if self._saved is not None and self._saved.get("epoch") == epoch and self._saved.get("position") == position:
             state = self._saved.get("iter_state")
         if position and self._saved is not None:  # a resume: say how the loader's position comes back
+            refused = stream.refused(epoch, state) if state is not None else None
+            state = None if refused else state
             how = ("from the loader's saved state" if state is not None else
                    f"by skipping the {position * accum:,} batches of epoch {epoch} already trained on")
             why = None if state is not None else stream.reproducible()
             exact = "" if why is None else f"; not exact: {why}"
-            note(f"{stream.name}: resuming step {position:,} of epoch {epoch} {how}{exact}")
+            note(f"{stream.name}: resuming step {position:,} of epoch {epoch} {how}{exact}"
+                 + (f" (the loader refused its saved state: {refused})" if refused else ""))
         if stream.once and not self._started:  # a fresh one-shot iterator: pass what earlier epochs trained on
             skip += (epoch - 1) * steps * accum
         self._started, self._saved = True, None

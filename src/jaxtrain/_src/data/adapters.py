@@ -620,6 +620,35 @@ class BatchStream:
                         "generator=torch.Generator() to it for an exact resume")
         return None
 
+    def dataset(self) -> Any:
+        """The map-style dataset the batches come from, for the data's fingerprint: a torch
+        DataLoader's `dataset`, a Grain DataLoader's data source, or the data themselves when they
+        serve batches by index (Grain's `.batch(n)`); None where there is none to sample (a
+        generator, a callable, an iterable dataset)."""
+        data = self.data
+        if self.once or (callable(data) and not hasattr(data, "__iter__")):
+            return None
+        if _is_torch_loader(data):
+            data = data.dataset
+        elif type(data).__module__.startswith("grain") and hasattr(data, "_data_source"):
+            data = data._data_source  # Grain's DataLoader keeps its source under this name only
+        return data if _has_len(data) and hasattr(data, "__getitem__") else None
+
+    def samples(self, indices: list[int]) -> Iterator[Any]:
+        """Samples `indices` of `dataset()`, read where the loader reads them: a torch DataLoader with
+        worker processes reads them in one worker of its own kind (a dataset that opens its files on
+        first use must not open them in this process, whose children its workers may be), else here."""
+        data, dataset = self.data, self.dataset()
+        if not (_is_torch_loader(data) and getattr(data, "num_workers", 0) > 0):
+            yield from (dataset[i] for i in indices)
+            return
+        reader = type(data)(dataset, batch_size=None, sampler=indices, num_workers=1,
+                            multiprocessing_context=data.multiprocessing_context, worker_init_fn=data.worker_init_fn)
+        try:
+            yield from reader
+        finally:
+            _no_torch_sigchld()
+
     def _new_iterator(self, epoch: int) -> Iterator:
         if self.once:
             if self._iterator is None:
@@ -656,7 +685,10 @@ class BatchStream:
         self._pending = None
         stateful = hasattr(raw, "get_state") and hasattr(raw, "set_state")  # Grain's iterators
         if state is not None and stateful:
-            raw.set_state(_decode_state(state))
+            try:
+                raw.set_state(_decode_state(state))
+            except Exception as e:
+                raise self._state_refused(e) from None
             it, skip = raw, 0
         index, short = 0, None
         while True:
@@ -688,6 +720,35 @@ class BatchStream:
                     check_finite(v, k, 0, f"{where} of {self.name}", self.allow_nan)
                 yield flat, (_encode_state(raw.get_state()) if stateful else None)
             index += 1
+
+
+    def refused(self, epoch: int, state: Any) -> str | None:
+        """Why the loader will not take back its saved `state` for epoch `epoch` although the data
+        are the same (a Grain source whose default repr(), a memory address, differs in every
+        process: the position then comes back by skipping batches), or None when it takes it.
+
+        Raises:
+          DataError: the loader refused the state for another reason (another sampler, other workers).
+        """
+        raw = self._new_iterator(epoch)
+        if not (hasattr(raw, "get_state") and hasattr(raw, "set_state")):
+            return None
+        try:
+            raw.set_state(_decode_state(state))
+        except Exception as e:
+            if "repr(" in str(e) and " object at 0x" in str(e):  # Grain's check of the source, on a default repr
+                source = self.dataset()
+                cls = type(source).__name__ if source is not None else "the data source"
+                return (f"Grain compares the data source by repr(), and {cls}'s holds a memory address, new in every "
+                        f"process; give {cls} a stable __repr__ (e.g. def __repr__(self): return "
+                        f"f\"{cls}({{len(self)}})\") so that a resume takes the saved position")
+            raise self._state_refused(e) from None
+        return None
+
+    def _state_refused(self, e: BaseException) -> DataError:
+        return DataError(f"{self.name} cannot resume from the loader state saved in the checkpoint: the loader "
+                         f"refused it ({type(e).__name__}: {_first_line(e)}); build the loader as the run did "
+                         "(its sampler, workers and source), or start a new run")
 
 
 def _no_torch_sigchld() -> None:

@@ -27,7 +27,7 @@ from jaxtrain._src.checkpoint import (
     is_on_host,
 )
 from jaxtrain._src.config import CheckpointConfig
-from jaxtrain._src.data.fingerprint import data_change, describe
+from jaxtrain._src.data.fingerprint import data_change, describe, unchecked
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, render, resume_advice, setting
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
@@ -106,10 +106,13 @@ class CheckpointHook(RunHook):
         return state._replace(opt_state=toggle_skip(state.opt_state, counters)), arrays, meta
 
     def _check_data(self, meta: dict[str, Any], now: dict[str, Any] | None, accept: bool) -> None:
+        step, why = meta.get("step"), unchecked(now)
+        if why is not None:
+            note(f"{why}: the resume cannot check that the training data are those of checkpoint step {step}")
         change = data_change(meta.get("data"), now)
         if change is None:
             return
-        step, where = meta.get("step"), describe(now)
+        where = describe(now)
         if not accept:
             raise DataError(f"the training data changed since checkpoint step {step} was saved ({where}: {change}); "
                             "a resume would continue on other data: restore the data, start a new run, or pass "

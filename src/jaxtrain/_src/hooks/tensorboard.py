@@ -4,6 +4,7 @@ and, for streamed data, the input wait. Written with tensorboardX's `SummaryWrit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -11,37 +12,34 @@ from typing import Any
 
 from jaxtrain._src.errors import ConfigError, argument, setting
 from jaxtrain._src.hooks.base import Run, RunHook
+from jaxtrain._src.hooks.trackers import side_channel
 
 _NOT_SCALARS = ("kind", "epoch", "step", "elapsed_s")
-
-
-def _one_line(method: Any) -> Any:
-    """An `OSError` of the event files (a full or read-only disk) becomes one `ConfigError` line."""
-
-    def wrapped(self: "TensorBoard", run: Run, *args: Any) -> None:
-        try:
-            method(self, run, *args)
-        except OSError as e:
-            self._writer = None  # a writer that failed to write is not asked to close
-            raise ConfigError(f"cannot write TensorBoard events to {self.log_dir}: {e.strerror or e}; free space, "
-                              f"choose another {argument('run_dir')}, or turn {setting('tensorboard', False)}",
-                              run_dir=run.run_dir) from None
-
-    return wrapped
 
 
 class TensorBoard(RunHook):
     """Writes event files to `log_dir` (default `<run dir>/tensorboard`).
 
     A resumed run purges the events its interrupted predecessor wrote after the checkpoint, so
-    every step appears once. A failed write (a full disk) stops the run with one line.
+    every step appears once. Like the trackers it is a side channel: a failed write (a full disk)
+    turns it off with one note, and the run goes on.
     """
+
+    label = "TensorBoard"
+    off = False  # set when a write failed: later events are skipped
 
     def __init__(self, log_dir: str | os.PathLike | None = None):
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self._writer = None
 
-    @_one_line
+    def advice(self) -> str:
+        return (f"that {self.log_dir} can be written (free space), choose another {argument('run_dir')}, or turn "
+                f"{setting('tensorboard', False)}")
+
+    def bounds(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    @side_channel
     def on_start(self, run: Run) -> None:
         SummaryWriter = _summary_writer_class()
         if self.log_dir is None:
@@ -51,13 +49,13 @@ class TensorBoard(RunHook):
         purge = run.resumed_step + 1 if run.resumed_step is not None else None
         self._writer = SummaryWriter(str(self.log_dir), purge_step=purge, flush_secs=30)
 
-    @_one_line
+    @side_channel
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
         for name, value in row.items():
             if name not in _NOT_SCALARS and value is not None:
                 self._writer.add_scalar(f"train/{name}", value, row["step"])
 
-    @_one_line
+    @side_channel
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         step, add = record["step"], self._writer.add_scalar
         for name, value in record.items():
@@ -71,7 +69,7 @@ class TensorBoard(RunHook):
             add("throughput/input_wait_fraction", record["input_wait_fraction"], step)
         self._writer.flush()
 
-    @_one_line
+    @side_channel
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self._writer is not None:
             self._writer.close()

@@ -11,23 +11,32 @@ keep both values of such a step; metrics.jsonl and metrics.csv keep the resumed 
 The packages are optional (`pip install mlflow` / `wandb`); a missing one is one clear line.
 MLflow follows its own environment (`MLFLOW_TRACKING_URI`, default ./mlruns); W&B its own
 (`WANDB_MODE=offline`, `WANDB_PROJECT`, ...).
+
+A tracker is a side channel: one that cannot start or fails mid-run (a server that stops
+answering, a full disk) is turned off with one note on stderr, and the run goes on, its own files
+whole. MLflow's HTTP calls are bounded meanwhile (`MLFLOW_HTTP_BOUNDS`, unless the environment sets
+them), so a dead server costs seconds, not MLflow's minutes of retries.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import importlib
 import io
 import json
+import logging
 import math
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from jaxtrain._src.config import flat_dict, to_dict
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks.base import Run, RunHook
+from jaxtrain._src.report.notes import note
 from jaxtrain._src.safe_files import write_text
 
 IDS = "trackers.json"  # {tracker name: the tracked run's id}, in the run directory
@@ -62,28 +71,85 @@ def _import(module: str, extra: str) -> Any:
                           f"(or drop {extra} from the trackers)") from None
 
 
-def _starting(method: Any) -> Any:
-    """A tracker that cannot start (a server that does not answer, a refused login) stops the run
-    before training with one line, not the package's traceback."""
+def reason(e: BaseException) -> str:
+    """Why a call failed, in one short line: the root cause of a chain when it is an OS error
+    (`ConnectionRefusedError: [Errno 111] Connection refused` rather than the HTTP library's
+    paragraph about retries), else the error's own first line."""
+    root = e
+    while (root.__cause__ or root.__context__) is not None:
+        root = root.__cause__ or root.__context__
+    shown = root if root is not e and isinstance(root, OSError) else e
+    first = (str(shown).strip().splitlines() or [""])[0][:300]
+    return f"{type(shown).__name__}: {first}" if first else type(shown).__name__
 
-    def wrapped(self: "Tracker", run: Run) -> None:
+
+def side_channel(method: Callable[..., None]) -> Callable[..., None]:
+    """An event of a tracker, which must never stop training: an error (not the ConfigError of a
+    missing package) turns the tracker off with one note naming it, the error and what to check;
+    its later events are skipped. Calls run inside the tracker's `bounds()`."""
+
+    @functools.wraps(method)
+    def wrapped(self: Any, run: Run, *args: Any) -> None:
+        if self.off:
+            return
         try:
-            method(self, run)
+            with self.bounds():
+                method(self, run, *args)
         except ConfigError:
             raise
-        except Exception as e:  # noqa: BLE001 - the tracker package's own errors, said in one line
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-            raise ConfigError(f"the {self.name_in_ids} tracker could not start: {type(e).__name__}: {first}; check "
-                              f"its settings (for MLflow MLFLOW_TRACKING_URI, for W&B WANDB_MODE / wandb login) or "
-                              f"drop it from the trackers") from None
+        except Exception as e:  # noqa: BLE001 - a side channel's failure, said in one line
+            self.off = True
+            when = "could not start" if method.__name__ == "on_start" else (
+                f"failed at step {run.step:,}" + (" uploading the run files" if method.__name__ == "after_files"
+                                                  else ""))
+            note(f"{self.label} {when} ({reason(e)}); it is off for the rest of this run, which goes on "
+                 f"(check {self.advice()})")
 
     return wrapped
 
 
+# MLflow's HTTP settings for the trackers' calls, where the environment does not set them: a
+# connection refused fails in 2-3 s (3 tries) and a server that hangs in about 18 s, where
+# MLflow's defaults (7 retries, backoff 2, 120 s timeout) retried a dead server for minutes.
+MLFLOW_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+@contextlib.contextmanager
+def _bounded_http() -> Iterator[None]:
+    """MLflow's calls inside the block retry briefly (`MLFLOW_HTTP_BOUNDS`, for the variables the
+    user did not set), and urllib3 does not print a warning per retry; both as before after it."""
+    added = {k: v for k, v in MLFLOW_HTTP_BOUNDS.items() if k not in os.environ}
+    urllib3 = logging.getLogger("urllib3.connectionpool")
+    level = urllib3.level
+    os.environ.update(added)
+    urllib3.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+        urllib3.setLevel(level)
+
+
 class Tracker(RunHook):
-    """What every tracker shares: the ids of resumed runs, the config, the artifacts."""
+    """What every tracker shares: the ids of resumed runs, the config, the artifacts, and being
+    turned off (`off`) when it fails (`side_channel`)."""
 
     name_in_ids = "tracker"
+    off = False  # set when the tracker failed: its later events are skipped
+
+    @property
+    def label(self) -> str:
+        return f"the {self.name_in_ids} tracker"
+
+    def advice(self) -> str:
+        """What to check when the tracker failed."""
+        return "its settings, or drop it from the trackers"
+
+    def bounds(self) -> contextlib.AbstractContextManager:
+        """What the tracker's calls run inside (MLflow: bounded HTTP retries)."""
+        return contextlib.nullcontext()
 
     def _saved_id(self, run: Run) -> str | None:
         path = run.run_dir / IDS if run.run_dir is not None else None
@@ -129,7 +195,17 @@ class MLflow(Tracker):
         self._run_id: str | None = None
         self._status = "FINISHED"
 
-    @_starting
+    def advice(self) -> str:
+        where = getattr(self._client, "tracking_uri", None) or self.tracking_uri
+        if not where:
+            return "MLFLOW_TRACKING_URI, or drop mlflow from the trackers"
+        what = f"that the MLflow server at {where} answers" if where.startswith("http") else f"the MLflow store {where}"
+        return f"{what}, or drop mlflow from the trackers"
+
+    def bounds(self) -> contextlib.AbstractContextManager:
+        return _bounded_http()
+
+    @side_channel
     def on_start(self, run: Run) -> None:
         mlflow = _import("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
@@ -157,12 +233,15 @@ class MLflow(Tracker):
         for i in range(0, len(batch), 500):
             self._client.log_batch(self._run_id, metrics=batch[i: i + 500])
 
+    @side_channel
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
         self._log({f"train.{k}": v for k, v in _numbers(row).items()}, row["step"])
 
+    @side_channel
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._log(_epoch_metrics(record), record["step"])
 
+    @side_channel
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self._client is None:
             return
@@ -173,6 +252,7 @@ class MLflow(Tracker):
         self._status = ("FINISHED" if status in ("completed", "stopped early") else
                         "KILLED" if "signal" in status else "FAILED")
 
+    @side_channel
     def after_files(self, run: Run) -> None:
         """The run files as artifacts; the tracked run ends (called once summary.json is written)."""
         if self._client is not None:
@@ -198,7 +278,11 @@ class WandB(Tracker):
         self.project, self.mode = project, mode
         self._run = None
 
-    @_starting
+    def advice(self) -> str:
+        return "WANDB_MODE and wandb login (WANDB_MODE=offline keeps the run's files for wandb sync), or drop " \
+               "wandb from the trackers"
+
+    @side_channel
     def on_start(self, run: Run) -> None:
         wandb = _import("wandb", "wandb")
         saved = self._saved_id(run)
@@ -211,16 +295,20 @@ class WandB(Tracker):
             self._save_id(run, self._run.id)
         self._run.define_metric("*", step_metric="step")
 
+    @side_channel
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
         self._run.log({"step": row["step"], **{f"train/{k}": v for k, v in _numbers(row).items()}})
 
+    @side_channel
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._run.log({"step": record["step"], **_epoch_metrics(record)})
 
+    @side_channel
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self._run is not None:
             self._run.summary.update(_numbers(summary))
 
+    @side_channel
     def after_files(self, run: Run) -> None:
         if self._run is not None:
             for path in self._artifacts(run):
@@ -236,6 +324,9 @@ class CSV(Tracker):
 
     name_in_ids = "csv"
 
+    def advice(self) -> str:
+        return "the run directory's disk (free space), or drop csv from the trackers"
+
     def _write(self, run: Run) -> None:
         if run.run_dir is None or not (run.run_dir / "metrics.jsonl").is_file():
             return
@@ -248,9 +339,11 @@ class CSV(Tracker):
         writer.writerows(rows)
         write_text(path, text.getvalue())
 
+    @side_channel
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._write(run)
 
+    @side_channel
     def after_files(self, run: Run) -> None:
         self._write(run)
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Literal
 from flax import nnx
 
 from jaxtrain._src.config import DistConfig, TrainConfig
+from jaxtrain._src.errors import DataError
 from jaxtrain._src.step import Augment, LossFn, Preprocess
 
 
@@ -62,6 +63,23 @@ class Workload:
         for data in (self.train, self.val):
             if hasattr(data, "close"):
                 data.close()
+
+
+def split_rows(opener: Callable[..., Any], where: str, keys: dict[str, str], val_rows: int) -> tuple[Any, Any]:
+    """`(train, val)` row sources of the file or folder `where` (`opener(where, keys, start, stop)`,
+    an `HDF5Source` or `NpySource`): its last `val_rows` rows validate (val None for 0), the rest train.
+
+    Raises:
+      DataError: `where` holds no more rows than --data.val-samples holds out, naming that flag.
+    """
+    whole = opener(where, keys)
+    n = len(whole)
+    whole.close()
+    if val_rows >= n:
+        raise DataError(f"{where} has {n:,} rows and --data.val-samples {val_rows:,} holds "
+                        f"{'all of them' if val_rows == n else 'more than that'} out for validation, leaving none to "
+                        f"train on; pass --data.val-samples below {n:,} (e.g. {n // 10:,})")
+    return opener(where, keys, 0, n - val_rows), (opener(where, keys, n - val_rows) if val_rows else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from jaxtrain._src.config import DataConfig, OptimConfig
 from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.models import SequenceCNN, compiled_init
-from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
+from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload, split_rows
 
 Task = Literal["regression", "classification"]
 
@@ -98,8 +98,7 @@ def build(config: HDF5SequenceConfig) -> Workload:
         raise ConfigError("hdf5-sequence needs --data.path FILE.h5; make one with: "
                           "jaxtrain data generate sequence data.h5 --samples 100000")
     keys = {"x": "input_sequences", "y": "targets" if d.task == "regression" else "labels"}
-    train = HDF5Source(d.path, keys, 0, -d.val_samples if d.val_samples else None)
-    val = HDF5Source(d.path, keys, -d.val_samples) if d.val_samples else None
+    train, val = split_rows(HDF5Source, d.path, keys, d.val_samples)
     _check_layout(train, d)
     vocab = int(train.attrs.get("alphabet_size", 256))
     outputs = train.row_shapes["y"][0] if d.task == "regression" else int(train.attrs.get("num_classes", 4))

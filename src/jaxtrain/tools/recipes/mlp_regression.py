@@ -30,7 +30,7 @@ from jaxtrain._src.data.synthetic import regression_rows
 from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.memory import format_bytes
 from jaxtrain._src.models import MLP, compiled_init
-from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
+from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload, split_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +130,7 @@ def open_hdf5(config: RegressionDataConfig) -> tuple[Any, Any, np.ndarray, np.nd
     if config.path and config.npy:
         raise ConfigError("data.path and data.npy are both given; train on one of them")
     opener, where = (HDF5Source, config.path) if config.path else (NpySource, config.npy)
-    train = opener(where, HDF5_KEYS, 0, -val_rows if val_rows else None)
-    val = opener(where, HDF5_KEYS, -val_rows) if val_rows else None
+    train, val = split_rows(opener, where, HDF5_KEYS, val_rows)
     for key, name in HDF5_KEYS.items():
         if len(train.row_shapes[key]) != 1:
             shape = (len(train) + val_rows, *train.row_shapes[key])
