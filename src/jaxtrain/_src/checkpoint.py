@@ -371,6 +371,10 @@ def _mib_tenths(nbytes: float, up: bool) -> int:
     return int(-(-tenths // 1)) if up else int(tenths // 1)
 
 
+_copy = jax.jit(lambda arrays: jax.tree.map(jnp.copy, arrays))
+"""Copies of a dict of arrays, in one dispatch."""
+
+
 class Checkpointer:
     """Saves and restores checkpoints in `directory`; keeps the last `keep_last` and the
     `keep_best` with the best `best_metric` (lowest when `best_mode` is min). With a `writer` (a
@@ -470,7 +474,8 @@ class Checkpointer:
             self._write(step, flat, meta, metrics)
             return
         self._written()  # an earlier save's failure stops the run here
-        flat = {k: jnp.copy(v) if isinstance(v, jax.Array) else v for k, v in flat.items()}  # the next call donates
+        on_device = {k: v for k, v in flat.items() if isinstance(v, jax.Array)}
+        flat = flat | _copy(on_device)  # buffers of their own: the next call donates these
         self._writing.append(self._writer.submit(self._write, step, flat, meta, metrics))
 
     def _write(self, step: int, flat: dict[str, Any], meta: dict[str, Any], metrics: dict[str, float] | None) -> None:
