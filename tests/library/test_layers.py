@@ -151,6 +151,21 @@ def test_the_training_program_is_assembled_in_one_place():
     assert calls == []
 
 
+def test_one_training_loop_for_one_run_and_for_populations():
+    """Only the loop (`training.train`) takes a feed's batches to the compiled calls: `fit` and
+    `fit_population` both run it, so no second copy of the loop can drift (benchmarks that time a
+    call by hand are tools, not the library)."""
+    takers = []
+    for module, path in MODULES.items():
+        if not module.startswith("jaxtrain._src"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "next_args":
+                if not (isinstance(node.func.value, ast.Call) and getattr(node.func.value.func, "id", "") == "super"):
+                    takers.append(module)
+    assert sorted(set(takers)) == ["jaxtrain._src.training"]
+
+
 @pytest.mark.parametrize("planted, expected", [
     ("from jaxtrain.tools import cli\n", "imports jaxtrain.tools.cli"),
     ("def f():\n    from jaxtrain.tools.bench import faults\n", "imports jaxtrain.tools.bench.faults"),
