@@ -1,7 +1,8 @@
 """The form of a call (`calls.StepForm`): the scan, programs of unrolled steps and the plain step
 train to the same weights (1e-6: XLA fuses a loop body and straight-line code apart), on device
-data and streamed; evaluation follows the form; the chooser keeps the scan unless a dispatched form
-is clearly faster; a resumed run keeps its form."""
+data and streamed, with the user's optimizer and with accumulated micro-batches; evaluation follows
+the form; the chooser keeps the scan unless a dispatched form is clearly faster; a resumed run keeps
+its form."""
 
 import dataclasses
 
@@ -24,8 +25,8 @@ class DropoutMLP(nnx.Module):
     """Dropout drawn from the loss's key: each step's randomness must not depend on the form."""
 
     def __init__(self, rngs: nnx.Rngs):
-        self.hidden = nnx.Linear(8, 32, rngs=rngs)
-        self.out = nnx.Linear(32, 3, rngs=rngs)
+        self.hidden = nnx.Linear(8, 16, rngs=rngs)  # small_mlp's shapes: its initialisers are compiled already
+        self.out = nnx.Linear(16, 3, rngs=rngs)
 
     def __call__(self, x, key):
         h = nnx.relu(self.hidden(x))
@@ -37,14 +38,17 @@ def dropout_mse(model, batch, key):
     return ((model(batch["x"], key) - batch["y"]) ** 2).mean(), {}
 
 
-def run(form: str, model=None, loss=mse, **changes):
+OPTIMIZER = optax.sgd(0.05, momentum=0.9)  # the user's own: each form's programs take it
+
+
+def run(form: str, model=None, loss=mse, val=VAL, optimizer=None, **changes):
     config = TrainConfig(**{"epochs": 2, "batch_size": 16, "steps_per_call": 6, "step_form": form, **changes})
-    return fit(model or small_mlp(), loss, DATA, VAL, config, verbosity="silent")
+    return fit(model or small_mlp(), loss, DATA, val, config, optimizer=optimizer, verbosity="silent")
 
 
 @pytest.fixture(scope="module")
 def by_form():
-    return {form: run(form) for form in ("scan", "unroll", "step")}
+    return {form: run(form, optimizer=OPTIMIZER) for form in ("scan", "unroll", "step")}
 
 
 def test_every_form_trains_to_the_scans_weights_and_evaluates_alike(by_form):
@@ -66,26 +70,30 @@ def test_a_dispatched_form_compiles_its_programs_once(by_form):
 
 
 def test_per_step_randomness_and_streamed_batches_do_not_depend_on_the_form():
-    scan = run("scan", DropoutMLP(nnx.Rngs(0)), dropout_mse, epochs=1, data=DataConfig(placement="stream"))
-    step = run("step", DropoutMLP(nnx.Rngs(0)), dropout_mse, epochs=1, data=DataConfig(placement="stream"))
+    # No evaluation (weights only), and K=5 for 20 steps: no program for a remainder.
+    streamed = dict(val=None, epochs=1, steps_per_call=5, data=DataConfig(placement="stream"))
+    scan = run("scan", DropoutMLP(nnx.Rngs(0)), dropout_mse, **streamed)
+    step = run("step", DropoutMLP(nnx.Rngs(0)), dropout_mse, **streamed)
     assert step.summary["step_form"]["form"] == "step"
     assert leaves_close(step.state.params, scan.state.params) <= 1e-6
 
 
 def test_auto_measures_the_forms_and_says_why():
-    short = run_fit(small_mlp(), mse, DATA, VAL, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
-                    session=Session(console=silent()))  # 20 steps: another compile could not pay
+    config = TrainConfig(epochs=1, batch_size=16)  # 20 steps: another compile could not pay
+    short = run_fit(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, verbosity="silent",
+                    session=Session(console=silent()))
     assert short.summary["step_form"]["form"] == "scan" and "too short" in short.summary["step_form"]["why"]
     assert [c["what"] for c in short.summary["profile"]["compiles"]].count("train step") == 0
-    result = run_fit(small_mlp(), mse, DATA, VAL, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
-                     session=Session(console=silent(), auto_steps=AutoSteps(short_run_calls=0)))
+    # Measured all the same; K=20 as the short run (its program compiled already).
+    auto_steps = AutoSteps(short_run_calls=0, probe_lengths=(20, 128))
+    result = run_fit(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, verbosity="silent",
+                     session=Session(console=silent(), auto_steps=auto_steps))
     form = result.summary["step_form"]
     assert form["why"].startswith("measured: ") and set(form["ms_per_step"]) >= {"scan", "step"}
     assert all(t > 0 for t in form["ms_per_step"].values())
     lines = profile_lines(result.summary["profile"])  # `jaxtrain profile` says it too
     assert any(line.startswith("  Form:     ") and "(measured: " in line for line in lines)
-    reference = run("scan", epochs=1, steps_per_call=0)  # the measurement trains nothing: same weights
-    assert leaves_close(result.state.params, reference.state.params) <= 1e-6
+    assert leaves_close(result.state.params, short.state.params) <= 1e-6  # the measurement trains nothing
 
 
 def chooser(**auto) -> StepForm:
@@ -129,31 +137,32 @@ def test_a_form_set_is_used_as_is_and_a_wrong_one_is_one_line():
         TrainConfig(step_form="loop")
 
 
-def test_a_resumed_run_keeps_the_form_it_began_with(tmp_path):
+def test_a_resumed_run_keeps_the_form_it_began_with(tmp_path, by_form):
     config = TrainConfig(epochs=1, batch_size=16, steps_per_call=6, step_form="step")
-    fit(small_mlp(), mse, DATA, VAL, config, run_dir=tmp_path / "run", verbosity="silent")
+    session = Session(console=silent(), plots=False)  # no loss curves: their drawing is most of a run's time here
+    run_fit(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, run_dir=tmp_path / "run", verbosity="silent",
+            session=session)
     longer = dataclasses.replace(config, epochs=2, step_form="auto")  # auto: the form the run measured
-    resumed = fit(small_mlp(), mse, DATA, VAL, longer, run_dir=tmp_path / "run", resume=True, verbosity="silent")
+    resumed = run_fit(small_mlp(), mse, DATA, VAL, longer, optimizer=OPTIMIZER, run_dir=tmp_path / "run", resume=True,
+                      verbosity="silent", session=session)
     assert resumed.summary["step_form"]["form"] == "step" and not resumed.summary["step_form"]["ms_per_step"]
-    alone = run("step")
-    assert leaves_close(resumed.state.params, alone.state.params) == 0.0
+    assert leaves_close(resumed.state.params, by_form["step"].state.params) == 0.0  # as the run never stopped
 
 
-def test_the_users_optimizer_and_accumulation_in_a_dispatched_form():
-    config = dict(optimizer=optax.sgd(0.05, momentum=0.9))
-    scan = fit(small_mlp(), mse, DATA, None, TrainConfig(epochs=1, batch_size=8, grad_accum=2, step_form="scan"),
-               verbosity="silent", **config)
-    unroll = fit(small_mlp(), mse, DATA, None, TrainConfig(epochs=1, batch_size=8, grad_accum=2, step_form="unroll"),
-                 verbosity="silent", **config)
-    assert leaves_close(unroll.state.params, scan.state.params) <= 1e-6
-    assert unroll.summary["model"]["flops_per_step"] == pytest.approx(scan.summary["model"]["flops_per_step"],
-                                                                      rel=0.25)  # not 2x: accumulation counted
+def test_accumulation_in_a_dispatched_form(by_form):
+    # 2 micro-batches of 8 a step: the 16 samples a step of the runs above, the same weights (K=4:
+    # 4 steps unrolled a call, no remainder to compile a plain step for).
+    unroll = run("unroll", val=None, optimizer=OPTIMIZER, batch_size=8, grad_accum=2, steps_per_call=4)
+    assert unroll.summary["step_form"]["form"] == "unroll" and unroll.summary["steps"] == 40
+    assert leaves_close(unroll.state.params, by_form["scan"].state.params) <= 1e-6
+    assert unroll.summary["model"]["flops_per_step"] == pytest.approx(
+        by_form["unroll"].summary["model"]["flops_per_step"], rel=0.25)  # not 2x: accumulation counted
 
 
 def test_the_ops_a_loop_body_makes_slow_are_named():
     from jaxtrain._src.slow_ops import loop_slow_ops
 
-    conv = nnx.Conv(1, 4, (3, 3), rngs=nnx.Rngs(0))
+    conv = nnx.eval_shape(lambda: nnx.Conv(1, 4, (3, 3), rngs=nnx.Rngs(0)))  # shapes only: the ops are traced
     graphdef, params = nnx.split(conv)
 
     def loss(params, x):
