@@ -288,7 +288,7 @@ class _Runner:
         nnx.update(self.model, run.state.params, run.state.model_state)
         try:
             end_run(run, {**build_summary(run, status), "population": self.population})
-        except Exception:  # noqa: BLE001 - `_end` wrote "failed: ..." into the summary
+        except Exception:  # noqa: BLE001 - `end_run` wrote "failed: ..." into the summary
             self.status = run.summary.get("status", status)
         self.result = FitResult(self.model, run.state, run.loop.history, run.summary, run.run_dir)
 
