@@ -9,8 +9,10 @@ fused with `lax.scan`, each formulation run `REPEATS` times, interleaved, median
   vmap      `jax.vmap` of the train step over the members' stacked states, one shared batch;
   vmap-own  the same with each member's own batch (each member its own data order);
   devices   the members split over 2 virtual CPU devices (`shard_map`), `vmap` within each;
-  lone-const  as lone, each member's rate a constant of its program (the config's Adam);
-  tuple     each member's own train step (its own program's, as lone-const), the P of them in one
+  lone-config as lone, each member's program built from its config (the config's Adam, which
+            holds its rate in its state and its betas in the program; earlier tables' lone-const
+            held the rate as a constant, before issue 38);
+  tuple     each member's own train step (its own program's, as lone-config), the P of them in one
             scanned program, their states a tuple.
 
 Prints member-steps per second and the ratio to `lone`, and checks each member of `vmap` and of
@@ -50,7 +52,7 @@ def loss(model, batch, key):
 
 def member(seed: int, lr: float, inject: bool = True):
     """One member's program: its own initialisation and learning rate (held in the optimizer state
-    with `inject`, else the config's Adam with the rate as a constant)."""
+    with `inject`, else the config's Adam, as `fit` builds it)."""
     config = TrainConfig(batch_size=BATCH, seed=seed, checkpoint=CheckpointConfig(enabled=False), mesh="data=1")
     config = dataclasses.replace(config, optim=dataclasses.replace(config.optim, lr=lr))
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(seed))
@@ -105,7 +107,7 @@ for P in POPULATIONS:
         "vmap": lambda: timed(vmapped, together, x[0], y[0]),
         "vmap-own": lambda: timed(own, together, xs_own, ys_own),
         "devices": lambda: timed(split, on_devices, x[0], y[0]) if P % 2 == 0 else float("nan"),
-        "lone-const": lambda: sum(timed(f, s, x[0], y[0]) for f, s in zip(solo_runs, solo_states)),
+        "lone-config": lambda: sum(timed(f, s, x[0], y[0]) for f, s in zip(solo_runs, solo_states)),
         "tuple": lambda: timed(tupled, solo_states, x[0], y[0]),
     }
     seconds = {name: [] for name in runs}
@@ -116,7 +118,7 @@ for P in POPULATIONS:
     print(f"P={P}: {K} steps of batch {BATCH} per member; {REPEATS} interleaved repeats, medians")
     for name, values in seconds.items():
         median = statistics.median(values)
-        print(f"  {name:10s} {P * K / median:10,.0f} member-steps/s  {base / median:5.2f}x lone")
+        print(f"  {name:11s} {P * K / median:9,.0f} member-steps/s  {base / median:5.2f}x lone")
     alone = [lone(s, x[0], y[0]) for s in states]
     batched = vmapped(together, x[0], y[0])
     diff = max(float(jnp.max(jnp.abs(a - b[i]))) for i, one in enumerate(alone)

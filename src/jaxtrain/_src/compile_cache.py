@@ -65,7 +65,7 @@ def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int =
 _HIT = "/jax/compilation_cache/cache_hits"
 _counts = threading.local()
 _listening = threading.Lock()
-_registered: list[bool] = []
+_registered = False
 
 
 def _count(event: str, **kwargs: object) -> None:
@@ -76,8 +76,9 @@ def _count(event: str, **kwargs: object) -> None:
 def cache_hits() -> int:
     """Programs this thread has loaded from the persistent cache so far (JAX's monitoring events;
     0 with no cache): compare it before and after a compile to know whether XLA compiled."""
+    global _registered
     with _listening:
         if not _registered:
             jax.monitoring.register_event_listener(_count)
-            _registered.append(True)
+            _registered = True
     return getattr(_counts, "hits", 0)

@@ -110,15 +110,16 @@ def _commands(workload: str, mode: str, config: SweepBenchConfig, out: Path) -> 
     return [[*command, "--workers", str(1 if mode == "sequential" else config.workers)]]
 
 
-def _split(out: Path, mode: str, wall: float) -> tuple[float, float, int]:
-    """Seconds compiling and training in a measured run's trials (a population's once), and how
-    many of the trials' training programs came from the compilation cache."""
+def _split(out: Path, mode: str) -> tuple[float, float, int]:
+    """Seconds compiling and training in a measured run's trials, and how many of the trials'
+    training programs came from the compilation cache. A population's members (P trials asked
+    together, so P consecutive trial numbers: the benchmark draws one shape) share one compile
+    and one training, counted once, from the member that trained longest."""
     summaries = [json.loads(p.read_text()) for p in sorted(out.glob("trial-*/summary.json"))]
-    if mode.startswith("population"):  # members share the population's compile and training
-        groups: dict[int, dict] = {}
-        for s in summaries:
-            groups.setdefault(round(s["profile"]["train_s"], 6), s)
-        summaries = list(groups.values())
+    if mode.startswith("population"):
+        size = int(mode.split()[1])
+        summaries = [max(summaries[i:i + size], key=lambda s: s["profile"]["train_s"])
+                     for i in range(0, len(summaries), size)]
     compile_s = sum(s.get("compile_time_s") or 0.0 for s in summaries)
     train_s = sum(s["profile"]["train_s"] for s in summaries)
     cached = sum(any(c.get("cached") for c in s["profile"]["compiles"] if c.get("what") == "train call")
@@ -167,7 +168,7 @@ def _trials(config: SweepBenchConfig, console: Console) -> int:
                             return 1
                     wall = time.perf_counter() - t0
                     rates[workload, mode].append(3600 * config.trials / wall)
-                    compile_s, train_s, cached = _split(out, mode, wall)
+                    compile_s, train_s, cached = _split(out, mode)
                     splits[workload, mode].append((compile_s, train_s, wall - compile_s - train_s))
                     console.print(f"round {round_} {workload} {mode}: {config.trials} trials in {wall:.1f} s "
                                   f"({rates[workload, mode][-1]:,.0f} trials/hour): compiling {compile_s:.1f} s "
