@@ -20,7 +20,7 @@ from jaxtrain import ConfigError, load_weights, save_weights
 from jaxtrain._src import safe_files
 from jaxtrain._src.hooks.trackers import CSV, IDS, Tracker
 from jaxtrain._src.report.plots import save_figure
-from jaxtrain._src.safe_files import atomic_write, remove_partials, write_text
+from jaxtrain._src.safe_files import atomic_write, partial_folder, remove_partials, write_text
 from jaxtrain._src.weights import flat_weights, read_safetensors
 from jaxtrain.models import MLP
 
@@ -228,3 +228,33 @@ def test_the_partial_file_of_a_killed_writer_goes_at_the_next_write(tmp_path):
     (tmp_path / f"{prefix}1-00000000.partial").symlink_to(tmp_path / "victim")  # not a file of ours: kept
     write_text(tmp_path / "out", "x")
     assert sorted(_partials(tmp_path)) == sorted([live.name, f"{prefix}1-00000000.partial"])
+
+
+def test_a_partial_folder_replaces_its_folder_whole_and_a_killed_writers_folder_goes(tmp_path):
+    """`partial_folder` (`data generate --format npy`): the same names and cleanup as a file's."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    out = tmp_path / "out"
+    stale = tmp_path / f"{safe_files._prefix(out)}{dead}-0a0b0c0d.partial"
+    stale.mkdir()
+    (stale / "shard.npy").write_bytes(b"left by SIGKILL")
+    with pytest.raises(ValueError):
+        with partial_folder(out) as tmp:
+            (tmp / "a").write_text("half")
+            assert _partials(tmp_path) == [tmp.name] and tmp.name.startswith(".out.")  # the stale one went
+            raise ValueError
+    assert not out.exists() and _partials(tmp_path) == []
+    for name in ("a", "b"):  # the second replaces the first, whole
+        with partial_folder(out) as tmp:
+            (tmp / name).write_text(name)
+        assert [p.name for p in out.iterdir()] == [name] and _partials(tmp_path) == []
+    with pytest.raises(KeyboardInterrupt):
+        with partial_folder(out) as tmp:
+            (tmp / "c").write_text("c")
+            remove_partials()  # what a SIGTERM handler does first: the folder goes, its files too
+            assert not tmp.exists()
+            raise KeyboardInterrupt
+    assert [p.name for p in out.iterdir()] == ["b"] and _partials(tmp_path) == []

@@ -10,6 +10,7 @@ from jaxtrain._src.data import generate as generate_module
 from jaxtrain._src.data import generate_dataset, inspect_file, make_rows
 from jaxtrain._src.data.inspect import sample_ranges
 from jaxtrain._src.data.synthetic import ALPHABET, KYTE_DOOLITTLE
+from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain.tools.cli import main
 
 
@@ -77,7 +78,7 @@ def test_generate_then_inspect_both_workloads(tmp_path, capsys):
                      "--chunk-rows", "256", "--compression", "lzf", "--quiet"]) == 0
         printed = capsys.readouterr().out
         assert f"wrote {out}: 3,000 rows in" in printed and "rows/s" in printed
-        assert not (tmp_path / f"{workload}.h5.partial").exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
         assert main(["data", "inspect", str(out), "--rows", "1000"]) == 0
         printed = capsys.readouterr().out
         for word in (*names, "lzf", "(256,", "mean", "NaN", "Inf", "rows sampled", "peak memory", "workload"):
@@ -198,9 +199,10 @@ def test_inspect_of_a_corrupt_file_is_one_line(tmp_path, capsys):
     _one_line(capsys, f"error: cannot open {tmp_path / 'junk.h5'} as HDF5 (file signature not found)")
 
 
-def test_sigterm_during_generate_removes_the_partial_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("format", ["hdf5", "npy"])
+def test_sigterm_during_generate_removes_the_partial_file(tmp_path, monkeypatch, format):
     """SIGTERM (a scheduler's stop) while rows are written: the process ends 143 as it would, and
-    no `OUT.h5.partial` is left behind (it was left whole before)."""
+    no partial file or folder is left behind (`OUT.h5.partial` was left whole before)."""
     import os
     import signal
 
@@ -216,7 +218,93 @@ def test_sigterm_during_generate_removes_the_partial_file(tmp_path, monkeypatch)
     monkeypatch.setattr(generate_module, "WRITE_ROWS", 8192)
     previous = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as e:
-        generate_dataset("sequence", tmp_path / "d.h5", 20000)
+        generate_dataset("sequence", tmp_path / "d.h5", 20000, format=format, shard_rows=8192)
     assert e.value.code == 143
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is put back
+
+
+def _seed(out) -> int:
+    """The seed a generated file or folder was written with."""
+    if out.is_dir():
+        return json.loads((out / "attrs.json").read_text())["seed"]
+    with h5py.File(out, "r") as f:
+        return int(f.attrs["seed"])
+
+
+def _partials(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".partial"))
+
+
+@pytest.mark.parametrize("format", ["hdf5", "npy"])
+def test_generate_follows_no_planted_link_and_refuses_an_out_that_is_a_link(tmp_path, capsys, format):
+    """The fixed temporary name of before (`OUT.partial`) was opened for writing whatever a link
+    there named; now each generation makes its own, and an `out` that is a link is one line."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "d"
+    (tmp_path / "d.partial").symlink_to(victim)  # the old fixed name, planted
+    generate_dataset("sequence", out, 50, seq_len=8, format=format, shard_rows=20)
+    assert victim.read_text() == "precious" and _seed(out) == 0
+    assert _partials(tmp_path) == ["d.partial"]  # the planted link is not ours: left, never followed
+
+    for target in (victim, tmp_path / "nowhere"):  # a link to a file, and one to nothing yet
+        link = tmp_path / "link"
+        link.symlink_to(target)
+        with pytest.raises(ConfigError) as e:
+            generate_dataset("sequence", link, 50, seq_len=8, format=format, force=True)
+        assert str(e.value) == (f"{link} is a symbolic link (to {target}); jaxtrain writes only its own files, never "
+                                "through a link: remove the link, or choose another file name")
+        assert victim.read_text() == "precious" and not (tmp_path / "nowhere").exists()
+        link.unlink()
+    link.symlink_to(victim)
+    assert main(["data", "generate", "sequence", str(link), "--samples", "50", "--format", format, "--force",
+                 "--quiet"]) == 2
+    _one_line(capsys, f"error: {link} is a symbolic link (to {victim})")
+    assert victim.read_text() == "precious" and _partials(tmp_path) == ["d.partial"]
+
+
+@pytest.mark.parametrize("format", ["hdf5", "npy"])
+def test_a_failed_generate_leaves_the_old_out_whole_and_no_partial(tmp_path, monkeypatch, format):
+    out = tmp_path / "d"
+    generate_dataset("sequence", out, 50, seq_len=8, format=format, seed=1)
+    before = sorted(p.name for p in out.iterdir()) if format == "npy" else out.read_bytes()
+    real, calls = make_rows, []
+
+    def failing(*args, **kwargs):  # the second block of rows meets a full disk
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(generate_module, "make_rows", failing)
+    monkeypatch.setattr(generate_module, "WRITE_ROWS", 8192)  # HDF5: blocks of 8192 rows; npy: shards of 20
+    with pytest.raises(DataError) as e:
+        generate_dataset("sequence", out, 8200, seq_len=8, format=format, shard_rows=20, force=True)
+    assert str(e.value) == (f"cannot write {out}: No space left on device; check that the directory exists, is "
+                            "writable and has space")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and _seed(out) == 1
+    assert (sorted(p.name for p in out.iterdir()) if format == "npy" else out.read_bytes()) == before
+
+
+@pytest.mark.parametrize("format", ["hdf5", "npy"])
+def test_two_generations_of_one_out_never_share_a_temporary(tmp_path, format):
+    """A second generation of `out` starts and ends while the first writes (as two processes may):
+    each writes its own temporary, and `out` is the one that finished last, whole."""
+    out = tmp_path / "d"
+    seen = []
+
+    def meanwhile(rows: int) -> None:
+        if not seen:
+            seen.append(_partials(tmp_path))  # the first generation's own temporary
+            generate_dataset("mlp-regression", out, 40, format=format, shard_rows=20, seed=2, force=True)
+            assert _seed(out) == 2 and _partials(tmp_path) == seen[0]
+
+    generate_dataset("mlp-regression", out, 40, format=format, shard_rows=20, seed=1, force=True, on_rows=meanwhile)
+    assert len(seen[0]) == 1 and seen[0][0].startswith(".d.") and seen[0][0].count("-") >= 2
+    assert _seed(out) == 1 and _partials(tmp_path) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    if format == "npy":
+        assert sorted(p.name for p in out.iterdir()) == ["attrs.json", "features-00000.npy", "features-00001.npy",
+                                                         "targets-00000.npy", "targets-00001.npy"]
+    else:
+        np.testing.assert_array_equal(read_all(out)["features"], make_rows("mlp-regression", 1, 0, 40)["features"])

@@ -8,6 +8,10 @@ refused before anything is written. On any error, Ctrl-C or SIGTERM the temporar
 a SIGKILL can leave one (`.NAME.HOST-PID-XXXXXXXX.partial`) beside an intact `path`, which the next
 write of `path` on that host removes once process PID no longer exists.
 
+Writers that open the file themselves or write a folder (`data generate`: HDF5, .npy shards) use
+`partial_file` and `partial_folder`: the same temporary names, the same refusal of links, the same
+cleanup, with the disk's errors left for them to say.
+
 Errors a user can cause (a full or read-only disk, a missing folder, a link in the way) are
 `ConfigError`s of one line naming the file.
 """
@@ -18,32 +22,42 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import signal
 import socket
+import stat
 import threading
 from pathlib import Path
 from typing import BinaryIO, Iterator, Sequence
 
 from jaxtrain._src.errors import ConfigError
 
-__all__ = ["atomic_write", "check_target", "open_nofollow", "probe_writable", "refuse_same_file", "remove_partials",
-           "write_bytes", "write_text"]
+__all__ = ["atomic_write", "check_target", "open_nofollow", "partial_file", "partial_folder", "probe_writable",
+           "refuse_link", "refuse_same_file", "remove_partials", "write_bytes", "write_text"]
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 ADVICE = "write it elsewhere"  # what a message says to do instead; callers name their own option
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-_PARTIALS: set[str] = set()  # temporary files this process is writing now (removed on SIGTERM)
+_PARTIALS: set[str] = set()  # temporary files and folders this process is writing now (removed on SIGTERM)
 _handler_depth = 0  # nested writes in the main thread under our SIGTERM handler
 _HOST = "".join(c for c in socket.gethostname() if c.isalnum())[:24] or "host"  # in temporary names: "-" splits
 
 
 def remove_partials() -> None:
-    """Removes the temporary files this process is writing (a SIGTERM handler calls this before
-    the process ends)."""
+    """Removes the temporary files and folders this process is writing (a SIGTERM handler calls
+    this before the process ends)."""
     for name in list(_PARTIALS):
-        with contextlib.suppress(OSError):
-            os.unlink(name)
+        _remove(name)
         _PARTIALS.discard(name)
+
+
+def _remove(name: str) -> None:
+    """Removes the file or folder `name` if it is there (a link is removed, never followed)."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(name).st_mode):
+            shutil.rmtree(name)
+        else:
+            os.unlink(name)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -85,16 +99,22 @@ def _name(path: Path, what: str) -> str:
     return f"{what} {path}" if what else str(path)
 
 
-def check_target(path: str | os.PathLike, what: str = "", advice: str = ADVICE) -> Path:
-    """Refuses a `path` that cannot become a file of ours: a symbolic link (the write would replace
-    the link, not the file it names), a directory, or one in a folder that does not exist. Returns
-    it as a Path. `what` names it in the message (the command line passes its flag); `advice` says
-    what to do instead."""
+def refuse_link(path: str | os.PathLike, what: str = "", advice: str = ADVICE) -> Path:
+    """Refuses a `path` that is a symbolic link: writing it would replace the link, not what it
+    names, and a reader of the link would read something else. Returns it as a Path."""
     path = Path(path)
-    name = _name(path, what)
     if path.is_symlink():
-        raise ConfigError(f"{name} is a symbolic link (to {os.readlink(path)}); jaxtrain writes only its own files, "
-                          f"never through a link: remove the link, or {advice}", path=path)
+        raise ConfigError(f"{_name(path, what)} is a symbolic link (to {os.readlink(path)}); jaxtrain writes only its "
+                          f"own files, never through a link: remove the link, or {advice}", path=path)
+    return path
+
+
+def check_target(path: str | os.PathLike, what: str = "", advice: str = ADVICE) -> Path:
+    """Refuses a `path` that cannot become a file of ours: a symbolic link (`refuse_link`), a
+    directory, or one in a folder that does not exist. Returns it as a Path. `what` names it in the
+    message (the command line passes its flag); `advice` says what to do instead."""
+    path = refuse_link(path, what, advice)
+    name = _name(path, what)
     if path.is_dir():
         raise ConfigError(f"cannot write {name}: it is a directory; {advice}", path=path)
     if not path.parent.is_dir():
@@ -120,12 +140,16 @@ def refuse_same_file(output: str | os.PathLike, inputs: Sequence[str | os.PathLi
                                   "another output file", path=Path(output))
 
 
-def _temporary(path: Path) -> tuple[int, str]:
-    """A new file beside `path`, made exclusively with a name no other process or call uses."""
+def _temporary(path: Path, folder: bool = False) -> tuple[int, str]:
+    """A new file (an open descriptor and its name) or, with `folder`, a new empty folder (-1 and
+    its name) beside `path`, made exclusively with a name no other process or call uses."""
     _remove_stale(path)
     for _ in range(8):
         tmp = str(path.with_name(f"{_prefix(path)}{os.getpid()}-{secrets.token_hex(4)}.partial"))
         try:
+            if folder:
+                os.mkdir(tmp)  # exclusive: fails on anything there, a link included
+                return -1, tmp
             return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o666), tmp
         except FileExistsError:
             continue
@@ -137,17 +161,18 @@ def _prefix(path: Path) -> str:
 
 
 def _remove_stale(path: Path) -> None:
-    """Removes the temporary files of `path` that processes of this host left when killed (SIGKILL):
-    regular files whose writer's process no longer exists."""
+    """Removes the temporary files and folders of `path` that processes of this host left when
+    killed (SIGKILL): regular files and folders (never links) whose writer's process no longer
+    exists."""
     prefix = _prefix(path)
     with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
         for entry in entries:
             if not (entry.name.startswith(prefix) and entry.name.endswith(".partial")):
                 continue
             pid = entry.name[len(prefix):].split("-")[0]
-            if pid.isdigit() and entry.is_file(follow_symlinks=False) and not _alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+            ours = entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)
+            if pid.isdigit() and ours and not _alive(int(pid)):
+                _remove(entry.path)
 
 
 def _alive(pid: int) -> bool:
@@ -158,6 +183,70 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # another user's process: alive
     return True
+
+
+@contextlib.contextmanager
+def _partial(path: Path, folder: bool) -> Iterator[tuple[int, str]]:
+    """A new temporary file or folder beside `path` (`_temporary`), registered for SIGTERM's cleanup
+    while the block runs and removed if the block fails; the block renames it when done."""
+    with _sigterm_cleans():
+        fd, tmp = _temporary(path, folder) if folder else _temporary(path)
+        _PARTIALS.add(tmp)
+        try:
+            yield fd, tmp
+        except BaseException:
+            _remove(tmp)
+            raise
+        finally:
+            _PARTIALS.discard(tmp)
+
+
+@contextlib.contextmanager
+def partial_file(path: str | os.PathLike, what: str = "", advice: str = ADVICE) -> Iterator[BinaryIO]:
+    """Yields a new binary file (readable too, for HDF5) whose bytes replace `path` when the block
+    ends without an error: `atomic_write` without its check of the folder and its messages, for a
+    writer that says the disk's errors itself (they pass as they are).
+
+    Raises:
+      ConfigError: `path` is a symbolic link, or became one while the block ran (`refuse_link`).
+    """
+    path = refuse_link(path, what, advice)
+    with _partial(path, folder=False) as (fd, tmp):
+        with os.fdopen(fd, "w+b") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        refuse_link(path, what, advice)  # a link planted meanwhile is refused, not replaced
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def partial_folder(path: str | os.PathLike, what: str = "", advice: str = ADVICE) -> Iterator[Path]:
+    """Yields a new empty folder that replaces `path` when the block ends without an error: the
+    folder `path` names is first moved aside (a name of its own, then removed), so `path` names the
+    old folder or the new one, whole, at every moment but for one rename. The disk's errors pass as
+    they are, for the caller to say.
+
+    Raises:
+      ConfigError: `path` is a symbolic link, or became one while the block ran (`refuse_link`).
+    """
+    path = refuse_link(path, what, advice)
+    with _partial(path, folder=True) as (_, tmp):
+        yield Path(tmp)
+        refuse_link(path, what, advice)
+        old = None
+        if path.is_dir():  # a file there is left for os.replace to refuse
+            _, old = _temporary(path, folder=True)
+            os.replace(path, old)  # onto our own empty folder
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:
+                with contextlib.suppress(OSError):
+                    os.replace(old, path)  # the old folder is back
+            raise
+        if old is not None:
+            _remove(old)
 
 
 @contextlib.contextmanager
@@ -176,26 +265,11 @@ def atomic_write(path: str | os.PathLike, advice: str = ADVICE, what: str = "") 
         (full, read-only, no permission): one line; nothing is left behind.
     """
     path = check_target(path, what, advice)
-    tmp = None
     try:
-        with _sigterm_cleans():
-            fd, tmp = _temporary(path)
-            _PARTIALS.add(tmp)
-            with os.fdopen(fd, "w+b") as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            check_target(path, what, advice)  # a link planted meanwhile is refused, not replaced
-            os.replace(tmp, path)
-            _PARTIALS.discard(tmp)
-            tmp = None
+        with partial_file(path, what, advice) as f:
+            yield f
     except OSError as e:
         raise write_error(path, e, advice, what) from None
-    finally:
-        if tmp is not None:
-            _PARTIALS.discard(tmp)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, advice: str = ADVICE, what: str = "") -> Path:

@@ -14,12 +14,11 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from jaxtrain._src.data.synthetic import (
     row_layout,
 )
 from jaxtrain._src.errors import ConfigError, DataError, argument
+from jaxtrain._src.safe_files import partial_file, partial_folder, refuse_link
 
 if TYPE_CHECKING:  # h5py (11 MiB resident) is imported where a file is opened
     import h5py
@@ -42,6 +42,7 @@ WRITE_ROWS = 65536  # rows generated and written per step: bounds the writer's m
 CHUNK_BYTES = 1 << 19  # default HDF5 chunk: about 512 KiB of the widest dataset
 MAX_CHUNK_BYTES = 1 << 30
 SHARD_ROWS = 131072  # rows per .npy shard (about 100 MB of mlp-regression rows)
+ADVICE = "choose another file name"  # what a refused `out` says to do
 
 
 class _MomentAccumulator:
@@ -94,8 +95,11 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
     `format="npy"`, to the folder `out` as .npy shards `NAME-00000.npy`, ... of `shard_rows` rows,
     with the file's attributes in `attrs.json`: what `jaxtrain.data.NpySource` reads).
 
-    Rows go to `out + ".partial"`, which replaces `out` only once complete; any error or Ctrl-C
-    removes it. Memory is bounded by `WRITE_ROWS` rows, whatever `samples` is.
+    Rows go to a temporary file (folder) beside `out`, made exclusively under a name of this call
+    (`safe_files.partial_file`, `partial_folder`: no planted link is followed, and two generations
+    of one `out` never share it), which replaces `out` only once complete; any error, Ctrl-C or
+    SIGTERM removes it. An `out` that is a symbolic link is refused. Memory is bounded by
+    `WRITE_ROWS` rows, whatever `samples` is.
 
     Args:
       workload: "mlp-regression" or "sequence".
@@ -109,7 +113,7 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
       on_rows: called with the number of rows written so far, after each write.
 
     Raises:
-      ConfigError: a bad argument, or `out` exists and `force` is False.
+      ConfigError: a bad argument, `out` is a symbolic link, or `out` exists and `force` is False.
       DataError: the file cannot be written (a missing or read-only directory, a full disk).
     """
     chunk_rows = check_arguments(workload, out, samples, seq_len, chunk_rows, compression, seed, force)
@@ -120,33 +124,26 @@ def generate_dataset(workload: str, out: str | os.PathLike, samples: int, *, seq
     layout = row_layout(workload, seq_len)
     widest = max(dtype.itemsize * math.prod(shape) for shape, dtype in layout.values())
     out = Path(out)
-    tmp = out.with_name(out.name + ".partial")
     t0 = time.perf_counter()
     try:
-        with _term_raises(), _create(tmp, chunk_rows * widest) as f:
+        # The HDF5 file closes (its last bytes written) before partial_file renames it.
+        with _term_raises(), partial_file(out, advice=ADVICE) as tmp, _create(tmp, chunk_rows * widest) as f:
             _write(f, workload, samples, seq_len, min(chunk_rows, samples), compression, seed, layout, on_rows)
-        os.replace(tmp, out)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(e, OSError):
-            raise DataError(f"cannot write {out}: {_reason(e)}; check that the directory exists, is writable and "
-                            "has space") from None
-        raise
+    except OSError as e:
+        raise _write_error(out, e) from None
     return GenerateResult(out, samples, time.perf_counter() - t0, out.stat().st_size)
 
 
 def _generate_shards(workload: str, out: Path, samples: int, seq_len: int, seed: int, shard_rows: int,
                      on_rows: Callable[[int], None] | None) -> GenerateResult:
-    """`generate_dataset`'s rows as .npy shards in the folder `out`, written in `out.partial` first."""
+    """`generate_dataset`'s rows as .npy shards in the folder `out`, written in a temporary folder
+    beside it first (`partial_folder`)."""
     if shard_rows < 1:
         raise ConfigError(f"shard_rows={shard_rows} must be an integer >= 1")
-    tmp, t0 = out.with_name(out.name + ".partial"), time.perf_counter()
+    t0 = time.perf_counter()
     moments = _MomentAccumulator(FEATURES) if workload == "mlp-regression" else None
     try:
-        with _term_raises():
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+        with _term_raises(), partial_folder(out, advice=ADVICE) as tmp:  # the folder is ours, new and empty
             for i, start in enumerate(range(0, samples, shard_rows)):
                 stop = min(start + shard_rows, samples)
                 rows = make_rows(workload, seed, start, stop, seq_len)
@@ -163,14 +160,8 @@ def _generate_shards(workload: str, out: Path, samples: int, seq_len: int, seed:
             else:
                 attrs.update(seq_len=seq_len, alphabet_size=len(ALPHABET), alphabet=ALPHABET, num_classes=NUM_CLASSES)
             (tmp / "attrs.json").write_text(json.dumps(attrs))
-            shutil.rmtree(out, ignore_errors=True)  # `force` was checked
-            os.replace(tmp, out)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise DataError(f"cannot write {out}: {_reason(e)}; check that the directory exists, is writable and "
-                            "has space") from None
-        raise
+    except OSError as e:  # `force` was checked: partial_folder replaces an old folder
+        raise _write_error(out, e) from None
     size = sum(f.stat().st_size for f in out.iterdir())
     return GenerateResult(out, samples, time.perf_counter() - t0, size)
 
@@ -214,21 +205,28 @@ def check_arguments(workload: str, out: str | os.PathLike, samples: int, seq_len
     if chunk_rows < 1 or chunk_rows * widest > MAX_CHUNK_BYTES:
         raise ConfigError(f"chunk_rows={chunk_rows} must be >= 1 and give chunks of at most 1 GiB "
                           f"({MAX_CHUNK_BYTES // widest:,} rows here)")
+    refuse_link(out, advice=ADVICE)  # before `exists`, which follows it
     if Path(out).exists() and not force:
         raise ConfigError(f"{out} exists; pass {argument('force', True)} to replace it, or choose another file name",
                           path=Path(out))
     return chunk_rows
 
 
-def _create(path: Path, chunk_bytes: int) -> h5py.File:
+def _create(file: BinaryIO, chunk_bytes: int) -> h5py.File:
+    """An HDF5 file written through `file` (the temporary file that `partial_file` made), never
+    opened again by name."""
     import h5py
 
     # A chunk cache that holds a chunk split over two writes, so no chunk is read back.
-    return h5py.File(path, "w", rdcc_nbytes=max(1 << 20, 4 * chunk_bytes), rdcc_nslots=10007)
+    return h5py.File(file, "w", rdcc_nbytes=max(1 << 20, 4 * chunk_bytes), rdcc_nslots=10007)
 
 
 def _reason(e: OSError) -> str:
     return e.strerror or " ".join(str(e).split())
+
+
+def _write_error(out: Path, e: OSError) -> DataError:
+    return DataError(f"cannot write {out}: {_reason(e)}; check that the directory exists, is writable and has space")
 
 
 def _write(f: h5py.File, workload: str, samples: int, seq_len: int, chunk_rows: int, compression: str, seed: int,
