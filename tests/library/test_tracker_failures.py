@@ -168,3 +168,67 @@ def test_a_refused_wandb_login_and_a_full_disk_under_csv_are_a_note_each(tmp_pat
     with open(run_dir / "metrics.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert [int(r["step"]) for r in table if r["kind"] == "epoch"] == [4]  # the first epoch's table, whole
+
+
+def _wandb_services() -> list[str]:
+    """The wandb service processes (wandb-core) this test process started and that still run."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and "wandb" in command:
+            found.append(command)
+    return found
+
+
+def test_an_unreachable_wandb_server_costs_the_init_timeout_then_one_note(tmp_path, monkeypatch, capsys):
+    """W&B online with nothing listening at its server: `wandb.init` gives up after the tracker's
+    init_timeout (W&B's default waited 90 s), one note says so, and the run completes, its files whole."""
+    wandb = pytest.importorskip("wandb")
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    for name in ("WANDB_MODE", "WANDB_INIT_TIMEOUT", "WANDB_SILENT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789" * 4)  # a key of the right form: no login prompt
+    for name in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    run_dir = tmp_path / "run"
+    t0 = time.monotonic()
+    try:
+        result = _fit(run_dir, "", epochs=1, hooks=[trackers.WandB(mode="online", init_timeout=2)])
+        elapsed = time.monotonic() - t0
+    finally:
+        wandb.teardown()  # its service process, started for this run, ends with it
+    assert elapsed < 30, elapsed  # about 2-3 s here
+    err = capsys.readouterr().err.strip().splitlines()  # W&B's own line about the key found is W&B's to say
+    notes = [line for line in err if line.startswith("note:")]
+    assert len(notes) == 1 and notes[0].startswith("note: the wandb tracker could not start ("), err
+    assert "connection refused" in notes[0] and "it is off for the rest of this run, which goes on" in notes[0]
+    assert result.summary["status"] == "completed"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "epoch"] == [4]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert not (run_dir / "trackers.json").exists()
+    assert _wandb_services() == []
+
+
+def test_the_wandb_init_timeout_reaches_wandb_unless_the_environment_sets_it(monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    seen = []
+    def init(settings, **kwargs):
+        seen.append(settings.init_timeout if "init_timeout" in settings.model_fields_set else None)
+        raise RuntimeError("no server here")
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+    run = type("R", (), {"run_dir": None, "resumed_step": None, "name": "t", "config": TrainConfig(), "step": 0})()
+    for tracker in (trackers.WandB(), trackers.WandB(init_timeout=3)):
+        tracker.on_start(run)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "45")  # the user's setting is left for W&B to read
+    trackers.WandB().on_start(run)
+    assert seen == [trackers.WANDB_INIT_TIMEOUT_S, 3, None]

@@ -15,7 +15,8 @@ MLflow follows its own environment (`MLFLOW_TRACKING_URI`, default ./mlruns); W&
 A tracker is a side channel: one that cannot start or fails mid-run (a server that stops
 answering, a full disk) is turned off with one note on stderr, and the run goes on, its own files
 whole. MLflow's HTTP calls are bounded meanwhile (`MLFLOW_HTTP_BOUNDS`, unless the environment sets
-them), so a dead server costs seconds, not MLflow's minutes of retries.
+them), so a dead server costs seconds, not MLflow's minutes of retries; W&B's start waits at most
+`WandB.init_timeout` (20 s, unless `WANDB_INIT_TIMEOUT` is set), not its default 90 s.
 """
 
 from __future__ import annotations
@@ -262,6 +263,9 @@ class MLflow(Tracker):
                 self._client.set_terminated(self._run_id, self._status)
 
 
+WANDB_INIT_TIMEOUT_S = 20.0  # `WandB`'s bound on `wandb.init`: see its docstring
+
+
 class WandB(Tracker):
     """Tracks the run in Weights & Biases: `wandb.init` with the config (resumed by id), metrics with
     the step, the summary in the run's summary, the run files saved with it.
@@ -270,12 +274,17 @@ class WandB(Tracker):
       project: the W&B project.
       mode: "online", "offline" (files under the run directory's wandb/, synced later with
         `wandb sync`) or None for W&B's own setting (`WANDB_MODE`).
+      init_timeout: seconds `wandb.init` may wait for the server before the tracker is turned off
+        (20 s: a healthy server answers in a few; W&B's default, 90 s, held an unreachable server's
+        run that long before its first step); a `WANDB_INIT_TIMEOUT` in the environment is kept;
+        None: W&B's own setting.
     """
 
     name_in_ids = "wandb"
 
-    def __init__(self, project: str = "jaxtrain", mode: str | None = None):
-        self.project, self.mode = project, mode
+    def __init__(self, project: str = "jaxtrain", mode: str | None = None,
+                 init_timeout: float | None = WANDB_INIT_TIMEOUT_S):
+        self.project, self.mode, self.init_timeout = project, mode, init_timeout
         self._run = None
 
     def advice(self) -> str:
@@ -287,10 +296,12 @@ class WandB(Tracker):
         wandb = _import("wandb", "wandb")
         saved = self._saved_id(run)
         directory = str(run.run_dir) if run.run_dir is not None else None
+        bound = {} if self.init_timeout is None or "WANDB_INIT_TIMEOUT" in os.environ else {
+            "init_timeout": self.init_timeout}  # the user's setting wins, as W&B's would over its default
         self._run = wandb.init(project=self.project, mode=self.mode, dir=directory, config=self._config(run),
                                id=saved, resume="must" if saved else None,
                                name=run.run_dir.name if run.run_dir is not None else run.name,
-                               settings=wandb.Settings(silent=True, console="off"))
+                               settings=wandb.Settings(silent=True, console="off", **bound))
         if saved is None:
             self._save_id(run, self._run.id)
         self._run.define_metric("*", step_metric="step")
