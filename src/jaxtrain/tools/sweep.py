@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import math
 import multiprocessing
 import os
@@ -207,16 +206,12 @@ def _replace(config: Any, path: list[str], value: Any, name: str) -> Any:
 
 
 class _Report(Hook):
-    """Reports the objective after each epoch and stops the run when the pruner says so. With
-    `importances`, the first epoch's end (the K and form measured by then) starts importing what
-    the sweep's report will need (`_import_beside`)."""
+    """Reports the objective after each epoch and stops the run when the pruner says so."""
 
-    def __init__(self, trial: Any, objective: str, importances: bool = False):
-        self.trial, self.objective, self.pruned, self.importances = trial, objective, False, importances
+    def __init__(self, trial: Any, objective: str):
+        self.trial, self.objective, self.pruned = trial, objective, False
 
     def on_epoch_end(self, run: Any, record: dict[str, Any]) -> None:
-        if self.importances:
-            _import_beside("sklearn.ensemble")
         value = record.get(self.objective)
         if value is None or not math.isfinite(value):
             return
@@ -324,7 +319,7 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
     where, flag = _where(out, storage)
     job = _Job(recipe, config, tuple(spaces), trials, str(out), storage or f"sqlite:///{out.resolve() / 'study.db'}",
                study or recipe.name, objective, direction, sampler, pruner, seed, tuple(flags), heartbeat, population,
-               where, flag, reports=workers == 1 and trials >= 2)
+               where, flag)
     console = console or Console(highlight=False)
     with _claim(out, lock=storage is None), _storage_errors(where, flag):
         study_obj = job.open()
@@ -335,26 +330,6 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         else:
             _run_workers(job, workers, console)
     return study_obj
-
-
-_IMPORTING: set[str] = set()  # modules `_import_beside` was asked for
-
-
-def _import_beside(module: str) -> None:
-    """Imports `module` once, on a daemon thread, while the trials train: the report at the sweep's
-    end computes parameter importances with Optuna's fANOVA, whose scikit-learn import (about 1.1 s
-    on a 2-core VM) would otherwise come after the last trial. Nothing else in the sweep imports
-    scikit-learn, so the two threads never wait on each other's imports; a failed import is left
-    to the report, which says importances were not computed."""
-    if module in _IMPORTING:
-        return
-    _IMPORTING.add(module)
-
-    def load() -> None:
-        with contextlib.suppress(Exception):
-            importlib.import_module(module)
-
-    threading.Thread(target=load, name="jaxtrain-sweep-import", daemon=True).start()
 
 
 def _check_spaces(config: Any, spaces: Sequence[Space]) -> None:
@@ -602,7 +577,6 @@ class _Job:
     population: int = 1
     where: str = "the study's storage"  # the storage in words, and the flag that chooses it, for messages
     flag: str = "--storage"
-    reports: bool = False  # this process prints the report at the end (importances: `_Report.importances`)
 
     def open(self) -> Any:
         """The study, created if new, on a storage that beats heartbeats and retries stale trials.
@@ -674,7 +648,7 @@ class _Job:
         if prepared is None:  # another worker took the last place between this worker's count and its ask
             raise _Surplus()
         values, trial_config, run_dir, name = prepared
-        report = _Report(trial, self.objective, self.reports)
+        report = _Report(trial, self.objective)
         t0 = time.perf_counter()
         try:
             result = runs.train(self.recipe, trial_config, run_dir, hooks=[report], console=Console(quiet=True),
@@ -743,7 +717,7 @@ class _Job:
             pending = list(groups.values())
             while pending:
                 group = pending.pop(0)
-                reports = [_Report(trial, self.objective, self.reports) for trial, *_ in group]
+                reports = [_Report(trial, self.objective) for trial, *_ in group]
                 t0 = time.perf_counter()
                 try:
                     results = runs.train_population(self.recipe, [g[2] for g in group], [g[3] for g in group],
