@@ -37,11 +37,27 @@ def rows(run_dir) -> list[dict]:
             for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
-def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of_their_own(tmp_path):
+def _counting_transfers(monkeypatch) -> list[int]:
+    """Counts the metrics transfers (`jax.device_get` of a list of calls' metrics) from now on."""
+    count, device_get = [0], jax.device_get
+
+    def counted(x):
+        count[0] += isinstance(x, list)
+        return device_get(x)
+
+    monkeypatch.setattr(jax, "device_get", counted)
+    return count
+
+
+def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of_their_own(tmp_path, monkeypatch):
     members = [Member(small_mlp(i), config(lr), run_dir=tmp_path / f"m{i}") for i, lr in enumerate(LRS)]
+    transfers = _counting_transfers(monkeypatch)
     results = fit_population(members, mse, DATA, VAL, formulation="tuple", verbosity="silent")
+    population_transfers, transfers[0] = transfers[0], 0
     for i, lr in enumerate(LRS):
         lone = fit(small_mlp(i), mse, DATA, VAL, config(lr), run_dir=tmp_path / f"lone{i}", verbosity="silent")
+        if i == 0:  # every member's metrics come back in one transfer per log interval: a lone run's count
+            assert population_transfers == transfers[0] == 6  # 2 epochs of calls of 4, 4 and 2 steps, logged every 4
         got = results[i]
         assert leaves_close(got.state.params, lone.state.params) == 0.0
         assert [r["val_loss"] for r in got.history] == [r["val_loss"] for r in lone.history]

@@ -491,6 +491,43 @@ def _formulation(asked: str, members: Sequence[Member], devices: int) -> type:
     return _Stacked if asked == "stacked" else _Tuple
 
 
+class _MemberMetrics(dict):
+    """A member's metrics of one call: its device arrays, as a lone run's hooks get them, that
+    know their population's shared transfer (`_Transfers`), which the metrics hook uses."""
+
+    def __init__(self, metrics: dict[str, jax.Array], transfers: "_Transfers", call: int, member: int):
+        super().__init__(metrics)
+        self._transfers, self._call, self._member = transfers, call, member
+
+    def host(self) -> dict[str, np.ndarray]:
+        return self._transfers.host(self._call, self._member)
+
+
+class _Transfers:
+    """Every member's metrics come to the host in one transfer per log interval: the first member
+    to fetch a call brings that call and every earlier one not yet fetched, for all members, in
+    one `jax.device_get` (the calls after it may still be running: they are not waited for)."""
+
+    def __init__(self, live: Callable[[], set[int]]):
+        self._live = live  # the members still training: only they will take their metrics
+        self._calls: dict[int, tuple[dict[str, jax.Array], ...]] = {}  # on the device, not yet fetched
+        self._host: dict[tuple[int, int], dict[str, np.ndarray]] = {}  # (call, member): not yet taken
+        self._count = 0
+
+    def add(self, metrics: tuple[dict[str, jax.Array], ...]) -> list[_MemberMetrics]:
+        """The members' views of a call's metrics (a tuple of one dict per member)."""
+        call, self._count = self._count, self._count + 1
+        self._calls[call] = metrics
+        return [_MemberMetrics(m, self, call, i) for i, m in enumerate(metrics)]
+
+    def host(self, call: int, member: int) -> dict[str, np.ndarray]:
+        if (call, member) not in self._host:
+            due, live = [c for c in self._calls if c <= call], self._live()
+            for c, members in zip(due, jax.device_get([self._calls.pop(c) for c in due])):
+                self._host.update({(c, i): m for i, m in enumerate(members) if i in live or i == member})
+        return self._host.pop((call, member))
+
+
 class _Members:
     """The crew of a population (`training.Crew`): every call's and epoch's results handed to each
     member still training, in its own `Run`; a member that stops ends there, the others go on.
@@ -502,6 +539,7 @@ class _Members:
 
     def __init__(self, shared: Run, runners: list[_Runner], form: Any, console: Console):
         self.shared, self.runners, self.form, self.console = shared, runners, form, console
+        self.transfers = _Transfers(lambda: {i for i, _ in self.live()})
 
     def live(self) -> list[tuple[int, _Runner]]:
         return [(i, r) for i, r in enumerate(self.runners) if r.status is None]
@@ -531,7 +569,8 @@ class _Members:
             r.run.state, r.run.loop.position, r.run.stop_signal = states[i], shared.loop.position, shared.stop_signal
             r.run.step += k
         shared.each("after_call", k, metrics)  # the population's evaluation (built after the first call)
-        self._each("after_call", lambda i: (k, metrics[i]))
+        members = self.transfers.add(metrics)
+        self._each("after_call", lambda i: (k, members[i]))
 
     def epoch_end(self, record: dict[str, Any]) -> bool:
         self.shared.each("on_epoch_end", record)  # every member's validation metrics, "val_<member>/<name>"

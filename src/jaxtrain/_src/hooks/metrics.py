@@ -39,6 +39,14 @@ class Sums:
         return {"sums": self.sums, "counts": self.counts, "skipped": self.skipped}
 
 
+def to_host(calls: list[dict[str, jax.Array]]) -> list[dict[str, np.ndarray]]:
+    """Calls' metrics on the host, in one transfer; metrics that know a shared transfer (a
+    population member's: `host()`) come from it, so P members cost one transfer, not P."""
+    if calls and hasattr(calls[0], "host"):
+        return [m.host() for m in calls]
+    return jax.device_get(calls)
+
+
 class MetricsHook(RunHook):
     """Fetches per-step metrics in groups of at least `log_every` steps (the only host syncs of
     the loop), stops on a non-finite loss (`on_nan="stop"`), emits one row per `log_every` steps
@@ -69,7 +77,7 @@ class MetricsHook(RunHook):
     def _fetch(self, run: Run, calls: list[tuple[int, int, dict[str, jax.Array]]]) -> None:
         if not calls:
             return
-        fetched = jax.device_get([m for _, _, m in calls])
+        fetched = to_host([m for _, _, m in calls])
         first = calls[0][0]
         values = {name: np.concatenate([np.asarray(f[name]).reshape(-1) for f in fetched]) for name in fetched[0]}
         bad = np.flatnonzero(~np.isfinite(values["loss"]))
