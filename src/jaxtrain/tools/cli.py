@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -508,7 +509,10 @@ def _sweep(args: Sequence[str]) -> int:
                         objective=objective or "val_loss", direction="maximize" if direction == "max" else "minimize",
                         sampler=sampler or "tpe", pruner=pruner or "median", seed=seed, flags=flags, workers=workers,
                         heartbeat=heartbeat, population=population, console=console)
-    sweep.print_report(study, console, objective or "val_loss")
+    sweep.print_report(study, console, objective or "val_loss", importances=False)
+    report = ["jaxtrain", "sweep", "report", out, *(["--storage", storage] if storage else []),
+              *(["--study", study.study_name] if storage or study_name else [])]
+    console.print(f"parameter importances and plots: {shlex.join(report)}")
     return 0
 
 
