@@ -419,7 +419,7 @@ class Checkpointer:
                                        keep_checkpoints_without_metrics=False))
         options = ocp.CheckpointManagerOptions(  # a reader never creates, deletes or cleans up
             preservation_policy=None if read_only else policies.AnyPreservationPolicy(keep),
-            enable_async_checkpointing=not read_only,
+            enable_async_checkpointing=not read_only and writer is None,
             create=not read_only,
             cleanup_tmp_directories=not read_only,
             # Only with best_fn does orbax write each step's metrics to disk: without them a resumed

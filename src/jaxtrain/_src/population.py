@@ -392,7 +392,7 @@ def fit_population(
         shared = Run("population", config, quiet, None, jax.local_devices()[0], layout, feed, calls, state,
                      resumed.step, loop, [evaluation] if evaluation else [],
                      num_val=evaluation.num_samples if evaluation else 0)
-        runners, states, flops = [], form.members(state.members), {}
+        runners, states, flops, summaries = [], form.members(state.members), {}, {}
         about = {"members": len(members), "formulation": form.name}
         for i, (m, guard) in enumerate(zip(members, guards)):
             validation = _Validation()
@@ -404,7 +404,10 @@ def fit_population(
             if resumed.ended[i] is not None:  # it ended before the population stopped: it stays as it ended
                 runners[-1].close(jax.tree.map(jnp.copy, resumed.states[i]), resumed.ended[i])  # its slot's are donated
                 continue
-            run.model_summary = summarise_model(m.model, loss_fn, train_data, preprocess, config.batch_size)
+            structure = (nnx.graphdef(m.model), tuple((x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(m.model))))
+            if structure not in summaries:  # members of one structure (a sweep over numbers) share theirs
+                summaries[structure] = summarise_model(m.model, loss_fn, train_data, preprocess, config.batch_size)
+            run.model_summary = summaries[structure]
             run.hooks = run_hooks(m.config, m.hooks, validation, checkpoints[i], Hook(), guard.path, saved[i],
                                   member_loop, plots=False)
         if any(r.status is None for r in runners):
