@@ -363,3 +363,27 @@ def test_pruned_and_diverging_members_of_a_population_end_alone(tmp_path):
                         pruner="none", population=4, sampler="random")
     states = {t.params["optim.lr"]: t.state for t in study.trials}
     assert states == {1e12: optuna.trial.TrialState.FAIL, 1e-3: optuna.trial.TrialState.COMPLETE}
+
+
+def test_a_populations_pruner_reads_the_study_once_an_epoch_and_decides_as_should_prune(tmp_path):
+    """Members of a population ask the median pruner through one view of the study per epoch: the
+    same decisions as `Trial.should_prune`, with the completed trials read once, not once a member."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}",
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0))
+    for value in (1.0, 2.0, 3.0):  # completed trials: the median at epoch 1 is 2.0
+        done = study.ask()
+        done.report(value, 1)
+        study.tell(done, value)
+    members = [study.ask() for _ in range(4)]
+    shared = sweep._StudyAtEpoch(study)
+    reads = []
+    get_trials = study.get_trials
+    study.get_trials = lambda *a, **k: reads.append(k.get("states")) or get_trials(*a, **k)
+    decisions = []
+    for trial, value in zip(members, (0.5, 2.5, 1.5, 9.0)):
+        trial.report(value, 1)
+        decisions.append(sweep._Report(trial, "val_loss", shared)._should_prune(1))
+    assert len(reads) == 1  # four members, one read of the completed trials
+    study.get_trials = get_trials
+    assert decisions == [t.should_prune() for t in members] == [False, True, False, True]

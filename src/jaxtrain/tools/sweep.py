@@ -39,6 +39,7 @@ holding a tuple, such as the MLP's widths, takes the chosen value in each of its
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import multiprocessing
@@ -205,11 +206,36 @@ def _replace(config: Any, path: list[str], value: Any, name: str) -> Any:
     return dataclasses.replace(config, **{path[0]: value})
 
 
-class _Report(Hook):
-    """Reports the objective after each epoch and stops the run when the pruner says so."""
+class _StudyAtEpoch:
+    """The study as a population's pruner sees it at one epoch's end: each query of its trials is
+    read once for all the members (a read takes ~25 ms on SQLite and grows with the study), not
+    once per member. Everything else is the study's own."""
 
-    def __init__(self, trial: Any, objective: str):
-        self.trial, self.objective, self.pruned = trial, objective, False
+    def __init__(self, study: Any):
+        self._study, self._epoch, self._trials = study, None, {}
+
+    def at(self, epoch: int) -> "_StudyAtEpoch":
+        if epoch != self._epoch:
+            self._epoch, self._trials = epoch, {}
+        return self
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        key = None if states is None else tuple(states)
+        if key not in self._trials:
+            self._trials[key] = self._study.get_trials(deepcopy=False, states=states)
+        return copy.deepcopy(self._trials[key]) if deepcopy else self._trials[key]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+
+class _Report(Hook):
+    """Reports the objective after each epoch and stops the run when the pruner says so. The
+    members of a population share `study` (`_StudyAtEpoch`): their pruner reads the trials once an
+    epoch."""
+
+    def __init__(self, trial: Any, objective: str, study: _StudyAtEpoch | None = None):
+        self.trial, self.objective, self.pruned, self.study = trial, objective, False, study
 
     def on_epoch_end(self, run: Any, record: dict[str, Any]) -> None:
         value = record.get(self.objective)
@@ -218,9 +244,16 @@ class _Report(Hook):
         self.trial.report(value, run.epoch)
         if run.epoch >= run.config.epochs:  # all its work is done: complete, whatever the pruner would say
             return
-        if self.trial.should_prune():
+        if self._should_prune(run.epoch):
             self.pruned = True
             run.stop(f"pruned by the sweep at epoch {run.epoch}")
+
+
+    def _should_prune(self, epoch: int) -> bool:
+        if self.study is None:
+            return self.trial.should_prune()
+        study = self.trial.study  # `Trial.should_prune` with the epoch's shared view of the study
+        return study.pruner.prune(self.study.at(epoch), study._storage.get_trial(self.trial._trial_id))
 
 
 def _best(history: list[dict[str, Any]], objective: str, direction: str) -> float:
@@ -717,7 +750,8 @@ class _Job:
             pending = list(groups.values())
             while pending:
                 group = pending.pop(0)
-                reports = [_Report(trial, self.objective) for trial, *_ in group]
+                shared = _StudyAtEpoch(study)
+                reports = [_Report(trial, self.objective, shared) for trial, *_ in group]
                 t0 = time.perf_counter()
                 try:
                     results = runs.train_population(self.recipe, [g[2] for g in group], [g[3] for g in group],
