@@ -2,8 +2,9 @@
 through a link, reads nothing pickled and names what is wrong with an input in one line (non-finite
 rows included), writes its output whole or not at all (a full disk is one line, not a SIGBUS);
 `jaxtrain export` refuses links, files and unknown platforms, and its signature carries checksums.
-(Kills and two predicts at once: tests/e2e/test_predict_kill.py.)"""
+(Kills and two predicts at once: the slow tests at the end of this file.)"""
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -273,20 +274,27 @@ def test_predict_killed_at_a_random_moment_leaves_its_output_whole_or_absent(run
     """SIGTERM and SIGKILL while the output is being written: the output is absent or whole; after
     SIGTERM no partial file is left either. (`jaxtrain predict` killed 20 times: see the report.)"""
     reference = np.load(big_inputs / "a-y.npy")
-    rng = np.random.default_rng()
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        out = tmp_path / f"y{signum}.npy"
-        proc = _cli("predict", str(run), "--input", str(big_inputs / "a.npy"), "--output", str(out),
-                    "--batch-size", "64")
-        _wait_for_partial(tmp_path, proc)
-        time.sleep(rng.uniform(0, 0.1))
-        proc.send_signal(signum)
+    procs = {}
+    for signum in (signal.SIGTERM, signal.SIGKILL):  # both at once, each in a folder of its own: their starts overlap
+        (tmp_path / signum.name).mkdir()
+        procs[signum] = _cli("predict", str(run), "--input", str(big_inputs / "a.npy"), "--output",
+                             str(tmp_path / signum.name / "y.npy"), "--batch-size", "64")
+
+    def kill(signum: signal.Signals, delay: float) -> None:
+        _wait_for_partial(tmp_path / signum.name, procs[signum])
+        time.sleep(delay)
+        procs[signum].send_signal(signum)
+
+    with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
+        list(pool.map(kill, procs, np.random.default_rng().uniform(0, 0.1, len(procs))))
+    for signum, proc in procs.items():
         _, err = proc.communicate(timeout=120)
+        out = tmp_path / signum.name / "y.npy"
         if out.exists():
             np.testing.assert_array_equal(np.load(out), reference)
         if signum == signal.SIGTERM and proc.returncode != 0:
             assert proc.returncode == 128 + signum and err.strip() == "stopped by SIGTERM", err
-            assert _partials(tmp_path) == []
+            assert _partials(out.parent) == []
 
 
 @pytest.mark.slow
