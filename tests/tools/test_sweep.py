@@ -387,3 +387,33 @@ def test_a_populations_pruner_reads_the_study_once_an_epoch_and_decides_as_shoul
     assert len(reads) == 1  # four members, one read of the completed trials
     study.get_trials = get_trials
     assert decisions == [t.should_prune() for t in members] == [False, True, False, True]
+
+
+def test_two_workers_never_take_the_same_waiting_trial(tmp_path, monkeypatch):
+    """A re-asked (waiting) trial is taken by one worker only. Two handles on one SQLite study (as two
+    worker processes hold) read the trial at once, each pausing between its read and its write:
+    without the write lock at BEGIN both took it (the race seen in the two-worker SIGTERM test)."""
+    import threading
+    import time
+
+    from optuna.storages._rdb import models
+
+    job = _job(tmp_path, trials=1)
+    first, second = job.open(), job.open()
+    first.enqueue_trial({"optim.lr": 1e-3})
+    find = models.TrialModel.find_or_raise_by_id.__func__
+
+    def slow_find(cls, trial_id, session, for_update=False):
+        trial = find(cls, trial_id, session, for_update)
+        if for_update:
+            time.sleep(0.3)  # both readers inside their read-then-write
+        return trial
+
+    monkeypatch.setattr(models.TrialModel, "find_or_raise_by_id", classmethod(slow_find))
+    taken = []
+    threads = [threading.Thread(target=lambda s=s: taken.append(s._pop_waiting_trial_id())) for s in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken, key=lambda t: t is None) == [first.trials[0]._trial_id, None]  # one took it, once
