@@ -165,3 +165,27 @@ def test_a_population_stopped_mid_epoch_resumes_to_the_uninterrupted_result_bit_
         assert got.summary["status"] == want.summary["status"] and len(got.history) == len(want.history)
         assert rows(tmp_path / "cut" / f"m{i}") == rows(tmp_path / "whole" / f"m{i}")
     assert resumed[2].summary["status"] == "stopped early"  # it had ended: it stays as it ended
+
+
+@pytest.mark.parametrize("step", [10, 20])  # epoch 1's save (seen at the next), the last epoch's
+def test_a_member_whose_save_fails_fails_alone(tmp_path, monkeypatch, step):
+    """A member's save that cannot be written (its folder's disk full) fails that member, as it
+    fails a lone run, and the others train on; the final saves are waited for at the members' run
+    ends, so each is written while the other members end their epoch."""
+    from jaxtrain._src import checkpoint
+
+    write = checkpoint.Checkpointer._write
+
+    def full_disk_for_m1(self, at, *args):
+        if self.directory.parent.name == "m1" and at == step:
+            self._fail("No space left on device")
+        return write(self, at, *args)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "_write", full_disk_for_m1)
+    members = [Member(small_mlp(i), config(lr), run_dir=tmp_path / f"m{i}") for i, lr in enumerate(LRS[:2])]
+    results = fit_population(members, mse, DATA, VAL, formulation="tuple", verbosity="silent")
+    assert results[0].summary["status"] == "completed" and results[0].summary["latest_checkpoint_step"] == 20
+    failed = json.loads((tmp_path / "m1" / "summary.json").read_text())
+    assert failed["status"].startswith("failed: cannot write a checkpoint to ")
+    assert "No space left on device" in failed["status"]
+    assert failed["latest_checkpoint_step"] == (None if step == 10 else 10)

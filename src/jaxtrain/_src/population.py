@@ -39,6 +39,7 @@ from flax import nnx
 from rich.console import Console
 
 from jaxtrain._src.calls import AutoSteps
+from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.checks import check_fit_inputs, check_path_length
 from jaxtrain._src.config import TrainConfig, to_dict
 from jaxtrain._src.errors import ConfigError, NonFiniteLossError
@@ -558,6 +559,8 @@ class _Members:
                 runner.run.each(event, *args(i))
             except NonFiniteLossError:  # this member diverged: the others go on
                 runner.end(FAILURES[NonFiniteLossError], others_train=True)
+            except CheckpointError as e:  # its folder's disk is full, say: it ends, the others go on
+                runner.end(f"failed: {e}", others_train=True)
 
     def each(self, event: str) -> None:
         self.shared.each(event)

@@ -45,6 +45,7 @@ class CheckpointHook(RunHook):
         self.config, self._name, self._run_config = config, name, run_config
         self.ckpt = Checkpointer(directory, config.keep_last, config.keep_best, config.best_metric, config.best_mode,
                                  writer=writer)
+        self._beside = writer is not None  # a population's member: its saves are written beside the loop
         self._last_save = 0
         self._accepted: str | None = None  # the note of a resume on changed data, for metrics.jsonl
 
@@ -152,7 +153,7 @@ class CheckpointHook(RunHook):
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._save(run, {self.config.best_metric: record.get(self.config.best_metric)}, "epoch")
-        if run.epoch == run.config.epochs or run.stop_reason is not None:
+        if (run.epoch == run.config.epochs or run.stop_reason is not None) and not self._beside:
             self.ckpt.wait()  # a failed final save is an error of the run
 
     def _save(self, run: Run, metrics: dict[str, Any] | None, kind: str) -> None:
@@ -163,12 +164,18 @@ class CheckpointHook(RunHook):
         self._last_save = run.step
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
+        """Waits for the last saves. A member of a population waits here, not at its last epoch's
+        end, so that its final save is written while the other members end their epoch: its
+        failure is raised here (the run fails, as a lone run's does at its last epoch)."""
+        failed = None
         try:
             self.ckpt.wait()
-        except CheckpointError:
-            pass  # reported by the save that failed, or by the wait in on_epoch_end
+        except CheckpointError as e:  # a lone run's was reported by the save or the wait in on_epoch_end
+            failed = e if self._beside and summary["status"] in ("completed", "stopped early") else None
         summary["latest_checkpoint_step"] = self.ckpt.latest_step()
         self.ckpt.close()
+        if failed is not None:
+            raise failed
 
     @property
     def directory(self) -> Path:
