@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -23,6 +24,7 @@ import pytest
 from _runs import mount_tmpfs, unmount
 
 import jaxtrain
+from jaxtrain._src import export as export_module
 from jaxtrain._src import safe_files
 from jaxtrain.tools import runs
 from jaxtrain.tools.array_files import write_outputs
@@ -222,9 +224,18 @@ def test_export_refuses_links_files_and_unknown_platforms(run, tmp_path, capsys)
     assert not (tmp_path / "a").exists() and _partials(out) == []
 
 
-def test_export_carries_checksums_that_the_loaders_verify(run, tmp_path, capsys):
+def test_export_carries_checksums_that_the_loaders_verify(run, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
+    written = export_module.write_text
+    seen = []  # a new folder is written beside its name: a kill before the rename leaves no folder
+
+    def watched(path, text, *args, **kwargs):
+        seen.append((Path(path).parent != out, out.exists()))
+        return written(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(export_module, "write_text", watched)
     assert main(["export", str(run), "--out", str(out), "--platforms", "cpu,CUDA"]) == 0
+    assert seen == [(True, False), (True, False)]  # README.md, signature.json: elsewhere, `out` not there yet
     signature = json.loads((out / "signature.json").read_text())
     assert signature["platforms"] == ["cpu", "cuda"]
     assert signature["artifact_sha256"] == hashlib.sha256((out / "model.jax_export").read_bytes()).hexdigest()

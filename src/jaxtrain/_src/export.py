@@ -19,8 +19,9 @@
       outputs = forward.call(inputs)
 
 Each file is written whole or not at all, never through a symbolic link (`safe_files`);
-signature.json goes last, so its checksums say which files belong together. An export that
-fails into a folder it created removes what it wrote.
+signature.json goes last, so its checksums say which files belong together. A new folder is
+written beside its name and renamed into place when complete: an export that fails, or is killed
+(SIGKILL included), leaves no folder.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from flax import nnx
 from jaxtrain._src.data.transforms import to_spec
 from jaxtrain._src.errors import ConfigError, argument
 from jaxtrain._src.predict import Forward
-from jaxtrain._src.safe_files import write_bytes, write_error, write_text
+from jaxtrain._src.safe_files import partial_folder, write_bytes, write_error, write_text
 from jaxtrain._src.step import Preprocess
 from jaxtrain._src.weights import write_weights
 
@@ -130,19 +131,17 @@ def export(model: nnx.Module, example: Any, directory: str | os.PathLike, *, pre
         example=", ".join(str(d) for d in (2, *row)) + ("," if not row else ""), dtype=dtype.name, name=inputs,
         input_shape=f"(batch, {', '.join(map(str, row))})" if row else "(batch,)",
         outputs="; ".join(f"`{o['name']}` ({', '.join(map(str, o['shape']))}) {o['dtype']}" for o in out))
-    created = not directory.exists()
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        signature["weights_sha256"] = write_weights(model, directory / "weights.safetensors")
-        write_bytes(directory / ARTIFACT, artifact)
-        write_text(directory / "README.md", readme)
-        write_text(directory / "signature.json", json.dumps(signature, indent=2) + "\n")  # last: the checksums
+        # A new folder is written whole beside its name and renamed into place (a kill leaves it
+        # absent); an existing one, which may hold other files, takes the files one by one.
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with partial_folder(directory) if not directory.exists() else contextlib.nullcontext(directory) as into:
+            signature["weights_sha256"] = write_weights(model, into / "weights.safetensors")
+            write_bytes(into / ARTIFACT, artifact)
+            write_text(into / "README.md", readme)
+            write_text(into / "signature.json", json.dumps(signature, indent=2) + "\n")  # last: the checksums
     except OSError as e:
-        _remove(directory, created)
         raise write_error(directory, e, "export elsewhere") from None
-    except BaseException:
-        _remove(directory, created)
-        raise
     return signature
 
 
@@ -175,14 +174,3 @@ def check_directory(directory: Path) -> Path:
         raise ConfigError(f"{directory} is a file, not a folder; choose another "
                           f"{argument('out', python='directory')}", path=directory)
     return directory
-
-
-def _remove(directory: Path, created: bool) -> None:
-    """After a failed export into a folder it created: the files it wrote, and the folder."""
-    if not created:
-        return
-    for name in FILES:
-        with contextlib.suppress(OSError):
-            (directory / name).unlink()
-    with contextlib.suppress(OSError):
-        directory.rmdir()
