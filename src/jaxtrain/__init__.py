@@ -5,33 +5,80 @@ with the modules `jaxtrain.data`, `jaxtrain.models`, `jaxtrain.hooks`, `jaxtrain
 `jaxtrain.distributed`, and `jaxtrain.rl` (it loads mctx, so it is imported only when used).
 Everything under `jaxtrain._src` is private; the command line, recipes, benchmarks and diagnosis
 tools are under `jaxtrain.tools`, above the library.
+
+Each public name is imported on first use (PEP 562 `__getattr__`): `import jaxtrain` alone loads
+no JAX, so that `jaxtrain --help` and `--version` answer at once (JAX, Flax and Optax take about
+a second to import); `jaxtrain.fit` and `from jaxtrain import fit` work as before.
 """
 
-from jaxtrain import data, distributed, hooks, models, remat
-from jaxtrain._src.checkpoint import CheckpointError
-from jaxtrain._src.compile_cache import enable_compile_cache
-from jaxtrain._src.config import (
-    CheckpointConfig,
-    DataConfig,
-    DistConfig,
-    EarlyStoppingConfig,
-    OptimConfig,
-    TrainConfig,
-)
-from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
-from jaxtrain._src.export import export
-from jaxtrain._src.hooks.base import Hook, LambdaHook, RunView
-from jaxtrain._src.load import load
-from jaxtrain._src.loop import FitResult, TrainingStopped, fit
-from jaxtrain._src.memory import limit_free_heap
-from jaxtrain._src.optim import build_optimizer, build_schedule
-from jaxtrain._src.population import Member, fit_population
-from jaxtrain._src.predict import predict
-from jaxtrain._src.run_guard import RESUMABLE
-from jaxtrain._src.state import TrainState
-from jaxtrain._src.weights import load_weights, save_weights
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The one place the version is written: pyproject.toml reads it (tool.setuptools.dynamic) and
+# `jaxtrain --version` prints it.
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr__` imports the same
+    from jaxtrain import data, distributed, hooks, models, remat
+    from jaxtrain._src.checkpoint import CheckpointError
+    from jaxtrain._src.compile_cache import enable_compile_cache
+    from jaxtrain._src.config import (
+        CheckpointConfig,
+        DataConfig,
+        DistConfig,
+        EarlyStoppingConfig,
+        OptimConfig,
+        TrainConfig,
+    )
+    from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
+    from jaxtrain._src.export import export
+    from jaxtrain._src.hooks.base import Hook, LambdaHook, RunView
+    from jaxtrain._src.load import load
+    from jaxtrain._src.loop import FitResult, TrainingStopped, fit
+    from jaxtrain._src.memory import limit_free_heap
+    from jaxtrain._src.optim import build_optimizer, build_schedule
+    from jaxtrain._src.population import Member, fit_population
+    from jaxtrain._src.predict import predict
+    from jaxtrain._src.run_guard import RESUMABLE
+    from jaxtrain._src.state import TrainState
+    from jaxtrain._src.weights import load_weights, save_weights
+
+# public name -> the module it comes from (the imports above; tests/library/test_api.py checks they agree)
+_HOMES = {
+    "CheckpointConfig": "jaxtrain._src.config",
+    "CheckpointError": "jaxtrain._src.checkpoint",
+    "ConfigError": "jaxtrain._src.errors",
+    "DataConfig": "jaxtrain._src.config",
+    "DataError": "jaxtrain._src.errors",
+    "DistConfig": "jaxtrain._src.config",
+    "EarlyStoppingConfig": "jaxtrain._src.config",
+    "FitResult": "jaxtrain._src.loop",
+    "Hook": "jaxtrain._src.hooks.base",
+    "JaxtrainError": "jaxtrain._src.errors",
+    "LambdaHook": "jaxtrain._src.hooks.base",
+    "Member": "jaxtrain._src.population",
+    "NonFiniteLossError": "jaxtrain._src.errors",
+    "OptimConfig": "jaxtrain._src.config",
+    "RESUMABLE": "jaxtrain._src.run_guard",
+    "RunView": "jaxtrain._src.hooks.base",
+    "TrainConfig": "jaxtrain._src.config",
+    "TrainState": "jaxtrain._src.state",
+    "TrainingStopped": "jaxtrain._src.loop",
+    "build_optimizer": "jaxtrain._src.optim",
+    "build_schedule": "jaxtrain._src.optim",
+    "enable_compile_cache": "jaxtrain._src.compile_cache",
+    "export": "jaxtrain._src.export",
+    "fit": "jaxtrain._src.loop",
+    "fit_population": "jaxtrain._src.population",
+    "limit_free_heap": "jaxtrain._src.memory",
+    "load": "jaxtrain._src.load",
+    "load_weights": "jaxtrain._src.weights",
+    "predict": "jaxtrain._src.predict",
+    "save_weights": "jaxtrain._src.weights",
+}
+_MODULES = ("data", "distributed", "hooks", "models", "remat")
 
 __all__ = [
     "CheckpointConfig",
@@ -70,3 +117,17 @@ __all__ = [
     "remat",
     "save_weights",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name's value, imported on its first use and kept (later lookups do not come here)."""
+    if name in _MODULES:
+        return importlib.import_module(f"jaxtrain.{name}")  # the import binds it on this package
+    if name not in _HOMES:
+        raise AttributeError(f"module 'jaxtrain' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(_HOMES[name]), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -23,6 +23,19 @@ def test_public_names_are_pinned_and_sorted():
         assert hasattr(jaxtrain, name), name
 
 
+def test_each_name_loads_from_the_module_type_checkers_are_shown():
+    # `import jaxtrain` is lazy: `_HOMES` says where each name comes from at run time, the
+    # `if TYPE_CHECKING:` imports say it to type checkers and readers; they must not drift apart.
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(jaxtrain.__file__).read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING"]
+    shown = {alias.name: node.module for node in block.body for alias in node.names}
+    assert shown == {**jaxtrain._HOMES, **{m: "jaxtrain" for m in jaxtrain._MODULES}}
+    assert set(jaxtrain.__all__) <= set(dir(jaxtrain))
+
+
 def test_fit_takes_at_most_twelve_parameters():
     import inspect
 

@@ -113,6 +113,56 @@ def test_recipes_lists_mlp_regression(capsys):
     assert "mlp-regression" in capsys.readouterr().out
 
 
+def test_version_prints_the_packages_version(capsys):
+    import jaxtrain
+    from jaxtrain.tools.cli import USAGE
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"jaxtrain {jaxtrain.__version__}\n"
+    assert "  --version " in USAGE
+
+
+def test_a_command_without_help_of_its_own_prints_its_usage_lines(capsys):
+    from jaxtrain.tools.bench import BENCHMARKS
+    from jaxtrain.tools.recipes import RECIPES
+
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "jaxtrain train RECIPE --resume" in out and "eval" not in out
+    assert f"recipes: {', '.join(sorted(RECIPES))} " in out
+    assert main(["bench", "-h"]) == 0
+    out = capsys.readouterr().out
+    assert [name for name in BENCHMARKS if f"jaxtrain bench {name} " not in out] == []
+    assert main(["data", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "jaxtrain data generate WORKLOAD" in out and "jaxtrain data inspect FILE" in out and "bench" not in out
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["tune", "lr", "--help"], "usage: jaxtrain tune lr RECIPE"),  # not batch-size's help
+    (["sample", "--help"], "--temperature FLOAT"),  # the options, without a run directory
+    (["predict", "-h"], "--allow-nonfinite"),
+    (["doctor", "--help"], "--expect-devices INT"),
+])
+def test_help_of_commands_with_their_own(args, expected, capsys):
+    try:
+        code = main(args)
+    except SystemExit as e:  # tyro's help
+        code = e.code
+    assert code == 0
+    assert expected in capsys.readouterr().out
+
+
+def test_what_the_help_writes_down_agrees_with_its_source():
+    # `jaxtrain recipes` and `tune --help` print copies, so that they import no JAX.
+    from jaxtrain.tools import tune
+    from jaxtrain.tools.cli import TUNE_MAX_BATCH
+    from jaxtrain.tools.recipes import CATALOG, RECIPES
+
+    assert CATALOG == {name: recipe.description for name, recipe in RECIPES.items()}
+    assert TUNE_MAX_BATCH == tune.MAX_BATCH
+
+
 def test_plot_command_draws_a_run_and_rejects_other_directories(tmp_path, capsys):
     from conftest import mse, regression_data, silent, small_mlp
 

@@ -53,6 +53,38 @@ def test_train_path_imports_heavy_libraries_only_when_used(tmp_path):
     assert list((tmp_path / "run" / "tensorboard").iterdir())
 
 
+HELP = [["--help"], ["--version"], ["recipes"], ["train", "--help"], ["eval", "--help"], ["predict", "--help"],
+        ["export", "--help"], ["plot", "--help"], ["compare", "--help"], ["doctor", "--help"], ["scan", "--help"],
+        ["profile", "--help"], ["sample", "--help"], ["summary", "--help"], ["tune", "--help"],
+        ["tune", "lr", "--help"], ["sweep", "--help"], ["bench", "--help"], ["data", "--help"],
+        ["data", "generate", "--help"], ["data", "inspect", "--help"]]
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "numpy", "matplotlib", "h5py", "optuna", "torch")
+
+
+@pytest.mark.slow
+def test_help_version_and_recipes_import_no_jax():
+    # The help answers at once (no JAX: its import alone takes about a second): every command's
+    # --help, the recipes' list and --version, one after another in a fresh interpreter.
+    code = f"""
+import contextlib, io, json, sys
+from jaxtrain.tools import cli
+codes = {{}}
+for args in {HELP!r}:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            code = cli.main(args)
+        except SystemExit as e:  # tyro's help
+            code = e.code
+    codes[" ".join(args)] = [code, len(out.getvalue())]
+print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {HEAVY!r} if m in sys.modules)}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {args: c for args, (c, n) in seen["codes"].items() if c != 0 or n < 15} == {}  # each exits 0 with text
+    assert seen["heavy"] == []
+
+
 def test_summary_writer_import_leaves_torch_importable(monkeypatch):
     monkeypatch.delitem(sys.modules, "tensorboardX.writer", raising=False)
     assert _summary_writer_class().__name__ == "SummaryWriter"

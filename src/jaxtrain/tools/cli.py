@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+from jaxtrain import __version__
 from jaxtrain._src.errors import ConfigError, JaxtrainError, rendering
 from jaxtrain._src.safe_files import remove_partials
 
@@ -59,6 +60,7 @@ commands:
                            the model: each module's path, type, output shape, parameters and bytes; the
                            totals; FLOPs of one compiled training step
   recipes                  list the recipes
+  --version                print jaxtrain's version
   tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] [--seconds S] [--no-throughput]
                     [--out FILE.png] [OPTIONS]
                            the largest batch whose training step fits a memory cap (default: the device's memory),
@@ -73,6 +75,7 @@ commands:
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
   bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
+  bench ema [OPTIONS]      what an average of the weights (--ema) costs per training step
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
   bench profile --workload char-gpt|mnist-cnn|mlp-regression [--steps N] [--top N] [--out DIR]
@@ -83,7 +86,10 @@ commands:
   bench remat [OPTIONS]    --remat none / blocks / full: compiled memory and ms per training step
   bench attention [OPTIONS]  causal attention paths, forward + backward at T = 64, 256, 1024
   bench precision [OPTIONS]   fp32 / bf16 / fp16 and gradient accumulation: time and compiled memory per step
+  bench predict [OPTIONS]  jaxtrain.predict against a hand-written jax.jit forward over the same batches
   bench preprocess [OPTIONS]  dataset loading with the preprocessing cache off, cold and warm
+  bench sweep [OPTIONS]    trials per hour of `jaxtrain sweep` (one at a time, workers, populations);
+                           tune lr's suggestion against the best rate a sweep finds
   bench selfplay [OPTIONS]  AlphaZero self-play: plain Python MCTS vs jitted network vs batched mctx; training updates/s
   bench xla-flags [OPTIONS]  XLA:CPU options (XNNPACK/YNNPACK, oneDNN, threads, scheduler, ISA, fast math) vs none
   bench scan-corpus [--corpus FILE] [--cache DIR]  jaxtrain scan's recall and precision on labelled public scripts
@@ -241,6 +247,8 @@ class SampleConfig:
 
 
 def _sample(args: Sequence[str]) -> int:
+    if args[:1] in (["-h"], ["--help"]):
+        parse_config(SampleConfig, SampleConfig(), ["--help"], "jaxtrain sample RUN_DIR")  # exits 0, before JAX
     from jaxtrain.tools import runs
 
     if not args or args[0].startswith("-"):
@@ -270,6 +278,8 @@ class PredictConfig:
 
 
 def _predict(args: Sequence[str]) -> int:
+    if args[:1] in (["-h"], ["--help"]):
+        parse_config(PredictConfig, PredictConfig(), ["--help"], "jaxtrain predict RUN_DIR")  # exits 0, before JAX
     from jaxtrain.tools import runs
 
     if not args or args[0].startswith("-"):
@@ -298,6 +308,8 @@ class ExportConfig:
 
 
 def _export(args: Sequence[str]) -> int:
+    if args[:1] in (["-h"], ["--help"]):
+        parse_config(ExportConfig, ExportConfig(), ["--help"], "jaxtrain export RUN_DIR")  # exits 0, before JAX
     from jaxtrain.tools import runs
 
     if not args or args[0].startswith("-"):
@@ -323,15 +335,15 @@ def _plot(args: Sequence[str]) -> int:
 
 
 def _compare(args: Sequence[str]) -> int:
-    from rich.console import Console
-
-    from jaxtrain.tools.report.compare import compare_runs, plot_comparison, print_comparison
-
     usage = "usage: jaxtrain compare RUN_DIR... [--out FILE.png]"
     if list(args) in (["-h"], ["--help"]):
         print(f"{usage}\n\n  the config keys that differ between the runs, their results, and their loss curves "
               "overlaid in one PNG\n  --out FILE.png   the plot (default runs/compare.png)")
         return 0
+    from rich.console import Console
+
+    from jaxtrain.tools.report.compare import compare_runs, plot_comparison, print_comparison
+
     rest = list(args)
     has_out, out = _pop_option(rest, "--out")
     if (has_out and out is None) or not rest or any(a.startswith("-") for a in rest):
@@ -343,16 +355,34 @@ def _compare(args: Sequence[str]) -> int:
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class DoctorOptions:
+    """jaxtrain doctor: check that JAX, the devices and the compiler are set up to train fast."""
+
+    json: bool = False
+    """Print the checks as JSON only."""
+    expect_device: Literal["any", "cpu", "gpu", "tpu"] = "any"
+    """Fail unless JAX's default backend is this kind of device (any: not checked)."""
+    expect_devices: int = 0
+    """Fail unless JAX sees exactly this many devices, all processes together (0: not checked)."""
+    quick: bool = False
+    """Smaller sizes and fewer repeats (about a second; the figures are rougher)."""
+
+    def __post_init__(self) -> None:
+        if self.expect_devices < 0:
+            raise ConfigError(f"--expect-devices must be >= 1 (0: not checked), got {self.expect_devices}")
+
+
 def _doctor(args: Sequence[str]) -> int:
     import time
 
+    o = parse_config(DoctorOptions, DoctorOptions(), args, "jaxtrain doctor")  # --help exits here, before JAX
     from rich.console import Console
 
-    from jaxtrain.tools.diagnose.doctor import DoctorOptions, failed, record_matmul_rate, run_checks
+    from jaxtrain.tools.diagnose.doctor import failed, record_matmul_rate, run_checks
     from jaxtrain.tools.report.doctor_report import checks_json, print_checks
 
     start = time.perf_counter()
-    o = parse_config(DoctorOptions, DoctorOptions(), args, "jaxtrain doctor")
     checks = run_checks(o.expect_device, o.expect_devices, quick=o.quick)
     record_matmul_rate(checks, o.quick)  # every run's profile reads it (`jaxtrain._src.machine`)
     seconds = time.perf_counter() - start
@@ -364,10 +394,10 @@ def _doctor(args: Sequence[str]) -> int:
 
 
 def _recipes() -> int:
-    from jaxtrain.tools.recipes import RECIPES
+    from jaxtrain.tools.recipes import CATALOG  # the names and descriptions alone: no JAX
 
-    for name, recipe in sorted(RECIPES.items()):
-        print(f"{name:<20} {recipe.description}")
+    for name, description in sorted(CATALOG.items()):
+        print(f"{name:<20} {description}")
     return 0
 
 
@@ -384,33 +414,36 @@ def _number(args: list[str], flag: str, kind: type, default: Any) -> Any:
         raise ConfigError(f"{flag} needs a {'whole ' if kind is int else ''}number; got {value!r}") from None
 
 
+TUNE_MAX_BATCH = 2**16  # `tune.MAX_BATCH`, written here so that the help imports no JAX (a test checks they agree)
+
+
 def _tune(args: Sequence[str]) -> int:
+    usage = ("usage: jaxtrain tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] "
+             "[--seconds S] [--no-throughput] [--out FILE.png] [OPTIONS]")
+    if args[:1] == ["lr"]:
+        return _tune_lr(list(args[1:]))
+    if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
+        print(f"""{usage}
+
+  --max-memory-gb G   cap of one training step (parameters + optimizer state + batch + temporaries), GiB;
+                      default: the device's memory (a CPU's: the host's available RAM) less the data fit keeps on it
+  --max-batch N       the largest batch tried (default {TUNE_MAX_BATCH}; at most half the training set)
+  --seconds S         timed training per batch size (default 1)
+  --no-throughput     train only the largest batch that fits (the trial), not every power of two up to it
+  --out FILE.png      the plot (default runs/tune-RECIPE-batch-size.png)
+  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
+        return 0
+    if not args or args[0] != "batch-size":
+        given = f" {args[0]!r}" if args else ""
+        raise ConfigError(f"unknown tune command{given}; choose one of: batch-size ({usage}), lr ({LR_USAGE})")
+    if len(args) < 2 or args[1].startswith("-"):
+        raise ConfigError(f"missing recipe; {usage} (see `jaxtrain recipes`)")
     from rich.console import Console
 
     from jaxtrain.tools import tune
     from jaxtrain.tools.recipes import get_recipe
     from jaxtrain.tools.report.tune import plot_batch_size, print_batch_size
 
-    usage = ("usage: jaxtrain tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] "
-             "[--seconds S] [--no-throughput] [--out FILE.png] [OPTIONS]")
-    if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
-        print(f"""{usage}
-
-  --max-memory-gb G   cap of one training step (parameters + optimizer state + batch + temporaries), GiB;
-                      default: the device's memory (a CPU's: the host's available RAM) less the data fit keeps on it
-  --max-batch N       the largest batch tried (default {tune.MAX_BATCH}; at most half the training set)
-  --seconds S         timed training per batch size (default 1)
-  --no-throughput     train only the largest batch that fits (the trial), not every power of two up to it
-  --out FILE.png      the plot (default runs/tune-RECIPE-batch-size.png)
-  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
-        return 0
-    if args[:1] == ["lr"]:
-        return _tune_lr(list(args[1:]))
-    if not args or args[0] != "batch-size":
-        given = f" {args[0]!r}" if args else ""
-        raise ConfigError(f"unknown tune command{given}; choose one of: batch-size ({usage}), lr ({LR_USAGE})")
-    if len(args) < 2 or args[1].startswith("-"):
-        raise ConfigError(f"missing recipe; {usage} (see `jaxtrain recipes`)")
     recipe, rest = get_recipe(args[1]), list(args[2:])
     max_memory_gb = _number(rest, "--max-memory-gb", float, None)
     max_batch = _number(rest, "--max-batch", int, tune.MAX_BATCH)
@@ -438,11 +471,6 @@ SWEEP_USAGE = ("usage: jaxtrain sweep RECIPE [--preset NAME] [TRAIN FLAGS] --spa
 
 def _sweep(args: Sequence[str]) -> int:
     """`jaxtrain sweep RECIPE ...` (a search) and `jaxtrain sweep report DIR`."""
-    from rich.console import Console
-
-    from jaxtrain.tools import sweep
-    from jaxtrain.tools.recipes import get_recipe
-
     if not args or args[0] in ("-h", "--help") or "--help" in args[:2] or "-h" in args[:2]:
         print(f"""{SWEEP_USAGE}
 
@@ -469,6 +497,11 @@ def _sweep(args: Sequence[str]) -> int:
   jaxtrain sweep report DIR [--study NAME] [--storage URL]: the trials table, the best trial's
   command, parameter importances and plots (history, parallel coordinates, slices) in DIR""")
         return 0
+    from rich.console import Console
+
+    from jaxtrain.tools import sweep
+    from jaxtrain.tools.recipes import get_recipe
+
     console = Console(highlight=False, soft_wrap=True)
     rest = list(args[1:])
     _, storage = _pop_option(rest, "--storage")
@@ -521,12 +554,6 @@ LR_USAGE = "usage: jaxtrain tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N]
 
 def _tune_lr(args: list[str]) -> int:
     """`jaxtrain tune lr RECIPE`: the learning-rate range test."""
-    from rich.console import Console
-
-    from jaxtrain.tools import tune
-    from jaxtrain.tools.recipes import get_recipe
-    from jaxtrain.tools.report.tune import plot_lr_range, print_lr_range
-
     if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
         print(f"""{LR_USAGE}
 
@@ -539,6 +566,12 @@ def _tune_lr(args: list[str]) -> int:
         return 0
     if not args or args[0].startswith("-"):
         raise ConfigError(f"missing recipe; {LR_USAGE} (see `jaxtrain recipes`)")
+    from rich.console import Console
+
+    from jaxtrain.tools import tune
+    from jaxtrain.tools.recipes import get_recipe
+    from jaxtrain.tools.report.tune import plot_lr_range, print_lr_range
+
     recipe, rest = get_recipe(args[0]), args[1:]
     min_lr = _number(rest, "--min-lr", float, 1e-7)
     max_lr = _number(rest, "--max-lr", float, 10.0)
@@ -594,12 +627,7 @@ PROFILE_USAGE = "usage: jaxtrain profile RECIPE [--preset NAME] [OPTIONS] [--sec
 
 
 def _profile(args: Sequence[str]) -> int:
-    from rich.console import Console
-
-    from jaxtrain._src.report.memory_report import memory_lines
-    from jaxtrain._src.report.profile_report import profile_lines
     from jaxtrain.tools.diagnose.profile import DEFAULT_SECONDS, profile_recipe
-    from jaxtrain.tools.recipes import get_recipe
 
     if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
         print(f"""{PROFILE_USAGE}
@@ -616,6 +644,12 @@ def _profile(args: Sequence[str]) -> int:
         return 0
     if not args or args[0].startswith("-"):
         raise ConfigError(f"missing recipe; {PROFILE_USAGE} (see `jaxtrain recipes`)")
+    from rich.console import Console
+
+    from jaxtrain._src.report.memory_report import memory_lines
+    from jaxtrain._src.report.profile_report import profile_lines
+    from jaxtrain.tools.recipes import get_recipe
+
     recipe = get_recipe(args[0])
     rest = _aliased(recipe, args[1:])
     seconds = _number(rest, "--seconds", float, DEFAULT_SECONDS)
@@ -696,16 +730,18 @@ class GenerateOptions:
 
 
 def _data_generate(args: Sequence[str]) -> int:
-    from rich.console import Console
-
-    from jaxtrain._src.data.generate import WORKLOADS, check_arguments, generate_dataset
-    from jaxtrain.tools.report.data_report import print_generated, row_progress
-
     prog = "jaxtrain data generate WORKLOAD OUT.h5"
     positional = [a for a in args[:2] if not a.startswith("-")]
     if len(positional) < 2 and not ("-h" in args or "--help" in args):
+        from jaxtrain._src.data.generate import WORKLOADS
+
         raise ConfigError(f"usage: {prog} --samples N [OPTIONS]; WORKLOAD is one of: {', '.join(WORKLOADS)}")
-    o = parse_config(GenerateOptions, None, list(args[len(positional):]), prog)
+    o = parse_config(GenerateOptions, None, list(args[len(positional):]), prog)  # --help exits here, before JAX
+    from rich.console import Console
+
+    from jaxtrain._src.data.generate import check_arguments, generate_dataset
+    from jaxtrain.tools.report.data_report import print_generated, row_progress
+
     workload, out = positional
     check_arguments(workload, out, o.samples, o.seq_len, o.chunk_rows, o.compression, o.seed, o.force)
     console = Console()
@@ -728,6 +764,11 @@ class InspectOptions:
 
 
 def _data_inspect(args: Sequence[str]) -> int:
+    prog = "jaxtrain data inspect FILE"
+    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
+        raise ConfigError(f"usage: {prog} [--rows N] [--json]")
+    rest = list(args[1:]) if not args[0].startswith("-") else list(args)
+    options = parse_config(InspectOptions, InspectOptions(), rest, prog)  # --help exits here, before JAX
     import json
 
     from rich.console import Console
@@ -736,11 +777,6 @@ def _data_inspect(args: Sequence[str]) -> int:
     from jaxtrain.tools.bench.child import peak_rss_bytes
     from jaxtrain.tools.report.data_report import print_inspection
 
-    prog = "jaxtrain data inspect FILE"
-    if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
-        raise ConfigError(f"usage: {prog} [--rows N] [--json]")
-    rest = list(args[1:]) if not args[0].startswith("-") else list(args)
-    options = parse_config(InspectOptions, InspectOptions(), rest, prog)
     report = {**inspect_file(args[0], options.rows), "peak_rss_bytes": peak_rss_bytes()}
     if options.json:
         print(json.dumps(report, indent=2))
@@ -757,14 +793,46 @@ def _data(args: Sequence[str]) -> int:
     return commands[args[0]](args[1:])
 
 
+# `jaxtrain COMMAND --help` of the commands that have no help of their own: their lines of USAGE
+USAGE_HELP = ("train", "eval", "plot", "summary", "recipes", "bench", "data")
+
+
+def _command_usage(command: str) -> str:
+    """The entries of USAGE for `command` (each entry's first line and the more indented lines under it),
+    with `jaxtrain` before the command; for `train`, the recipes' names too."""
+    lines, keep = [], False
+    for line in USAGE.splitlines():
+        entry = line.startswith("  ") and not line.startswith("   ")
+        if entry:
+            keep = line.split()[0] == command
+        keep = keep and line.startswith("  ")
+        if keep:
+            lines.append(f"  jaxtrain {line[2:]}" if entry else line)
+    if command == "train":
+        from jaxtrain.tools.recipes import CATALOG
+
+        lines.append(f"\nrecipes: {', '.join(sorted(CATALOG))} (`jaxtrain recipes` says what each trains)")
+    return "usage:\n" + "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit code (0 ok, 2 bad input, 3 non-finite loss)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0 if args else 2
+    if args == ["--version"]:
+        print(f"jaxtrain {__version__}")
+        return 0
     command, rest = args[0], args[1:]
+    if rest[:1] in (["-h"], ["--help"]) and command in USAGE_HELP:
+        print(_command_usage(command))
+        return 0
     # Orbax's writer threads log each failed write with a traceback; the one-line error below says it.
+    # absl.logging first: it makes the "absl" logger of its own class, which a plain logger of that
+    # name made here would stand in for (`import jaxtrain` no longer imports it).
+    import absl.logging  # noqa: F401
+
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited")  # orbax, after a failed save
@@ -778,7 +846,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "bench": lambda: _bench(rest), "data": lambda: _data(rest), "scan": lambda: _scan(rest),
                 "sweep": lambda: _sweep(rest),
                 "profile": lambda: _profile(rest)}
-    if command in COMPILING:
+    if command in COMPILING and not ("-h" in rest or "--help" in rest):  # help compiles nothing: no JAX
         from jaxtrain._src.compile_cache import enable_compile_cache
         from jaxtrain._src.memory import limit_free_heap
 

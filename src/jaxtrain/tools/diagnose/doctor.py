@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain._src import machine
-from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.machine import matmul_rate
 from jaxtrain._src.memory import format_bytes
 
@@ -70,24 +69,6 @@ class Check:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class DoctorOptions:
-    """jaxtrain doctor: check that JAX, the devices and the compiler are set up to train fast."""
-
-    json: bool = False
-    """Print the checks as JSON only."""
-    expect_device: Literal["any", "cpu", "gpu", "tpu"] = "any"
-    """Fail unless JAX's default backend is this kind of device (any: not checked)."""
-    expect_devices: int = 0
-    """Fail unless JAX sees exactly this many devices, all processes together (0: not checked)."""
-    quick: bool = False
-    """Smaller sizes and fewer repeats (about a second; the figures are rougher)."""
-
-    def __post_init__(self) -> None:
-        if self.expect_devices < 0:
-            raise ConfigError(f"--expect-devices must be >= 1 (0: not checked), got {self.expect_devices}")
 
 
 @dataclasses.dataclass(frozen=True)

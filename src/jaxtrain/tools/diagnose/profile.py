@@ -15,7 +15,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.hooks.profile import ProfileBudgetReached, ProfileHook
 
 if TYPE_CHECKING:
     from jaxtrain.tools.recipes.base import Recipe, RecipeConfig
@@ -35,6 +34,7 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
       ConfigError: `seconds` is not positive.
     """
     from jaxtrain._src import distributed
+    from jaxtrain._src.hooks.profile import ProfileBudgetReached, ProfileHook
     from jaxtrain._src.loop import Session, run_fit
 
     if not seconds > 0:
