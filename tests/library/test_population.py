@@ -189,3 +189,20 @@ def test_a_member_whose_save_fails_fails_alone(tmp_path, monkeypatch, step):
     assert failed["status"].startswith("failed: cannot write a checkpoint to ")
     assert "No space left on device" in failed["status"]
     assert failed["latest_checkpoint_step"] == (None if step == 10 else 10)
+
+
+def test_a_members_metrics_are_a_dict_to_jax_and_come_back_once():
+    """What a member's hooks get for a call's metrics: a dict of device arrays (JAX's tree functions
+    see a dict, as a lone run's hooks do), fetched for all members in one transfer."""
+    import jax.numpy as jnp
+
+    from jaxtrain._src.population import _Transfers
+
+    transfers = _Transfers(lambda: {0, 1})
+    first = transfers.add(({"loss": jnp.ones(2)}, {"loss": jnp.zeros(2)}))
+    second = transfers.add(({"loss": jnp.full(2, 2.0)}, {"loss": jnp.full(2, 3.0)}))
+    assert jax.tree.map(lambda x: x * 2, first[0]) == {"loss": pytest.approx(np.full(2, 2.0))}
+    assert jax.block_until_ready(second[1]) is second[1]
+    assert second[0].host()["loss"].tolist() == [2.0, 2.0]  # brings both calls of both members
+    assert [m.host()["loss"].tolist() for m in (first[0], first[1], second[1])] == [[1, 1], [0, 0], [3, 3]]
+    assert transfers._calls == {} and transfers._host == {}

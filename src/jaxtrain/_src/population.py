@@ -507,6 +507,11 @@ class _MemberMetrics(dict):
         return self._transfers.host(self._call, self._member)
 
 
+jax.tree_util.register_pytree_node(  # a dict to JAX's tree functions, as a lone run's metrics are
+    _MemberMetrics, lambda m: (tuple(m[k] for k in sorted(m)), tuple(sorted(m))),
+    lambda names, values: dict(zip(names, values)))
+
+
 class _Transfers:
     """Every member's metrics come to the host in one transfer per log interval: the first member
     to fetch a call brings that call and every earlier one not yet fetched, for all members, in
