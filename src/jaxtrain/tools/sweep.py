@@ -248,7 +248,6 @@ class _Report(Hook):
             self.pruned = True
             run.stop(f"pruned by the sweep at epoch {run.epoch}")
 
-
     def _should_prune(self, epoch: int) -> bool:
         import optuna
 
@@ -1026,12 +1025,12 @@ def print_report(study: Any, console: Console, objective: str, importances: bool
                       f"  {best.user_attrs.get('command', '')}")
     if importances and len(complete) >= 2 and len(study.trials[0].params) >= 1:
         try:
-            importances = optuna.importance.get_param_importances(study)
+            scores = optuna.importance.get_param_importances(study)
         except (ValueError, RuntimeError) as e:  # e.g. every complete trial drew the same values
             console.print(f"parameter importances: not computed ({e})")
         else:
             console.print("parameter importances (fANOVA): " + ", ".join(f"{k} {v:.2f}"
-                                                                         for k, v in importances.items()))
+                                                                         for k, v in scores.items()))
 
 
 def load_study(out: str | Path, storage: str | None = None, study: str | None = None) -> Any:
