@@ -222,3 +222,22 @@ def test_a_hook_that_raises_fails_the_run(tmp_path):
         _fit(tmp_path / "run", hooks=[LambdaHook(on_epoch_end=boom)])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed: ValueError: my hook broke"
+
+
+def test_a_silent_run_with_checkpoints_says_nothing_and_resumes_saying_nothing(tmp_path, capfd):
+    """`verbosity="silent"`: no line of jaxtrain's, Orbax's, absl's or tensorstore's reaches the
+    terminal while the run saves checkpoints every few steps, nor when it resumes from them."""
+    from jaxtrain import fit
+
+    config = TrainConfig(epochs=2, batch_size=32, checkpoint=CheckpointConfig(every_steps=3))
+    capfd.readouterr()
+    first = fit(small_mlp(0), mse, regression_data(192), regression_data(64, seed=1), config,
+                run_dir=tmp_path / "run", verbosity="silent")
+    longer = TrainConfig(epochs=3, batch_size=32, checkpoint=CheckpointConfig(every_steps=3))
+    again = fit(small_mlp(0), mse, regression_data(192), regression_data(64, seed=1), longer,
+                run_dir=tmp_path / "run", resume=True, verbosity="silent")
+    assert (first.summary["status"], again.summary["status"], len(again.history)) == ("completed", "completed", 3)
+    saved = Checkpointer(tmp_path / "run" / "checkpoints", read_only=True)
+    assert saved.steps()  # it did save
+    saved.close()
+    assert capfd.readouterr() == ("", "")
