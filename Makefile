@@ -1,20 +1,28 @@
 # Two commands: `make demo` (train the default recipe) and `make test` (the whole suite).
 PYTHON ?= python3
 VENV := .venv
-STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime# jaxtrain and what it needs to train (make demo)
+STAMP := $(VENV)/.installed# and the test suite's extras (make test)
 # Offline copies of the datasets, when this checkout sits beside them (tests and CI).
 DATA_DIR := $(abspath ../shared/data)
 export JAXTRAIN_DATA_DIR ?= $(if $(wildcard $(DATA_DIR)),$(DATA_DIR))
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml
+# An existing .venv is reused; each stamp is redone when pyproject.toml changes.
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/python -m pip install --quiet -e .
+	touch $(RUNTIME)
+
+$(STAMP): pyproject.toml $(RUNTIME)
 	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(VENV)/bin/jaxtrain train mlp-regression
 
 # Both cores: one pytest worker per test file (module fixtures are built once), about 1.5x faster.
