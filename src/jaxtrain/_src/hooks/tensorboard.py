@@ -4,20 +4,19 @@ and, for streamed data, the input wait. Written with tensorboardX's `SummaryWrit
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from jaxtrain._src.errors import ConfigError, argument, setting
-from jaxtrain._src.hooks.base import Run, RunHook
-from jaxtrain._src.hooks.trackers import side_channel
+from jaxtrain._src.hooks.base import Run
+from jaxtrain._src.hooks.trackers import SideChannel, side_channel
 
 _NOT_SCALARS = ("kind", "epoch", "step", "elapsed_s")
 
 
-class TensorBoard(RunHook):
+class TensorBoard(SideChannel):
     """Writes event files to `log_dir` (default `<run dir>/tensorboard`).
 
     A resumed run purges the events its interrupted predecessor wrote after the checkpoint, so
@@ -26,7 +25,6 @@ class TensorBoard(RunHook):
     """
 
     label = "TensorBoard"
-    off = False  # set when a write failed: later events are skipped
 
     def __init__(self, log_dir: str | os.PathLike | None = None):
         self.log_dir = Path(log_dir) if log_dir is not None else None
@@ -35,9 +33,6 @@ class TensorBoard(RunHook):
     def advice(self) -> str:
         return (f"that {self.log_dir} can be written (free space), choose another {argument('run_dir')}, or turn "
                 f"{setting('tensorboard', False)}")
-
-    def bounds(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
 
     @side_channel
     def on_start(self, run: Run) -> None:

@@ -85,9 +85,9 @@ def reason(e: BaseException) -> str:
 
 
 def side_channel(method: Callable[..., None]) -> Callable[..., None]:
-    """An event of a tracker, which must never stop training: an error (not the ConfigError of a
-    missing package) turns the tracker off with one note naming it, the error and what to check;
-    its later events are skipped. Calls run inside the tracker's `bounds()`."""
+    """An event of a `SideChannel` (a tracker, TensorBoard), which must never stop training: an
+    error (not the ConfigError of a missing package) turns it off with one note naming it, the
+    error and what to check; its later events are skipped. Calls run inside its `bounds()`."""
 
     @functools.wraps(method)
     def wrapped(self: Any, run: Run, *args: Any) -> None:
@@ -133,24 +133,35 @@ def _bounded_http() -> Iterator[None]:
         urllib3.setLevel(level)
 
 
-class Tracker(RunHook):
+class SideChannel(RunHook):
+    """A hook whose failure must never stop training (the trackers, TensorBoard): its events are
+    `side_channel`s, and one that fails turns it `off` with one note naming its `label` and what to
+    check (`advice`)."""
+
+    label = "a side channel"
+    off = False  # set when it failed: its later events are skipped
+
+    def advice(self) -> str:
+        """What to check when it failed."""
+        return "its settings"
+
+    def bounds(self) -> contextlib.AbstractContextManager:
+        """What its calls run inside (MLflow: bounded HTTP retries)."""
+        return contextlib.nullcontext()
+
+
+class Tracker(SideChannel):
     """What every tracker shares: the ids of resumed runs, the config, the artifacts, and being
-    turned off (`off`) when it fails (`side_channel`)."""
+    turned off when it fails (`SideChannel`)."""
 
     name_in_ids = "tracker"
-    off = False  # set when the tracker failed: its later events are skipped
 
     @property
     def label(self) -> str:
         return f"the {self.name_in_ids} tracker"
 
     def advice(self) -> str:
-        """What to check when the tracker failed."""
         return "its settings, or drop it from the trackers"
-
-    def bounds(self) -> contextlib.AbstractContextManager:
-        """What the tracker's calls run inside (MLflow: bounded HTTP retries)."""
-        return contextlib.nullcontext()
 
     def _saved_id(self, run: Run) -> str | None:
         path = run.run_dir / IDS if run.run_dir is not None else None
