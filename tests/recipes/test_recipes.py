@@ -86,7 +86,7 @@ def test_mlp_regression_from_an_hdf5_file_streams_or_holds_it(tmp_path, capsys):
     assert main(["data", "generate", "mlp-regression", str(path), "--samples", "3000", "--quiet"]) == 0
     # K = 13 divides the epoch (39 steps): one compiled call length per run.
     common = ["train", "mlp-regression", "--data.path", str(path), "--data.val-samples", "500", "--epochs", "2",
-              "--batch-size", "64", "--steps-per-call", "13", "--quiet"]
+              "--batch-size", "64", "--steps-per-call", "13", "--verbosity", "summary"]
     assert main([*common, "--run-dir", str(tmp_path / "stream"), "--data.placement", "stream"]) == 0
     out = capsys.readouterr().out
     assert "2,500 train / 500 val samples; training data streamed" in out and "Input Wait:" in out

@@ -16,7 +16,7 @@ TINY = ["--epochs", "1", "--data.samples", "2000", "--data.val-samples", "300", 
 
 def test_train_smoke_prints_summaries_and_writes_the_run_dir(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    code = main(["train", "mlp-regression", *TINY, "--run-dir", str(run_dir)])
+    code = main(["train", "mlp-regression", *TINY, "--verbosity", "summary", "--run-dir", str(run_dir)])  # over --quiet
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "Epoch 1/1 Summary" in out
@@ -61,8 +61,8 @@ def test_bad_input_in_a_subprocess_has_no_traceback():
 def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
     code = main(["train", "mlp-regression", *TINY, "--optim.name", "sgd", "--optim.lr", "10", "--run-dir",
                  str(tmp_path)])
-    err = capsys.readouterr().err
-    assert code == 3
+    out, err = capsys.readouterr()
+    assert code == 3 and out == ""  # --quiet: the error alone
     assert "Traceback" not in err
     assert err.startswith("error: loss became") and " at step " in err and err.count("\n") == 1
     summary = json.loads((tmp_path / "summary.json").read_text())

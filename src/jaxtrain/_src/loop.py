@@ -47,7 +47,7 @@ from jaxtrain._src.training import Alone, StopSignals, TrainingStopped, run_hook
 
 __all__ = ["FitResult", "Session", "TrainingStopped", "fit", "run_fit"]
 
-VERBOSITY = ("progress", "summary", "silent")
+VERBOSITY = ("progress", "summary", "result", "silent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,8 @@ def fit(
         uninterrupted run's; with no checkpoint yet it starts afresh; only settings that
         `jaxtrain.RESUMABLE` lists may change); "overwrite" replaces the run in `run_dir`.
       verbosity: "progress" (a bar on a terminal, else a line per log interval), "summary" (header
-        and summaries only) or "silent" (nothing; notes go to stderr).
+        and summaries only), "result" (the final result alone: a few lines of best and final
+        metrics and the run directory) or "silent" (nothing; notes go to stderr).
 
     Returns:
       A `FitResult`.
@@ -190,7 +191,7 @@ def run_fit(
     with StopSignals() as signals, RunGuard(run_dir, saved, resume=resume is True, overwrite=resume == "overwrite",
                                              primary=primary) as guard:
         run_dir, resuming = guard.path, guard.resume
-        console, bar = _printing(session.console, verbosity, primary)
+        console, shown, bar = _printing(session.console, verbosity, primary)
         program = build_program(model, loss_fn, config, train_data=train_data, optimizer=optimizer,
                                 preprocess=preprocess, augment=augment)
         feed = program.feed
@@ -208,7 +209,7 @@ def run_fit(
             nnx.update(model, program.state.params, program.state.model_state)
             return FitResult(model, program.state, loop.history, finished, run_dir)
 
-        progress = ProgressHook(console, bar=bar)
+        progress = ProgressHook(shown, bar=bar, result_only=verbosity == "result")
         calls = program.calls(config.steps_per_call or loop.steps_per_call, session.auto_steps, log=progress.message,
                               form=step_form_of(config, loop))
         eval_batch = config.eval_batch_size or config.batch_size
@@ -233,12 +234,16 @@ _CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(..
                RunFilesHook: "run_dir", PlotHook: "run_dir", ProgressHook: "verbosity"}
 
 
-def _printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, bool]:
-    """Where the run prints (nowhere when silent, or in processes other than the first) and whether
-    it shows progress."""
+def _printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, Console, bool]:
+    """`(run's console, progress's console, bar)`: where the run's hooks print (nowhere when silent
+    or result-only, or in processes other than the first), where the progress hook prints its
+    blocks or result, and whether it shows progress."""
     if verbosity == "silent" or not primary:
-        return Console(quiet=True), False
-    return console or Console(highlight=False, soft_wrap=True), verbosity == "progress"
+        return Console(quiet=True), Console(quiet=True), False
+    shown = console or Console(highlight=False, soft_wrap=True)
+    if verbosity == "result":  # the loss curves' path, the K chooser's decisions, ...: not printed
+        return Console(quiet=True), shown, False
+    return shown, shown, verbosity == "progress"
 
 
 def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_dir: Any, resume: bool,

@@ -542,6 +542,11 @@ def _sweep(args: Sequence[str]) -> int:
                         objective=objective or "val_loss", direction="maximize" if direction == "max" else "minimize",
                         sampler=sampler or "tpe", pruner=pruner or "median", seed=seed, flags=flags, workers=workers,
                         heartbeat=heartbeat, population=population, console=console)
+    if config.verbosity == "silent":
+        return 0
+    if config.quiet or config.verbosity == "result":  # the result alone: no table, no hint
+        sweep.print_result(study, console, objective or "val_loss", out)
+        return 0
     sweep.print_report(study, console, objective or "val_loss", importances=False)
     report = ["jaxtrain", "sweep", "report", out, *(["--storage", storage] if storage else []),
               *(["--study", study.study_name] if storage or study_name else [])]
@@ -825,6 +830,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"jaxtrain {__version__}")
         return 0
     command, rest = args[0], args[1:]
+    try:
+        _refuse_completion(args)  # before JAX is imported: nothing of the command runs
+    except ConfigError as e:
+        print(f"error: {e.for_cli()}", file=sys.stderr)
+        return e.exit_code
     if rest[:1] in (["-h"], ["--help"]) and command in USAGE_HELP:
         print(_command_usage(command))
         return 0
@@ -869,6 +879,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _refuse_completion(args: Sequence[str]) -> None:
+    """Refuses tyro's own flags (`--tyro-write-completion SHELL FILE`, `--tyro-print-completion
+    SHELL`), which tyro accepts on every command it parses: its script would be for one command
+    line (`jaxtrain train mlp-regression` registered as three programs), not for `jaxtrain` and its
+    commands, and the parse then ended with exit code 2 after writing it. jaxtrain offers no shell
+    completion, so nothing is written."""
+    for arg in args:
+        if arg.replace("_", "-").startswith("--tyro-"):
+            raise ConfigError(f"{arg}: jaxtrain offers no shell completion (tyro's script would complete one "
+                              "command's options, not jaxtrain's commands); nothing was written")
 
 
 def _stop_on_sigterm(command: str) -> Any:

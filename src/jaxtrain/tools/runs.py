@@ -58,7 +58,7 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
         _import_in_background("orbax.checkpoint")
     w = recipe.build(config)
     try:
-        verbosity = "summary" if config.quiet and config.verbosity == "progress" else config.verbosity
+        verbosity = "result" if config.quiet and config.verbosity == "progress" else config.verbosity
         return run_fit(w.model, w.loss_fn, w.train, w.val, config,
                        hooks=[_save_info(recipe, w, run_dir), *w.hooks, *hooks], preprocess=w.preprocess,
                        augment=w.augment, run_dir=run_dir,

@@ -38,6 +38,7 @@ holding a tuple, such as the MLP's widths, takes the chosen value in each of its
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -66,8 +67,8 @@ from jaxtrain._src.report.run_dir import refuse_links
 from jaxtrain._src.run_guard import lock_directory
 from jaxtrain.tools.recipes.base import Recipe
 
-__all__ = ["Space", "SweepStopped", "apply_values", "load_study", "parse_space", "print_report", "sweep",
-           "without_flags"]
+__all__ = ["Space", "SweepStopped", "apply_values", "load_study", "parse_space", "print_report", "print_result",
+           "sweep", "without_flags"]
 
 KINDS = ("loguniform", "uniform", "int", "choice")
 SAMPLERS = ("tpe", "random")
@@ -642,6 +643,17 @@ class _Job:
                                        load_if_exists=True, sampler=_sampler(self.sampler, self.seed),
                                        pruner=_pruner(self.pruner) if isinstance(self.pruner, str) else self.pruner)
 
+    @property
+    def quiet(self) -> bool:
+        """Whether the command asked for its result alone (--quiet, --verbosity result or silent)."""
+        return getattr(self.config, "quiet", False) or getattr(self.config, "verbosity", "") in ("result", "silent")
+
+    def say(self, console: Console, text: str) -> None:
+        """A line of the sweep's progress (a trial's result, waiting for others); none under --quiet.
+        A trial's failure is printed either way."""
+        if not self.quiet:
+            console.print(text)
+
     def work(self, study: Any, console: Console, label: str) -> None:
         """Runs trials until the study holds `trials` finished ones, or this worker ran that many."""
         import optuna
@@ -656,8 +668,8 @@ class _Job:
                 return
             if finished + self._count(study, ("RUNNING",)) >= self.trials:  # the rest run elsewhere
                 if not waiting:
-                    console.print(f"{label}the other trials run elsewhere; waiting for them (a trial whose worker "
-                                  f"died is asked again {3 * self.heartbeat} s after its last heartbeat)")
+                    self.say(console, f"{label}the other trials run elsewhere; waiting for them (a trial whose "
+                             f"worker died is asked again {3 * self.heartbeat} s after its last heartbeat)")
                 waiting = True
                 time.sleep(min(self.heartbeat, 2))
                 continue
@@ -698,8 +710,8 @@ class _Job:
             _retry(trial.study, trial.study._storage.get_trial(trial._trial_id), "the sweep was stopped", fail=False)
             raise SweepStopped(e.exit_code - 128, f"{name} was stopped and is asked again") from None
         value = _best(result.history, self.objective, self.direction)
-        console.print(f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
-                      f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
+        self.say(console, f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
+                 f"{time.perf_counter() - t0:.1f} s; " + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
         if report.pruned:
             raise optuna.TrialPruned()
         return value
@@ -781,8 +793,8 @@ class _Job:
                         study.tell(trial, state=optuna.trial.TrialState.FAIL)
                         continue
                     value = _best(result.history, self.objective, self.direction)
-                    console.print(f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} in "
-                                  f"{seconds:.1f} s, one of a population of {len(group)}; {shown}")
+                    self.say(console, f"{name}: {self.objective} {value:.6g}{' (pruned)' if report.pruned else ''} "
+                             f"in {seconds:.1f} s, one of a population of {len(group)}; {shown}")
                     if report.pruned:
                         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                     else:
@@ -888,7 +900,7 @@ def _run_workers(job: _Job, workers: int, console: Console) -> None:
     try:
         for process in processes:
             process.start()
-        console.print(f"started {workers} workers (pids {', '.join(str(p.pid) for p in processes)})")
+        job.say(console, f"started {workers} workers (pids {', '.join(str(p.pid) for p in processes)})")
         for process in processes:
             process.join()
     except (_Signalled, KeyboardInterrupt) as e:
@@ -1018,11 +1030,7 @@ def print_report(study: Any, console: Console, objective: str, importances: bool
                       t.state.name.lower(), "-" if value is None else f"{value:.6g}",
                       "-" if seconds is None else f"{seconds:.1f}")
     console.print(table)
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if complete:
-        best = study.best_trial
-        console.print(f"best: trial {best.number}, {objective} {best.value:.6g}; reproduce it with:\n"
-                      f"  {best.user_attrs.get('command', '')}")
+    complete = _print_best(study, console, objective)
     if importances and len(complete) >= 2 and len(study.trials[0].params) >= 1:
         try:
             scores = optuna.importance.get_param_importances(study)
@@ -1031,6 +1039,27 @@ def print_report(study: Any, console: Console, objective: str, importances: bool
         else:
             console.print("parameter importances (fANOVA): " + ", ".join(f"{k} {v:.2f}"
                                                                          for k, v in scores.items()))
+
+
+def _print_best(study: Any, console: Console, objective: str) -> list[Any]:
+    """Prints the best trial and the command that reproduces it; returns the complete trials."""
+    import optuna
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if complete:
+        best = study.best_trial
+        console.print(f"best: trial {best.number}, {objective} {best.value:.6g}; reproduce it with:\n"
+                      f"  {best.user_attrs.get('command', '')}", markup=False, highlight=False)
+    return complete
+
+
+def print_result(study: Any, console: Console, objective: str, out: str | Path) -> None:
+    """A sweep's result alone (--quiet): the trials by state, where they are, and the best trial's command."""
+    shown = [t for t in study.trials if not t.user_attrs.get("surplus")]
+    states = collections.Counter(t.state.name.lower() for t in shown)
+    console.print(f"study {study.study_name}: {len(shown)} trials ({', '.join(f'{n} {s}' for s, n in states.items())})"
+                  f" in {out}", markup=False, highlight=False)
+    _print_best(study, console, objective)
 
 
 def load_study(out: str | Path, storage: str | None = None, study: str | None = None) -> Any:

@@ -11,7 +11,7 @@ import jax
 from rich.console import Console
 
 from jaxtrain._src.hooks.base import Run, RunHook
-from jaxtrain._src.report import EpochProgress, epoch_block, final_block, header_block
+from jaxtrain._src.report import EpochProgress, epoch_block, final_block, header_block, result_block
 from jaxtrain._src.report.plots import plot_run
 
 FINISHED = ("completed", "stopped early")
@@ -19,18 +19,21 @@ FINISHED = ("completed", "stopped early")
 
 class ProgressHook(RunHook):
     """Prints the header and blocks; with `bar`, a rich progress bar (steps/s, samples/s, ETA,
-    the last logged loss)."""
+    the last logged loss). With `result_only` (`--quiet`), only the final result: a script's log
+    or a sweep's terminal gets the few lines it needs, not the header, epochs and profile."""
 
-    def __init__(self, console: Console, bar: bool = True):
-        self.console, self._bar_enabled = console, bar
+    def __init__(self, console: Console, bar: bool = True, result_only: bool = False):
+        self.console, self._bar_enabled, self.result_only = console, bar and not result_only, result_only
         self._bar: EpochProgress | None = None
 
     def message(self, text: str) -> None:
-        self.console.print(f"  {text}")
+        if not self.result_only:
+            self.console.print(f"  {text}")
 
     def on_start(self, run: Run) -> None:
         self._bar = EpochProgress(self.console, run.config.samples_per_step, enabled=self._bar_enabled)
-        self.console.print(header_block(run))
+        if not self.result_only:
+            self.console.print(header_block(run))
 
     def on_epoch_start(self, run: Run) -> None:
         self._bar.start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch, completed=run.loop.position)
@@ -43,6 +46,8 @@ class ProgressHook(RunHook):
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._bar.end_epoch()
+        if self.result_only:
+            return
         self.console.print(epoch_block(run.epoch, run.config.epochs, record, run.elapsed_s, run.feed.placement.where))
         if run.stop_reason:
             self.message(run.stop_reason)
@@ -51,7 +56,10 @@ class ProgressHook(RunHook):
         if self._bar is not None:
             self._bar.end_epoch()
         if summary["status"] in FINISHED:
-            self.console.print(final_block(summary))
+            if self.result_only:  # a path or a metric's name is not markup
+                self.console.print(result_block(summary, run.run_dir), markup=False, highlight=False)
+            else:
+                self.console.print(final_block(summary))
 
 
 class PlotHook(RunHook):

@@ -174,6 +174,24 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
     return "\n".join(lines)
 
 
+def result_block(summary: dict[str, Any], run_dir: Any = None) -> str:
+    """The final result alone (`--quiet`, `verbosity="result"`): how the run ended, its best and
+    final metrics (named as in summary.json) and its directory, in a few lines."""
+    epochs, steps = summary["epochs"], summary["steps"]
+    ended = summary["status"] + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else "")
+    lines = [f"{summary['recipe']} {ended}: {epochs} epoch{'s' if epochs != 1 else ''}, {steps:,} steps in "
+             f"{summary['total_time_s']:.1f}s"]
+    if summary["best_val_loss"] is not None:
+        lines.append(f"  best val_loss {_fmt(summary['best_val_loss'])} (epoch {summary['best_epoch']})")
+    final = {"train_loss": summary["final_train_loss"], "val_loss": summary["final_val_loss"],
+             **{name[len("final_"):]: value for name, value in summary.items()
+                if name.startswith("final_val_") and name != "final_val_loss"}}
+    lines.append("  final " + ", ".join(f"{name} {_fmt(value)}" for name, value in final.items() if value is not None))
+    if run_dir is not None:
+        lines.append(f"  run dir: {run_dir}")
+    return "\n".join(lines)
+
+
 def final_block(summary: dict[str, Any]) -> str:
     """The `TRAINING COMPLETE!` block: final results, then timing statistics."""
     total = summary["total_time_s"]

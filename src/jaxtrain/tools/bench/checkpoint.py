@@ -92,7 +92,7 @@ def save_cost(directory: Path, repeats: int = 5) -> dict[str, float]:
 
 
 TRIAL = ["train", "mlp-regression", "--data.samples", "20500", "--data.val-samples", "500", "--epochs", "4",
-         "--checkpoint.every-steps", "200", "--quiet"]
+         "--checkpoint.every-steps", "200", "--verbosity", "summary"]  # the header says when training starts
 
 
 def _launch(args: list[str]) -> subprocess.Popen:

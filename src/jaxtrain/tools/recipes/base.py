@@ -19,10 +19,12 @@ class RecipeConfig(TrainConfig):
     run_dir: str | None = None
     """Directory for config.json, metrics.jsonl, summary.json and checkpoints/; default runs/<recipe>-<timestamp>."""
     quiet: bool = False
-    """Shorthand for --verbosity summary."""
-    verbosity: Literal["progress", "summary", "silent"] = "progress"
+    """Shorthand for --verbosity result: the final result (best and final metrics, the run directory)
+    and errors, nothing else."""
+    verbosity: Literal["progress", "summary", "result", "silent"] = "progress"
     """progress: header, a progress bar per epoch (one plain line per log interval when the output is
-    not a terminal), summaries; summary: no progress; silent: nothing on stdout."""
+    not a terminal), summaries; summary: no progress; result: the final result alone; silent: nothing
+    on stdout."""
     remat: Literal["none", "blocks", "full"] = "none"
     """Recompute activations in the backward pass instead of keeping them (jax.checkpoint on the
     model's repeated blocks): none; blocks (keep the weight-matmul outputs, recompute the rest); full
