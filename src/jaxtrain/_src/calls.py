@@ -123,8 +123,9 @@ class StepsPerCall:
         self._steps_per_epoch = steps_per_epoch
         self._target = auto.overhead_target
         self._remaining = steps_per_epoch  # steps left in the epoch at the last `next_length`
-        self._steps_left = total_steps  # steps of the run not yet timed (None: unknown)
+        self._steps_left = total_steps  # steps of the run not yet run (None: unknown)
         self._k_a, self._checked, self._slow_s = k_a, False, auto.slow_call_s
+        self.slowed: tuple[int, float] | None = None  # (steps, seconds) of the call that switched K to K_a
 
     @property
     def measuring(self) -> bool:
@@ -141,6 +142,10 @@ class StepsPerCall:
         self._remaining = remaining
         return self._plan[0] if self._plan else min(self.k, remaining)
 
+    def ran(self, k: int) -> None:
+        """A call of k steps of the run was handed to the device."""
+        self._steps_left = None if self._steps_left is None else self._steps_left - k
+
     def stop(self) -> None:
         """No K to measure (the calls are dispatched step by step): K_a, or the K set."""
         if not self.fixed and (self._plan or self.short):
@@ -154,11 +159,12 @@ class StepsPerCall:
     def check(self, k: int, seconds: float) -> str | None:
         """Takes the time of a short run's first full call of K_b: a call slower than
         `slow_call_s` means steps so slow that K_a's overhead is negligible too, and K_a keeps
-        progress and stop signals responsive (its calls run K_b's program, masked: no compile)."""
+        progress and stop signals responsive (its calls run K_b's program, masked: no compile).
+        A run with no step left after that call keeps K_b: K_a would describe no call of it."""
         self._checked = True
-        if k < self.k or seconds <= self._slow_s:
+        if k < self.k or seconds <= self._slow_s or (self._steps_left is not None and self._steps_left <= 0):
             return None
-        self.k = self._k_a
+        self.k, self.slowed = self._k_a, (k, seconds)
         return (f"K={self.k} steps per compiled call (a call of {k} steps took {seconds:.1f} s: steps this slow "
                 f"leave a call's overhead negligible at K={self.k})")
 
@@ -167,7 +173,6 @@ class StepsPerCall:
         `compile_s`: what compiling one more program would cost (e.g. the last one's time)."""
         self._times.setdefault(k, []).append(seconds)
         self._plan.pop(0)
-        self._steps_left = None if self._steps_left is None else self._steps_left - k
         if self._plan:
             return None
         (k_a, t_a), (k_b, t_b) = sorted((k, min(ts)) for k, ts in self._times.items())
@@ -188,10 +193,16 @@ class StepsPerCall:
             f"{overhead_s * 1e3:.3f} ms per call = {share:.1%} overhead at K={self.k}{kept})"
         )
 
+    @staticmethod
+    def why_probe() -> str:
+        return "timing probe of the automatic K"
+
     def why(self, k: int) -> str:
         """Why a call of k steps runs: the cause of compiling its program."""
         if self.measuring:
-            return "timing probe of the automatic K"
+            return self.why_probe()
+        if k == self.k and self.slowed:
+            return f"the run's K, K_a: a call of {self.slowed[0]} steps took {self.slowed[1]:.1f} s"
         if k == self.k:
             return "the run's K, " + ("set" if self.fixed else "measured" if self.fitted else
                                       "automatic (a run too short for measuring K to pay)" if self.short else
@@ -199,6 +210,12 @@ class StepsPerCall:
         if k == self._remaining:
             return f"last call of the epoch: the {k} steps left after calls of K={self.k}"
         return f"a call of {k} steps"
+
+    def why_slowed(self) -> str:
+        """What K_b's program was for, once its first call's time switched K to K_a (`check`)."""
+        steps, seconds = self.slowed
+        return (f"a short run's K_b, until its first call ({steps} steps) took {seconds:.1f} s; K={self.k} from then "
+                "on")
 
 
 class StepForm:
@@ -209,12 +226,16 @@ class StepForm:
     A form set by the user is used as is. Otherwise ("auto") the steps of the run's first call are
     timed in each form before it runs, on a copy of the state that is then dropped (see
     `CompiledCalls._measure_form`): the plain step, then the scan program masked to the same steps,
-    twice each, with a host sync after each segment (the first step's own time counts too). A segment
-    holds `form_probe_s` over the first step's time steps (1 to K_a), so a model whose loop body is
-    slow pays that slowness for a step or two, not for a call of K; one timing of each decides when
-    they are 3x apart and the scan's took over `DECISIVE_S`. When the plain step is faster than the
-    loop, programs of U unrolled steps are timed too and kept when faster by `UNROLL_MARGIN` (they
-    hold more temporaries).
+    twice each, with a host sync after each segment. Each program first runs once untimed (a first
+    run pays one-off costs: 39 ms against 2.4 ms for mlp-regression's step). The scan program is
+    longer than the segment (K_b's, or the run's K), and its skipped steps and the call itself cost
+    time too: a call of it that skips every step is timed (`call_s`) and taken off the segment's
+    time, so that the loop's figure is per step, as the plain step's and the K chooser's are. A
+    segment holds `form_probe_s` over the first (warm) step's time steps (1 to K_a; see `segment`),
+    so a model whose loop body is slow pays that slowness for a step or two, not for a call of K;
+    one timing of each decides when they are 3x apart and the scan's took over `DECISIVE_S`. When
+    the plain step is faster than the loop, programs of U unrolled steps are timed too and kept
+    when faster by `UNROLL_MARGIN` (they hold more temporaries).
 
     The forms round differently (XLA fuses a loop body and straight-line code apart), so a run's
     numbers depend on the form to about 1e-7: a dispatched form replaces the scan only when it is
@@ -235,6 +256,7 @@ class StepForm:
         self.form = "scan" if fixed == "auto" else fixed
         self.unroll = auto.unroll
         self.per_step: dict[str, float] = {}  # the fastest seconds per step timed in each form
+        self.call_s: float | None = None  # the scan program's time for a call that skips every step
         self._slowest: dict[str, float] = {}  # and the slowest: a form replaces another only if its slowest wins
         self._plan: list[str] = [] if self.fixed else ["step", "step", "scan", "scan"]
         self._probe_s, self._max_steps = auto.form_probe_s, auto.probe_lengths[0]
@@ -247,6 +269,18 @@ class StepForm:
 
     def next_form(self) -> str:
         return self._plan[0]
+
+    def segment(self, probe: str, k: int) -> int:
+        """Steps of the next timed segment in `probe`'s form, in a call of k steps: `steps`, or U
+        for the unrolled program. The loop's segment holds at least the steps whose time (at the
+        plain step's rate) matches the loop's `call_s` (up to K_a), so that what is left once that
+        is taken off stands above the timings' noise."""
+        if probe == "unroll":
+            return min(self.unroll, k)
+        n = self.steps
+        if probe == "scan" and self.call_s and self.per_step.get("step"):
+            n = max(n, min(self._max_steps, round(self.call_s / self.per_step["step"])))
+        return min(n, k)
 
     @property
     def dispatched(self) -> bool:
@@ -301,8 +335,10 @@ class StepForm:
 
     def _figures(self) -> str:
         names = {"scan": "loop", "step": "plain step", "unroll": f"{self.unroll} unrolled"}
-        return ", ".join(f"{names[f]} {t * 1e3:.3g} ms/step" for f, t in sorted(self.per_step.items(),
-                                                                               key=lambda item: item[1]))
+        call = f" + {self.call_s * 1e3:.3g} ms per call" if self.call_s is not None else ""
+        ms = lambda t: f"{t * 1e3:.3g}" if t >= 1e-6 else "<0.001"  # noqa: E731 - steps lost in the call's noise
+        return ", ".join(f"{names[f]} {ms(t)} ms/step" + (call if f == "scan" else "")
+                         for f, t in sorted(self.per_step.items(), key=lambda item: item[1]))
 
     def describe(self) -> str:
         return {"scan": "steps fused in a lax.scan loop",
@@ -312,7 +348,11 @@ class StepForm:
     def summary(self) -> dict[str, Any]:
         """What summary.json records of the choice."""
         return {"form": self.form, "why": self.why, "unroll": self.unroll,
-                "ms_per_step": {f: round(t * 1e3, 4) for f, t in self.per_step.items()}}
+                "ms_per_step": {f: float(f"{t * 1e3:.5g}") for f, t in self.per_step.items()},  # small stays > 0
+                **({"loop_ms_per_call": round(self.call_s * 1e3, 4)} if self.call_s is not None else {})}
+
+
+FORM_PROBE = "timing probe of the step's form"  # why a dispatched program compiled while the form is timed
 
 
 def masked_call(source: "CallSource", train_step: Callable, k: int) -> Callable:
@@ -412,11 +452,13 @@ class CompiledCalls:
         self._compiled: dict[int, Callable] = {}
         self.compile_s = 0.0
         self.memory: dict[str, int] | None = None  # of the first call compiled (`memory.compiled_memory`)
-        self.compiles: list[dict[str, Any]] = []  # every program compiled: what, seconds (K calls: k, why)
+        self.compiles: list[dict[str, Any]] = []  # every program compiled: what, seconds (training: k, why, calls)
+        self._entries: dict[Any, dict[str, Any]] = {}  # a training program's key -> its entry in `compiles`
         self._background: ThreadPoolExecutor | None = None  # one thread: the main thread uses the other core
         self._lock = threading.Lock()
         self._pending: list[Compiling] = []
         self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
+        self.longest = 0  # the most steps a call of the run ran
         self.wait_s = 0.0  # host seconds waiting for calls to finish: the device computing
 
     @property
@@ -428,15 +470,19 @@ class CompiledCalls:
         return self.chooser.next_length(remaining)
 
     def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
-                out_shardings: Any = None, background: bool = False, **record: Any) -> Callable:
+                out_shardings: Any = None, background: bool = False, key: Any = None, **record: Any) -> Callable:
         """Compiles `fn` for `args` ahead of time (donating the first argument if asked); inputs
         are placed as `args` are unless `in_shardings` says, outputs replicated unless
         `out_shardings` says. The seconds it takes are added to `compile_s`; `record` joins its
-        entry in `compiles`. With `background`, it compiles in a background thread and a
+        entry in `compiles`. A training program passes its `key`: its entry then counts the run's
+        calls that ran it (`calls`). With `background`, it compiles in a background thread and a
         `Compiling` is returned at once (only a wait for it counts in `compile_s`)."""
         in_shardings = in_shardings if in_shardings is not None else _shardings_of(args)
         out_shardings = out_shardings if out_shardings is not None else self.layout.replicated
         entry = {"what": getattr(fn, "__name__", "program"), "seconds": 0.0, **record}
+        if key is not None:
+            entry["calls"] = 0
+            self._entries[key] = entry
 
         def build() -> Callable:
             t0, hits = time.perf_counter(), cache_hits()
@@ -508,7 +554,7 @@ class CompiledCalls:
         background) if it is new. The state travels as a flat list between a call's dispatches:
         flattening its pytree (NNX states are Python-level nodes) would cost more than the dispatch."""
         args = self.source.abstract_args(k)
-        key = (unrolled, tuple((x.shape, x.dtype) for x in jax.tree.leaves(args)))
+        key = self._dispatch_key(unrolled, k)
         if key not in self._dispatched:
             steps, treedef = fuse_steps(self.source.make_step(self.train_step), unrolled, unroll=True), self._treedef
 
@@ -522,7 +568,8 @@ class CompiledCalls:
                 in_shardings=(jax.tree.leaves(self.state_shardings), *_shardings_of(args), self.layout.replicated),
                 out_shardings=(jax.tree.leaves(self.state_shardings), self.layout.replicated),
                 what="train step" if unrolled == 1 else "train steps, unrolled", k=unrolled,
-                why=self.form.why if not self.form.measuring else "timing probe of the step's form")
+                why=FORM_PROBE if self.form.measuring else f"the run's form ({self.form.why})",
+                key=("dispatch", key))
         program = self._dispatched[key]
         if isinstance(program, Compiling) and not background:
             program = self._dispatched[key] = program.result()
@@ -549,7 +596,21 @@ class CompiledCalls:
         return self.compile(fn, self._state_shapes, *args, index, index, donate=True, background=background,
                             in_shardings=(self.state_shardings, *_shardings_of(args), *[self.layout.replicated] * 2),
                             out_shardings=(self.state_shardings, self.layout.replicated),
-                            what="train call", k=k, why=self.chooser.why(k))
+                            what="train call", k=k, why=self.chooser.why(k), key=("call", k))
+
+    def _dispatch_key(self, unrolled: int, k: int) -> tuple[int, Any]:
+        """The key of the dispatched program of `unrolled` steps over a call of k steps' arguments."""
+        return unrolled, tuple((x.shape, x.dtype) for x in jax.tree.leaves(self.source.abstract_args(k)))
+
+    def _count(self, key: Any) -> None:
+        """One more call of the run ran the training program `key` (a program compiled to time the
+        form, whose timed segments trained a copy of the state, says that the run's calls ran it)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry["calls"] += 1
+        if entry["why"] == FORM_PROBE:
+            entry["why"] += f", then the run's form ({self.form.why})"
 
     def program_length(self, k: int) -> int:
         """The program a call of k steps runs, when the feed's arguments do not depend on the
@@ -586,13 +647,20 @@ class CompiledCalls:
     def __call__(self, k: int, state: TrainState, args: tuple[Any, ...]) -> tuple[TrainState, Metrics]:
         if self.form.measuring:
             self._measure_form(k, state, args)
+        self.chooser.ran(k)
+        self.longest = max(self.longest, k)
         if self.form.dispatched:  # its time counts as computing: XLA:CPU runs a program on the
             t0 = time.perf_counter()  # thread that dispatches it, once the one before is done
             state, metrics = self._dispatch(self.form.form, k, state, args, 0, k)
             self.wait_s += time.perf_counter() - t0
+            unrolled = self.form.unroll if self.form.form == "unroll" else 1
+            self._count(("dispatch", self._dispatch_key(unrolled, k)))
+            if unrolled > 1 and k % unrolled:  # the remainder's steps ran the plain step
+                self._count(("dispatch", self._dispatch_key(1, k)))
             return state, metrics
         length = self.program_length(k)
         fn = self.get(length)
+        self._count(("call", length))
         if self.chooser.measuring:  # timed calls run with nothing compiling beside them
             self.finish_compiles()
         t0 = time.perf_counter()
@@ -604,11 +672,16 @@ class CompiledCalls:
             self.wait(metrics)
             if message := self.chooser.check(k, time.perf_counter() - t0):
                 self.log(message)
+                if ("call", length) in self._entries:  # its program was compiled as the run's K: no longer
+                    self._entries[("call", length)]["why"] = self.chooser.why_slowed()
         if self.chooser.measuring:  # the first calls of the run are timed one by one
             self.wait(metrics)
             compile_s = max((c["seconds"] for c in self.compiles if c.get("what") == "train call"), default=0.0)
             if message := self.chooser.record(k, time.perf_counter() - t0, compile_s):
                 self.log(message)
+                probe = self._entries.get(("call", self.k))
+                if probe is not None and probe["why"] == self.chooser.why_probe():  # a timed length became K
+                    probe["why"] += f", then {self.chooser.why(self.k)}"
         return state, metrics
 
     def _dispatch(self, form: str, n: int, state: TrainState, args: tuple[Any, ...], first: int,
@@ -638,20 +711,36 @@ class CompiledCalls:
         if not form.measuring:  # a short run without loop-slow ops (see `get`)
             return
         scratch = jax.tree.map(lambda x: x.copy(), state)  # the timed programs donate it
+        self.wait((scratch, args))  # the timings are the programs' own, not the inputs' arrival
+        warm: set[str] = set()
+
+        def run(probe: str, n: int) -> float:  # seconds of a segment of n steps in `probe`'s form
+            nonlocal scratch
+            t0 = time.perf_counter()
+            scratch, metrics = self._dispatch(probe, n, scratch, args, 0, k)
+            self.wait((scratch, metrics))
+            return time.perf_counter() - t0
+
         while form.measuring:
             probe = form.next_form()
             unrolled = form.unroll if probe == "unroll" else 1
-            n = min(unrolled if probe == "unroll" else form.steps, k)
+            n = form.segment(probe, k)
             if n < unrolled:  # calls too short to hold the unrolled program's steps: not compiled
                 form.stop()
                 break
             if probe != "scan":
                 self._program(unrolled, k)
             self.finish_compiles()  # timed segments run with nothing compiling beside them
-            t0 = time.perf_counter()
-            scratch, metrics = self._dispatch(probe, n, scratch, args, 0, k)
-            self.wait((scratch, metrics))
-            if message := form.record(probe, n, time.perf_counter() - t0):
+            if probe not in warm:  # a program's first run pays one-off costs: untimed
+                warm.add(probe)
+                run(probe, unrolled)  # the scan: one step, then skipped ones (both branches run)
+            if probe == "scan" and form.call_s is None:  # the call and its skipped steps, without a step
+                form.call_s = min(run("scan", 0) for _ in range(2))
+                n = form.segment(probe, k)
+            seconds = run(probe, n)
+            if probe == "scan":
+                seconds = max(seconds - form.call_s, 1e-9)  # steps too cheap to tell from noise: ~0
+            if message := form.record(probe, n, seconds):
                 if form.loop_slower:  # say which of the step's ops a loop body makes slow
                     message = form.blame(self._slow_ops(k))
                 self.log(message)

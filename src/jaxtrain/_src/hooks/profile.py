@@ -174,7 +174,8 @@ class ProfileHook(RunHook):
         flops = None if per_step is None else per_step * k
         return {
             "wall_s": summary["total_time_s"], "train_s": self._train_s, "calls": self._calls, "steps": self._steps,
-            "steps_per_call": calls.k, "k_fixed": calls.chooser.fixed, "fitted": calls.chooser.fitted,
+            "steps_per_call": calls.k, "longest_call": calls.longest, "k_fixed": calls.chooser.fixed,
+            "fitted": calls.chooser.fitted,
             "step_form": calls.form.summary(),
             "steps_per_epoch": feed.steps_per_epoch, "batch_size": config.batch_size,
             "samples_per_step": config.samples_per_step, "log_every": config.log_every,

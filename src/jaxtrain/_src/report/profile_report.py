@@ -65,6 +65,7 @@ def build_profile(m: dict[str, Any]) -> dict[str, Any]:
     wall = sum(seconds.values())
     p: dict[str, Any] = {
         "wall_s": wall, "train_s": loop_s, "steps": steps, "calls": calls, "steps_per_call": m["steps_per_call"],
+        "longest_call": m.get("longest_call") or m["steps_per_call"],
         "steps_per_epoch": m["steps_per_epoch"], "batch_size": m["batch_size"], "placement": m["placement"],
         "device": m["device"], "budget_reached": m["budget_reached"], "step_form": m.get("step_form"),
         "seconds": {k: seconds[k] for k in PARTS},
@@ -207,12 +208,17 @@ def _rate(flop_s: float) -> str:
     return f"{flop_s:,.0f} FLOP/s"
 
 
+TRAINING_PROGRAMS = {"train call": "K={k}", "train step": "1 step", "train steps, unrolled": "{k} unrolled"}
+"""The programs that train (`CompiledCalls.compiles`' `what`) and how a profile line names each."""
+
+
 def profile_lines(p: dict[str, Any]) -> list[str]:
     """The profile as text lines: the table of shares, compilations, FLOP/s, the verdict and advice."""
-    k = p["steps_per_call"]
+    k, longest = p["steps_per_call"], p.get("longest_call") or p["steps_per_call"]
     budget = "; stopped at the time budget" if p["budget_reached"] else ""
+    up_to = f"K={k}" if longest == k else f"{longest} steps (K={k})"  # K changed after a longer call
     lines = [f"PROFILE: where the {p['wall_s']:.1f}s went (training loop {p['train_s']:.2f}s: {p['steps']:,} steps "
-             f"in {p['calls']:,} call{'s' if p['calls'] != 1 else ''} of up to K={k}{budget})"]
+             f"in {p['calls']:,} call{'s' if p['calls'] != 1 else ''} of up to {up_to}{budget})"]
     detail = {
         "compile": f"{len(p['compiles'])} program" + ("s" if len(p["compiles"]) != 1 else ""),
         "compute": f"{_ms(p['compute_per_step_s'])} per step",
@@ -223,8 +229,10 @@ def profile_lines(p: dict[str, Any]) -> list[str]:
     }
     for key, label in PARTS.items():
         lines.append(f"  {label:<19} {p['seconds'][key]:8.2f}s {p['shares'][key]:6.1%}  {detail.get(key, '')}".rstrip())
-    for c in [c for c in p["compiles"] if c.get("what") == "train call"]:
-        lines.append(f"  compiled K={c['k']:<6} {c['seconds']:6.2f}s  {c['why']}")
+    for c in [c for c in p["compiles"] if c.get("what") in TRAINING_PROGRAMS]:
+        name = TRAINING_PROGRAMS[c["what"]].format(k=c["k"])
+        ran = f"; {c['calls']:,} call{'s' if c['calls'] != 1 else ''}" if "calls" in c else ""
+        lines.append(f"  compiled {name:<10} {c['seconds']:6.2f}s  {c['why']}{ran}")
     if p.get("step_form"):  # the loop body against the plain step, and the ops a loop body makes slow
         lines.append(f"  Form:     {p['step_form']['form']} ({p['step_form']['why']})")
     if p["flops_per_step"]:
