@@ -45,7 +45,7 @@ with tempfile.TemporaryDirectory() as tmp:
             states = [t.state.name.lower() for t in study.trials]
             best = study.best_trial
             command = shlex.split(best.user_attrs["command"])
-            command[command.index("--run-dir") + 1] = str(out / "again")
+            command += ["--run-dir", str(out / "again")]  # printed without one: runs/ by default
             subprocess.run([sys.executable, "-m", "jaxtrain", *command[1:], "--quiet"], check=True,
                            capture_output=True)
             again = json.loads((out / "again" / "summary.json").read_text())["best_val_loss"]

@@ -95,7 +95,7 @@ def test_workers_on_postgresql_survive_a_killed_worker(tmp_path, postgres):
     # the best trial's command reproduces its validation loss
     best = study.best_trial
     line = shlex.split(best.user_attrs["command"])
-    line[line.index("--run-dir") + 1] = str(tmp_path / "again")
+    line += ["--run-dir", str(tmp_path / "again")]  # printed without one: runs/ by default
     subprocess.run([sys.executable, "-m", "jaxtrain", *line[1:], "--quiet"], check=True, timeout=120)
     summary = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert summary["best_val_loss"] == pytest.approx(best.value, rel=1e-6)

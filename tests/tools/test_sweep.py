@@ -61,7 +61,7 @@ def test_sweep_runs_trials_as_run_directories_continues_and_reproduces_the_best(
     summary = json.loads((out / f"trial-{best.number:04d}" / "summary.json").read_text())
     assert summary["best_val_loss"] == pytest.approx(best.value, rel=1e-9)
     command = shlex.split(best.user_attrs["command"])
-    command[command.index("--run-dir") + 1] = str(tmp_path / "again")
+    command += ["--run-dir", str(tmp_path / "again")]  # printed without one: runs/ by default
     assert cli.main(command[1:] + ["--quiet"]) == 0  # the best trial's command, run again
     again = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert again["best_val_loss"] == pytest.approx(best.value, rel=1e-6)
@@ -328,7 +328,7 @@ def test_a_population_sweep_groups_trials_by_shape_and_each_trial_reproduces_alo
         assert summaries[t.number]["best_val_loss"] == pytest.approx(t.value, rel=1e-12)
     best = study.best_trial
     command = shlex.split(best.user_attrs["command"])
-    command[command.index("--run-dir") + 1] = str(tmp_path / "again")
+    command += ["--run-dir", str(tmp_path / "again")]  # printed without one: runs/ by default
     assert cli.main(command[1:] + ["--quiet"]) == 0  # the trial trained alone: the same validation loss
     again = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert again["best_val_loss"] == pytest.approx(best.value, rel=1e-6)

@@ -4,6 +4,7 @@ against a cap, its trial runs, the learning-rate scaling, the command line."""
 import dataclasses
 import io
 import math
+import shlex
 import types
 
 import jax
@@ -169,7 +170,8 @@ def test_cli_prints_the_recommendation_and_writes_the_plot(tmp_path, capsys):
                      "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "recommended: jaxtrain train mlp-regression --batch-size" in captured.out
+    # the command keeps the settings measured with; --max-batch, --out and the like are the tune's own
+    assert f"recommended: jaxtrain train mlp-regression {shlex.join(MLP_FLAGS)} --batch-size" in captured.out
     assert "search ended at max_batch=2" in captured.out
     assert "available RAM" in captured.out or "memory limit" in captured.out  # the default cap says its source
     assert out.is_file()
@@ -215,7 +217,8 @@ def test_cli_lr_range_prints_the_suggestion_and_writes_the_plot(tmp_path, capsys
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "learning-rate range test, adam, 40 steps" in captured.out
-    lr = float(captured.out.split("train with: jaxtrain train mlp-regression --optim.lr ")[1].split()[0])
+    command = f"train with: jaxtrain train mlp-regression {shlex.join(MLP_FLAGS)} --optim.lr "  # the settings tested
+    lr = float(captured.out.split(command)[1].split()[0])
     assert 1e-7 <= lr <= 1 and out.is_file()
     assert cli.main(["tune", "lr", "mlp-regression", *MLP_FLAGS, "--steps", "5"]) == 2
     assert "needs at least 20 steps" in capsys.readouterr().err

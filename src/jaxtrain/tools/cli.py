@@ -414,6 +414,15 @@ def _number(args: list[str], flag: str, kind: type, default: Any) -> Any:
         raise ConfigError(f"{flag} needs a {'whole ' if kind is int else ''}number; got {value!r}") from None
 
 
+def train_command(recipe: str, flags: Sequence[str], replaced: Sequence[str]) -> str:
+    """`jaxtrain train RECIPE FLAGS` as a shell takes it, less the flags that set one of the dotted
+    `replaced` names: the command a tool prints for the settings it measured with, to which it adds
+    its own values for `replaced`."""
+    from jaxtrain.tools.sweep import without_flags
+
+    return shlex.join(["jaxtrain", "train", recipe, *without_flags(flags, replaced)])
+
+
 TUNE_MAX_BATCH = 2**16  # `tune.MAX_BATCH`, written here so that the help imports no JAX (a test checks they agree)
 
 
@@ -451,12 +460,13 @@ def _tune(args: Sequence[str]) -> int:
     throughput = "--no-throughput" not in rest
     rest = [a for a in rest if a != "--no-throughput"]
     _, out = _pop_option(rest, "--out")
-    config, preset = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}")
+    # the recommendation trains with the settings measured here: the recipe's flags, less those it sets
+    command = train_command(recipe.name, rest, ["batch_size", "optim.lr", "optim.min_lr"])
+    config, _ = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}")
     out = out or f"runs/tune-{recipe.name}-batch-size.png"
     console = Console(highlight=False, soft_wrap=True)
     result = tune.batch_size(recipe, config, max_memory_gb, max_batch=max_batch, seconds=seconds,
                              throughput=throughput, note=lambda line: console.print(f"[dim]{line}[/dim]"))
-    command = f"jaxtrain train {recipe.name}" + (f" --preset {preset}" if preset else "")
     print_batch_size(result, console, command)
     console.print(f"plot: {plot_batch_size(result, out)}")
     return 0
@@ -582,10 +592,11 @@ def _tune_lr(args: list[str]) -> int:
     max_lr = _number(rest, "--max-lr", float, 10.0)
     steps = _number(rest, "--steps", int, None)
     _, out = _pop_option(rest, "--out")
+    command = train_command(recipe.name, rest, ["optim.lr"])  # the suggestion holds for these settings only
     config, _ = _preset_config(recipe, rest, f"jaxtrain tune lr {recipe.name}")
     result = tune.lr_range(recipe, config, min_lr, max_lr, steps)
     console = Console(highlight=False, soft_wrap=True)
-    print_lr_range(result, console, recipe.name, config.optim.name)
+    print_lr_range(result, console, recipe.name, config.optim.name, command)
     console.print(f"plot: {plot_lr_range(result, recipe.name, out or f'runs/tune-{recipe.name}-lr.png')}")
     return 0
 

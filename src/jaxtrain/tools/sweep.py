@@ -736,9 +736,10 @@ class _Job:
         run_dir = Path(self.out) / f"trial-{trial.number:04d}"
         _refuse_links(Path(self.out), [run_dir.name])  # planted while the sweep runs
         trial_config = dataclasses.replace(apply_values(self.config, values), quiet=True, run_dir="")
-        command = shlex.join(["jaxtrain", "train", self.recipe.name, *without_flags(self.flags, list(values)),
-                              *(x for k in values for x in _flag_args(k, _value_at(trial_config, k))),
-                              "--run-dir", str(run_dir)])
+        # the command that trains the trial again: in a run directory of its own (the default, under
+        # runs/), since the trial's own already holds the trial and would refuse a second run
+        command = shlex.join(["jaxtrain", "train", self.recipe.name, *without_flags(self.flags, [*values, "run_dir"]),
+                              *(x for k in values for x in _flag_args(k, _value_at(trial_config, k)))])
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("command", command)
         attrs = next(t for t in others if t.number == trial.number).system_attrs
@@ -1048,7 +1049,8 @@ def _print_best(study: Any, console: Console, objective: str) -> list[Any]:
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if complete:
         best = study.best_trial
-        console.print(f"best: trial {best.number}, {objective} {best.value:.6g}; reproduce it with:\n"
+        where = f" ({best.user_attrs['run_dir']})" if "run_dir" in best.user_attrs else ""
+        console.print(f"best: trial {best.number}{where}, {objective} {best.value:.6g}; reproduce it with:\n"
                       f"  {best.user_attrs.get('command', '')}", markup=False, highlight=False)
     return complete
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -256,7 +257,7 @@ class HDF5Source:
             if not isinstance(obj, h5py.Dataset):
                 have = ", ".join(list_datasets(self._file)[:20]) or "no datasets"
                 raise DataError(f"{self.path} has no dataset {key!r} (it has: {have}); pass keys that exist, "
-                                f"e.g. `jaxtrain data inspect {self.path}` lists them")
+                                f"e.g. `jaxtrain data inspect {shlex.quote(str(self.path))}` lists them")
             if obj.ndim == 0:
                 raise DataError(f"{key!r} in {self.path} is a scalar; datasets need a leading row axis")
             _check_dtype(obj.dtype, key, str(self.path))

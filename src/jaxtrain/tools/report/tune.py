@@ -107,8 +107,10 @@ def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
     return save_figure(fig, Path(out), make_parent=True)  # the default is under runs/, which may not exist yet
 
 
-def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: str) -> None:
-    """The range test's curve at ten points and its suggestion."""
+def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: str, command: str = "") -> None:
+    """The range test's curve at ten points and its suggestion; `command` (default `jaxtrain train
+    NAME`) is the train command of the settings the test ran with, to which the suggestion adds
+    `--optim.lr`."""
     from jaxtrain.tools.tune import format_lr
 
     end = result.end
@@ -124,7 +126,7 @@ def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: st
     console.print(f"the loss is lowest at learning rate {format_lr(result.min_loss_lr)} (too high to train at: it "
                   f"rises after); the suggestion is a tenth of it, {format_lr(result.suggestion)} (steepest descent "
                   f"at {format_lr(result.steepest)})")
-    console.print(f"train with: jaxtrain train {name} --optim.lr {format_lr(result.suggestion)}")
+    console.print(f"train with: {command or f'jaxtrain train {name}'} --optim.lr {format_lr(result.suggestion)}")
 
 
 def plot_lr_range(result: "LRRange", name: str, out: str | os.PathLike) -> Path:
