@@ -20,7 +20,7 @@ from jaxtrain.tools.cli import main
 
 # mlp-regression at its smallest: 600 training rows of 8 features, a 32-32 MLP
 TINY = ["--data.samples", "600", "--data.val-samples", "100", "--data.features", "8", "--data.targets", "4",
-        "--data.teacher-width", "8", "--model.hidden", "32", "32", "--quiet"]
+        "--data.teacher-width", "8", "--model.hidden", "32", "32", "--verbosity", "summary"]
 
 
 def printed(text: str, after: str) -> str:
