@@ -20,7 +20,9 @@ from jaxtrain.tools.cli import main
 
 
 def _cli(*args, **kwargs):
+    """`jaxtrain ARGS` in a child whose first line of output (the header) says that the run started."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args = [*(a for a in args if a != "--quiet"), "--verbosity", "summary"]
     return subprocess.Popen([sys.executable, "-m", "jaxtrain", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, **kwargs)
 

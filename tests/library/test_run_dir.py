@@ -201,7 +201,7 @@ def test_verbosity_levels_and_plain_progress_lines_in_a_piped_log():
     assert "Epoch 1/1 Summary" in summary and "  epoch 1/1 step" not in summary
     assert _printed("silent") == ""
     assert "━" in _printed("progress", terminal=True)  # a terminal gets the bar
-    with pytest.raises(ConfigError, match="verbosity='loud' must be one of progress, summary, silent"):
+    with pytest.raises(ConfigError, match="verbosity='loud' must be one of progress, summary, result, silent"):
         _printed("loud")
 
 

@@ -19,7 +19,7 @@ FINISHED = ("completed", "stopped early")
 
 class ProgressHook(RunHook):
     """Prints the header and blocks; with `bar`, a rich progress bar (steps/s, samples/s, ETA,
-    the last logged loss). With `result_only` (`--quiet`), only the final result: a script's log
+    the last logged loss). With `result_only` (verbosity "result"), only the final result: a script's log
     or a sweep's terminal gets the few lines it needs, not the header, epochs and profile."""
 
     def __init__(self, console: Console, bar: bool = True, result_only: bool = False):

@@ -175,7 +175,7 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
 
 
 def result_block(summary: dict[str, Any], run_dir: Any = None) -> str:
-    """The final result alone (`--quiet`, `verbosity="result"`): how the run ended, its best and
+    """The final result alone (`verbosity="result"`): how the run ended, its best and
     final metrics (named as in summary.json) and its directory, in a few lines."""
     epochs, steps = summary["epochs"], summary["steps"]
     ended = summary["status"] + (f" ({summary['stop_reason']})" if summary.get("stop_reason") else "")
