@@ -38,9 +38,11 @@ BASELINE = "jaxtrain-baseline"  # jaxtrain from another checkout (`--baseline-sr
 TORCH_SCRIPT = Path(__file__).with_name("torch_models.py")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CHECK_BATCH = {"mnist-cnn": 16, "char-gpt": 4}  # samples in the torch-vs-JAX forward check
-QUICK = {  # --quick: a few steps on a small slice of the data, evaluation on a few batches
+QUICK = {  # --quick: a few steps on a small slice of the data, evaluation on a few batches; char-gpt with
+    # one transformer block (the same ops as the baby's four, a quarter of the compiling and training)
     "mnist-cnn": {"epochs": 2, "steps_per_epoch": 3, "data": {"limit": 1536}},
-    "char-gpt": {"epochs": 2, "steps_per_epoch": 3, "data": {"limit": 20_000, "eval_batches": 2}},
+    "char-gpt": {"epochs": 2, "steps_per_epoch": 3, "data": {"limit": 20_000, "eval_batches": 2},
+                 "model": {"n_layer": 1}},
 }
 
 
@@ -64,7 +66,7 @@ class FrameworksConfig:
     out: str = "bench-results/frameworks"
     """Directory for results.json, results.md and frameworks.png."""
     quick: bool = False
-    """A cut-down run for smoke tests: 2 × 3 steps on a data slice, 1 run, no torch-compile."""
+    """A cut-down run for smoke tests: 2 × 3 steps on a data slice (char-gpt: 1 layer), 1 run, no torch-compile."""
     baseline_src: str = ""
     """Also run jaxtrain from another checkout's src/ directory (a git worktree of an earlier commit) as the
     variant jaxtrain-baseline, interleaved with the others and with this checkout's recipe settings: what a
@@ -134,6 +136,8 @@ def _recipe_config(workload: str, config: FrameworksConfig):
         quick = QUICK[workload]
         base = dataclasses.replace(base, epochs=quick["epochs"], steps_per_epoch=quick["steps_per_epoch"],
                                    data=dataclasses.replace(base.data, **quick["data"]))
+        if "model" in quick:
+            base = dataclasses.replace(base, model=dataclasses.replace(base.model, **quick["model"]))
     return recipe, base
 
 
