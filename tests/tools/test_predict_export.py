@@ -1,6 +1,8 @@
 """Taking a trained model out: `jaxtrain predict`, `jaxtrain export` and the safetensors weights,
 on runs of every recipe model that has a forward (tiny configurations, a few steps each)."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -109,8 +111,37 @@ def test_predict_takes_inputs_from_hdf5_and_npz_named_as_the_model_input(trained
     np.testing.assert_allclose(results[0], _reference("mlp", run, raw), rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """Each run exported by `jaxtrain export`, and every artifact served by one fresh process where
+    flax, optax and jaxtrain cannot be imported (the artifact needs JAX alone; one process for all
+    models, not one each): {name: (folder with artifact/, served.npy, three.npy), export's output}."""
+    tmp = tmp_path_factory.mktemp("exports")
+    out, code = {}, [
+        "import sys\n"
+        "for m in ('flax', 'optax', 'jaxtrain', 'orbax'): sys.modules[m] = None\n"
+        "import numpy as np\nfrom jax import export\n"
+    ]
+    for name, run in trained.items():
+        folder = tmp / name
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            assert main(["export", str(run), "--out", str(folder / "artifact")]) == 0
+        out[name] = folder, printed.getvalue()
+        code.append(
+            f"f = export.deserialize(open({str(folder / 'artifact' / 'model.jax_export')!r}, 'rb').read())\n"
+            f"x = np.load({str(run / 'raw.npy')!r})\n"
+            f"np.save({str(folder / 'served.npy')!r}, np.asarray(f.call(x)))\n"
+            f"np.save({str(folder / 'three.npy')!r}, np.asarray(f.call(x[:3])))\n"
+        )
+    env = {"PATH": os.environ.get("PATH", ""), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-I", "-c", "".join(code)], capture_output=True, text=True, env=env,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
 @pytest.mark.parametrize("name", ["mlp", "seq", "cnn", "gpt"])
-def test_predict_and_the_exported_artifact_agree_with_the_model(trained, name, tmp_path, capsys):
+def test_predict_and_the_exported_artifact_agree_with_the_model(trained, exported, name, tmp_path):
     if name not in trained:
         pytest.skip("needs the offline datasets (JAXTRAIN_DATA_DIR)")
     run = trained[name]
@@ -119,28 +150,14 @@ def test_predict_and_the_exported_artifact_agree_with_the_model(trained, name, t
                  "--batch-size", "16"]) == 0
     predicted = np.load(tmp_path / "y.npy")
     np.testing.assert_allclose(predicted, _reference(name, run, raw), rtol=1e-5, atol=1e-5)
-    assert main(["export", str(run), "--out", str(tmp_path / "artifact")]) == 0
-    assert "model.jax_export" in capsys.readouterr().out
-    signature = json.loads((tmp_path / "artifact" / "signature.json").read_text())
+    folder, printed = exported[name]
+    assert "model.jax_export" in printed
+    signature = json.loads((folder / "artifact" / "signature.json").read_text())
     assert signature["inputs"][0]["shape"] == ["batch", *raw.shape[1:]]
     assert signature["outputs"][0]["shape"][0] == "batch"
-    np.save(tmp_path / "x.npy", raw)
-    # A fresh process where flax, optax and jaxtrain cannot be imported: the artifact needs JAX alone.
-    code = (
-        "import sys\n"
-        "for m in ('flax', 'optax', 'jaxtrain', 'orbax'): sys.modules[m] = None\n"
-        "import numpy as np\nfrom jax import export\n"
-        f"f = export.deserialize(open({str(tmp_path / 'artifact' / 'model.jax_export')!r}, 'rb').read())\n"
-        f"x = np.load({str(tmp_path / 'x.npy')!r})\n"
-        f"np.save({str(tmp_path / 'served.npy')!r}, np.asarray(f.call(x)))\n"
-        f"np.save({str(tmp_path / 'three.npy')!r}, np.asarray(f.call(x[:3])))\n"
-    )
-    env = {"PATH": os.environ.get("PATH", ""), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    served = np.load(tmp_path / "served.npy")
+    served = np.load(folder / "served.npy")
     np.testing.assert_allclose(served, predicted, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(np.load(tmp_path / "three.npy"), predicted[:3], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.load(folder / "three.npy"), predicted[:3], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["mlp", "seq", "cnn", "gpt"])
