@@ -515,8 +515,13 @@ def _transfer(batches: Iterator[dict], device: Any, group: list[int], put: Calla
         while pending:  # split where the batch size changes (the last batch without drop_last)
             n = next((i for i, b in enumerate(pending) if _shape(b) != _shape(pending[0])), len(pending))
             run, pending = pending[:n], pending[n:]
-            host = {k: np.stack([b[k] for b in run]) for k in run[0]}  # (g, B, ...)
-            put(jax.block_until_ready(place(host)))
+            # (g, B, ...) in memory of its own (`_mapped`): a call's K batches, megabytes each time,
+            # never cut from (and left to fragment) the C heap; dropped before waiting to queue.
+            host = {k: np.stack([b[k] for b in run], out=_mapped((n, *run[0][k].shape), run[0][k].dtype))
+                    for k in run[0]}
+            placed = jax.block_until_ready(place(host))
+            del host
+            put(placed)
 
 
 def _groups(it: Iterator[Any], group: list[int]) -> Iterator[list[dict]]:
