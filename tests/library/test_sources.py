@@ -154,6 +154,36 @@ def test_nan_and_inf_name_the_dataset_and_rows(tmp_path):
         check_finite(half, "h", 10, "arrays")
 
 
+def test_read_into_writes_what_read_returns_into_the_callers_arrays(tmp_path, arrays):
+    """The streaming loader reads into slices of its window buffers: every source's `read_into`
+    fills them with `read`'s rows (converted to native byte order), and checks them as `read` does."""
+    from jaxtrain._src.data.adapters import NpySource
+
+    big_endian = {**arrays, "features": arrays["features"].astype(">f4")}
+    (tmp_path / "npy").mkdir()
+    for name, a in arrays.items():
+        np.save(tmp_path / "npy" / f"{name}-0.npy", a[:40])
+        np.save(tmp_path / "npy" / f"{name}-1.npy", a[40:])
+    keys = {"x": "features", "y": "targets", "t": "tokens"}
+    sources = [HDF5Source(write_h5(tmp_path / "d.h5", **big_endian), keys, start=10),
+               ArraySource({k: arrays[v] for k, v in keys.items()}, start=10),
+               NpySource(tmp_path / "npy", keys, start=10)]
+    for source in sources:
+        buffer = {k: np.full((50, *arrays[v].shape[1:]), 7, arrays[v].dtype) for k, v in keys.items()}
+        source.read_into(25, 60, {k: v[5:40] for k, v in buffer.items()})  # rows 35..69, across the shards' seam
+        expected = source.read(25, 60)
+        for k, v in buffer.items():
+            np.testing.assert_array_equal(v[5:40], expected[k])
+            np.testing.assert_array_equal(v[5:40], arrays[keys[k]][35:70])
+            assert (v[:5] == 7).all() and (v[40:] == 7).all()  # nothing written outside the slice
+        source.close()
+    x = np.zeros((64, 2), np.float32)
+    x[33, 1] = np.nan
+    with HDF5Source(write_h5(tmp_path / "nan.h5", x=x), {"x": "x"}) as source:
+        with pytest.raises(DataError, match=r"^rows 32–47 of 'x' in .*nan.h5 contain NaN/Inf \(1 bad, first row 33\)"):
+            source.read_into(32, 48, {"x": np.empty((16, 2), np.float32)})
+
+
 def test_array_source_validates_its_arrays():
     with pytest.raises(DataError, match=r"arrays have different numbers of rows \(a: 3, b: 4\)"):
         ArraySource({"a": np.zeros(3), "b": np.zeros(4)})

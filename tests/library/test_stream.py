@@ -99,6 +99,8 @@ def test_windows_hold_whole_blocks_and_shuffle_within_them():
 
 
 class CountingSource(ArraySource):
+    """An ArraySource that records the row ranges read from it (the loader reads with `read_into`)."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.reads = []
@@ -106,6 +108,14 @@ class CountingSource(ArraySource):
     def read(self, start, stop):
         self.reads.append((start, stop))
         return super().read(start, stop)
+
+    def read_into(self, start, stop, out):
+        self.reads.append((start, stop))
+        super().read_into(start, stop, out)
+
+    @property
+    def rows_read(self):
+        return sum(stop - start for start, stop in self.reads)
 
 
 def test_start_batch_resumes_with_the_identical_order_and_skips_reading():
@@ -245,6 +255,47 @@ def test_host_memory_does_not_grow_with_the_number_of_rows(tmp_path):
         path.unlink()
     small, large = peaks
     assert large <= small * 1.10 + 8, f"peak RSS {small:.0f} MiB for 2e5 rows, {large:.0f} MiB for 2e6 rows"
+
+
+def settled(source, quiet=0.2, timeout=5.0):
+    """The source's rows read once its reader has stopped reading (blocked on a full queue): no read
+    for `quiet` seconds."""
+    deadline, last, since = time.monotonic() + timeout, source.rows_read, time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.02)
+        if source.rows_read != last:
+            last, since = source.rows_read, time.monotonic()
+    return last
+
+
+def test_read_ahead_is_bounded_by_two_windows_and_the_queue_across_epochs(monkeypatch):
+    """However long the consumer waits, the reader reads at most `host_nbytes` of rows ahead of it
+    (two windows and the queue), at the start, mid-epoch and across an epoch's end, and it does read
+    ahead (the queue fills); the window buffers are mapped once per stream, not once per window:
+    100 windows an epoch, three epochs, two buffers."""
+    import jaxtrain._src.data.stream as stream
+
+    mapped = []
+    monkeypatch.setattr(stream, "_mapped", lambda shape, dtype: mapped.append((shape, dtype)) or np.empty(shape, dtype))
+    source = CountingSource(id_arrays(20_000), chunk_rows=10)
+    B, row_nbytes = 8, 8 + 2 * 4  # id int64, x 2 x float32
+    loader = StreamLoader(source, B, seed=0, block_rows=50, window_blocks=4, queue_depth=4)
+    window_rows = 200
+    assert loader.window_nbytes == window_rows * row_nbytes
+    assert loader.host_nbytes == (2 * window_rows + 5 * B) * row_nbytes
+    source.reads.clear()
+    epochs = 3
+    with loader.iter_epochs(1, 0, epochs, loader.num_batches) as batches:
+        consumed = 0
+        for stop_at in (0, 30, loader.num_batches - 2, loader.num_batches + 40):  # the last two: across epoch 1's end
+            while consumed < stop_at:
+                if next(batches) is not stream.EPOCH_END:
+                    consumed += 1
+            ahead = settled(source) - consumed * B
+            assert loader.queue_depth * B <= ahead <= loader.host_nbytes // row_nbytes, (stop_at, ahead)
+        served = consumed + sum(b is not stream.EPOCH_END for b in batches)
+    assert served == epochs * loader.num_batches and source.rows_read == epochs * 20_000
+    assert [shape for shape, _ in mapped] == [(window_rows,), (window_rows, 2)] * 2  # id and x of two buffers
 
 
 def test_shares_of_each_batch_are_the_one_process_order_split_and_keep_only_their_rows():

@@ -56,6 +56,27 @@ def test_data_benchmark_adapters_agreement_and_shards_quick(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_data_benchmark_stream_quick(tmp_path, capsys):
+    from jaxtrain._src.errors import ConfigError
+    from jaxtrain.tools.bench.data import DataBenchConfig, main
+
+    assert main(DataBenchConfig(quick=True, dir=str(tmp_path), parts=("stream",))) == 0
+    stream = json.loads((tmp_path / "results.json").read_text())["stream"]
+    names = {fmt: [f"{fmt} {rows:,} rows" for rows in (6_000, 12_000)] for fmt in ("hdf5", "npy")}
+    assert set(stream["runs"]) == {name for pair in names.values() for name in pair}
+    for runs in stream["runs"].values():  # whole `jaxtrain train` processes, one each (one repeat)
+        assert 100 < runs[0]["peak_rss_mib"] < 16_384 and runs[0]["steps_per_call"] >= 1
+        assert 0 <= runs[0]["input_wait_fraction"] < 1
+    for fmt, (small, large) in names.items():
+        rss = {name: stream["runs"][name][0]["peak_rss_mib"] for name in (small, large)}
+        assert stream["ratio"][fmt] == pytest.approx(rss[large] / rss[small])
+    assert "<= 1.1x" in capsys.readouterr().out  # the table, its target column
+    assert not list(tmp_path.glob("stream-*"))  # the files and the runs' directories removed
+    with pytest.raises(ConfigError, match="give two sizes or more"):
+        main(DataBenchConfig(dir=str(tmp_path), parts=("stream",), stream_rows=(200_000,)))
+
+
+@pytest.mark.slow
 def test_scan_benchmark_quick(capsys):
     from jaxtrain.tools.bench.scan import ScanBenchConfig, main
 

@@ -515,11 +515,19 @@ class NpySource:
         """Rows [start, stop) of the range, across shards: {name: (stop - start, ...)}."""
         if not 0 <= start <= stop <= len(self):
             raise IndexError(f"rows [{start}, {stop}) are outside this source's {len(self)} rows")
-        out, offset = {}, self.start
-        start, stop = start + offset, stop + offset
+        out = {name: np.empty((stop - start, *s[0].shape[1:]), s[0].dtype) for name, s in self._parts.items()}
+        self.read_into(start, stop, out)
+        return out
+
+    def read_into(self, start: int, stop: int, out: dict[str, np.ndarray]) -> None:
+        """`read(start, stop)` written into `out` ({name: (stop - start, ...)} C-contiguous arrays),
+        one positioned read per shard straight into them (the streaming loader's window buffers)."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"rows [{start}, {stop}) are outside this source's {len(self)} rows")
+        start, stop = start + self.start, stop + self.start
         for name, shards in self._parts.items():
             bounds = self._bounds[name]
-            block = np.empty((stop - start, *shards[0].shape[1:]), shards[0].dtype)
+            block = out[name]
             row, i = start, int(np.searchsorted(bounds, start, side="right")) - 1
             while row < stop:
                 lo, hi = row - bounds[i], min(stop, bounds[i + 1]) - bounds[i]
@@ -527,8 +535,6 @@ class NpySource:
                 row += hi - lo
                 i += 1
             check_finite(block, name, start, str(shards[0].path.parent))
-            out[name] = block
-        return out
 
     def close(self) -> None:
         pass

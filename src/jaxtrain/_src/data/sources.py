@@ -40,7 +40,12 @@ MAX_CHUNK_ROWS = 1 << 20  # cap on the common multiple of several datasets' chun
 
 
 class RowSource(Protocol):
-    """What the streaming loader needs from a source."""
+    """What the streaming loader needs from a source.
+
+    A source may also have `read_into(start, stop, out)`: the rows of `read` written into arrays
+    the caller gives ({name: (stop - start, ...)}). The loader then reads straight into its
+    window buffers, which it allocates once per stream, instead of a fresh array per read.
+    """
 
     def __len__(self) -> int: ...
 
@@ -146,6 +151,13 @@ class ArraySource:
         for k, v in out.items():
             check_finite(v, k, lo, "arrays")
         return out
+
+    def read_into(self, start: int, stop: int, out: dict[str, np.ndarray]) -> None:
+        """`read(start, stop)` written into `out` ({name: (stop - start, ...)})."""
+        lo, hi = self.start + start, self.start + stop
+        for k, v in self._arrays.items():
+            np.copyto(out[k], v[lo:hi])
+            check_finite(out[k], k, lo, "arrays")
 
     def close(self) -> None:
         pass
@@ -319,15 +331,28 @@ class HDF5Source:
             during the read counts), HDF5 cannot read the rows (a corrupt or truncated file), or
             they hold NaN/Inf.
         """
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"rows [{start}, {stop}) are outside this source's {len(self)} rows")
+        out = {name: np.empty((stop - start, *d.shape[1:]), d.dtype.newbyteorder("="))
+               for name, d in self._datasets.items()}
+        self.read_into(start, stop, out)
+        return out
+
+    def read_into(self, start: int, stop: int, out: dict[str, np.ndarray]) -> None:
+        """`read(start, stop)` written into `out` ({name: (stop - start, ...)} C-contiguous arrays):
+        HDF5 reads straight into them (what the streaming loader's window buffers use).
+
+        Raises:
+          DataError: as `read`.
+        """
         lo, hi = self.start + start, self.start + stop
         if not self.start <= lo <= hi <= self.stop:
             raise IndexError(f"rows [{start}, {stop}) are outside this source's {len(self)} rows")
-        out = {}
         with self._lock:
             if not self._file.id.valid:
                 raise DataError(f"{self.path} was closed; open a new HDF5Source to read it")
             for name, ds in self._datasets.items():
-                block = np.empty((hi - lo, *ds.shape[1:]), ds.dtype.newbyteorder("="))
+                block = out[name]
                 if hi > lo:
                     try:
                         ds.read_direct(block, np.s_[lo:hi])
@@ -336,12 +361,10 @@ class HDF5Source:
                                             f"{self.path} ({hdf5_reason(e)}); the file is corrupt or truncated: "
                                             "re-copy or regenerate it")
                         raise self._change_error() or corrupt from None  # cut short under us: say that
-                out[name] = block
         if (changed := self._change_error()) is not None:  # after the read: a change during it counts too
             raise changed
-        for name, block in out.items():
-            check_finite(block, self.keys[name], lo, str(self.path))
-        return out
+        for name in self._datasets:
+            check_finite(out[name], self.keys[name], lo, str(self.path))
 
     def _change_error(self) -> DataError | None:
         """The error to raise when the file is no longer the one opened (rows read now may be another's)."""

@@ -16,16 +16,22 @@ epoch. With the defaults (blocks of ~1 MiB, windows of ~32 MiB) this is close to
 for datasets of a few windows and a block-local one for 10^8 rows; rows in a file sorted by a
 label therefore still need a larger window (or a file written in random order).
 
-Memory: the block permutation (N / block_rows integers), the window being served and the one being
-read (2 x window bytes), and the ready-batch queue. Nothing holds an index array of all N rows, so
-host memory does not grow with the dataset. `iter_epoch(epoch, start_batch)` computes which window
-holds the first requested row and reads nothing before it: a run restored from a checkpoint
-mid-epoch continues with the identical order.
+Memory (`StreamLoader.host_nbytes`): the block permutation (N / block_rows integers), two window
+buffers (the window being served and the one being read) and the ready-batch queue. The two buffers
+are mapped once per stream, outside the C heap, and reused for every window of every epoch; blocks
+are read straight into them where the source can (`read_into`). Fresh arrays for every window,
+freed into a C heap that the batches were being cut from at the same time, left the heap a little
+larger after each window: a run over 10x the rows went through 10x the windows and ended higher. Nothing
+holds an index array of all N rows, so host memory does not grow with the dataset, and the reader
+never reads further ahead than those two windows and the queue, however long the consumer waits.
+`iter_epoch(epoch, start_batch)` computes which window holds the first requested row and reads
+nothing before it: a run restored from a checkpoint mid-epoch continues with the identical order.
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 import queue
 import threading
 import time
@@ -167,26 +173,41 @@ class EpochPlan:
         return np.random.default_rng((self.seed, self.epoch, 1, window)).permutation(size)
 
 
-class _WindowReader:
-    """Reads one window's blocks into a preallocated buffer, a few blocks at a time.
+def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array in memory mapped for it alone, not taken from the C heap: its pages go
+    back to the system when it is dropped, whatever else the heap holds (np.empty where the
+    platform has no private anonymous maps, or for no bytes)."""
+    count = math.prod(shape)
+    nbytes = count * np.dtype(dtype).itemsize
+    if not nbytes or not hasattr(mmap, "MAP_PRIVATE"):
+        return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype, count).reshape(shape)
 
+
+class _WindowReader:
+    """Reads one window's blocks into a window buffer given to it (one of a stream's two), a few
+    blocks at a time.
+
+    `buffer` holds at least the window's rows ({name: (rows, ...)}); the reader uses its first ones.
     With `keep` (sorted window-buffer indices), only those rows are kept: each block is read whole
-    (it is a run of whole chunks) and the kept rows are copied into a buffer of `len(keep)` rows;
-    `slot[i]` is where window row i went.
+    (it is a run of whole chunks) and the kept rows are copied into the buffer's first `len(keep)`
+    rows; `slot[i]` is where window row i went. Without, a source with `read_into` reads each block
+    straight into the buffer.
     """
 
-    def __init__(self, source: RowSource, plan: EpochPlan, window: int, shapes: dict, dtypes: dict,
+    def __init__(self, source: RowSource, plan: EpochPlan, window: int, buffer: dict[str, np.ndarray],
                  keep: np.ndarray | None = None):
         self.source = source
         self.ranges = plan.block_ranges(window)
         size = int(plan.window_starts[window + 1] - plan.window_starts[window])
         self.keep = keep
         rows = size if keep is None else len(keep)
-        self.buffer = {k: np.empty((rows, *shapes[k]), dtypes[k]) for k in shapes}  # (kept rows, ...)
+        self.buffer = {k: v[:rows] for k, v in buffer.items()}  # (kept rows, ...)
         self.slot = None
         if keep is not None:
             self.slot = np.full(size, -1, np.int64)
             self.slot[keep] = np.arange(len(keep))
+        self._direct = keep is None and hasattr(source, "read_into")
         self._next, self._filled, self._window_row = 0, 0, 0
 
     @property
@@ -196,13 +217,18 @@ class _WindowReader:
     def read(self, blocks: int | None = None) -> None:
         end = len(self.ranges) if blocks is None else min(len(self.ranges), self._next + blocks)
         for start, stop in self.ranges[self._next : end]:
-            block = self.source.read(start, stop)
-            if self.keep is not None:  # the rows of this block that this process serves
-                lo, hi = np.searchsorted(self.keep, [self._window_row, self._window_row + stop - start])
-                block = {k: v[self.keep[lo:hi] - self._window_row] for k, v in block.items()}
-            for k, v in block.items():
-                self.buffer[k][self._filled : self._filled + len(v)] = v
-            self._filled += len(next(iter(block.values())))
+            at = self._filled
+            if self._direct:
+                self.source.read_into(start, stop, {k: v[at : at + stop - start] for k, v in self.buffer.items()})
+                self._filled += stop - start
+            else:
+                block = self.source.read(start, stop)
+                if self.keep is not None:  # the rows of this block that this process serves
+                    lo, hi = np.searchsorted(self.keep, [self._window_row, self._window_row + stop - start])
+                    block = {k: v[self.keep[lo:hi] - self._window_row] for k, v in block.items()}
+                for k, v in block.items():
+                    self.buffer[k][at : at + len(v)] = v
+                self._filled += len(next(iter(block.values())))
             self._window_row += stop - start
         self._next = end
 
@@ -275,8 +301,23 @@ class StreamLoader:
     @property
     def window_nbytes(self) -> int:
         """Host bytes of one shuffle window."""
-        row = sum(np.dtype(self._dtypes[k]).itemsize * math.prod(s) for k, s in self._shapes.items())
-        return self.window_blocks * self.block_rows * row
+        return self._window_rows * self._row_nbytes
+
+    @property
+    def host_nbytes(self) -> int:
+        """The most host memory a stream of this loader reads ahead into, whatever the data's size:
+        its two window buffers, `queue_depth` ready batches and the batch being filled (besides
+        the block permutation, N / block_rows integers). The reader never reads more rows ahead
+        of the consumer than fit in it."""
+        return 2 * self.window_nbytes + (self.queue_depth + 1) * self.batch_size * self._row_nbytes
+
+    @property
+    def _row_nbytes(self) -> int:
+        return sum(np.dtype(self._dtypes[k]).itemsize * math.prod(s) for k, s in self._shapes.items())
+
+    @property
+    def _window_rows(self) -> int:
+        return min(len(self.source), self.window_blocks * self.block_rows)
 
     def plan(self, epoch: int) -> EpochPlan:
         """The order of epoch `epoch`."""
@@ -291,7 +332,7 @@ class StreamLoader:
         """
         if not 0 <= start_batch <= self.num_batches:
             raise ValueError(f"start_batch={start_batch} is outside the epoch's {self.num_batches} batches")
-        produce = lambda put: self._produce(epoch, start_batch, put)  # noqa: E731
+        produce = lambda put: self._produce(epoch, start_batch, put, self._buffers())  # noqa: E731
         return BackgroundIterator(produce, self.queue_depth, name=f"jaxtrain-stream-epoch{epoch}")
 
     def iter_epochs(self, epoch: int, start_batch: int, last_epoch: int, batches: int) -> BackgroundIterator:
@@ -302,8 +343,9 @@ class StreamLoader:
             raise ValueError(f"batches={batches}, start_batch={start_batch}: at most the epoch's {self.num_batches}")
 
         def produce(put: Callable[[dict], None]) -> None:
+            buffers = self._buffers()  # one pair for every epoch
             for e in range(epoch, last_epoch + 1):
-                self._produce(e, start_batch if e == epoch else 0, put, batches)
+                self._produce(e, start_batch if e == epoch else 0, put, buffers, batches)
                 put(EPOCH_END)
 
         return BackgroundIterator(produce, self.queue_depth, name=f"jaxtrain-stream-epoch{epoch}")
@@ -317,10 +359,18 @@ class StreamLoader:
         offset = np.arange(first, last) % self.batch_size  # each epoch position's place in its batch
         return np.sort(plan.window_order(window)[(offset >= lo) & (offset < hi)])
 
-    def _reader(self, plan: EpochPlan, window: int) -> _WindowReader:
-        return _WindowReader(self.source, plan, window, self._shapes, self._dtypes, self._keep(plan, window))
+    def _buffers(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """A stream's two window buffers ({name: (window rows, ...)}), made in its reader thread and
+        dropped (unmapped) when the thread ends: window w is read into buffer w % 2 while window
+        w - 1 is served from the other."""
+        rows = self._window_rows
+        return tuple({k: _mapped((rows, *s), self._dtypes[k]) for k, s in self._shapes.items()} for _ in range(2))
 
-    def _produce(self, epoch: int, start_batch: int, put: Callable[[dict], None], batches: int | None = None) -> None:
+    def _reader(self, plan: EpochPlan, window: int, buffers: tuple[dict, dict]) -> _WindowReader:
+        return _WindowReader(self.source, plan, window, buffers[window % 2], self._keep(plan, window))
+
+    def _produce(self, epoch: int, start_batch: int, put: Callable[[dict], None], buffers: tuple[dict, dict],
+                 batches: int | None = None) -> None:
         B, (lo, hi) = self.batch_size, self.share
         plan = self.plan(epoch)
         end = self.num_batches * B if self.drop_last else len(self.source)  # epoch rows served
@@ -330,14 +380,14 @@ class StreamLoader:
         if row >= end:
             return
         window = plan.window_of(row)
-        reader = self._reader(plan, window)
+        reader = self._reader(plan, window, buffers)
         reader.read()
         pieces: list[dict[str, np.ndarray]] = []
         filled = 0
         while row < end:
             first, last = int(plan.window_starts[window]), min(int(plan.window_starts[window + 1]), end)
             current, order, slot = reader.buffer, plan.window_order(window), reader.slot
-            reader = self._reader(plan, window + 1) if last < end else None
+            reader = self._reader(plan, window + 1, buffers) if last < end else None
             puts_left = -(-(last - row) // B)
             while row < last:
                 take = min(B - filled, last - row)
@@ -465,8 +515,13 @@ def _transfer(batches: Iterator[dict], device: Any, group: list[int], put: Calla
         while pending:  # split where the batch size changes (the last batch without drop_last)
             n = next((i for i, b in enumerate(pending) if _shape(b) != _shape(pending[0])), len(pending))
             run, pending = pending[:n], pending[n:]
-            host = {k: np.stack([b[k] for b in run]) for k in run[0]}  # (g, B, ...)
-            put(jax.block_until_ready(place(host)))
+            # (g, B, ...) in memory of its own (`_mapped`): a call's K batches, megabytes each time,
+            # never cut from (and left to fragment) the C heap; dropped before waiting to queue.
+            host = {k: np.stack([b[k] for b in run], out=_mapped((n, *run[0][k].shape), run[0][k].dtype))
+                    for k in run[0]}
+            placed = jax.block_until_ready(place(host))
+            del host
+            put(placed)
 
 
 def _groups(it: Iterator[Any], group: list[int]) -> Iterator[list[dict]]:

@@ -11,6 +11,8 @@
    not grow with the dataset.
 4. Readers (when `grain` is installed): rows/s of StreamLoader against Grain pipelines.
 Parts `adapters` and `shards` (others' datasets and loaders; .npy shards): `data_adapters.py`.
+Part `stream` (peak RSS of whole `jaxtrain train` runs streaming 0.2M and 2M rows from HDF5 and
+from .npy shards): `data_stream.py`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain._src.errors import ConfigError
-from jaxtrain.tools.bench import data_adapters
+from jaxtrain.tools.bench import data_adapters, data_stream
 from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child
 
 
@@ -45,11 +47,13 @@ class DataBenchConfig:
     dir: str = "bench-results/data"
     """Where the files and results.json go."""
     keep: bool = False
-    """Keep the generated HDF5 files (deleted at the end by default)."""
-    parts: tuple[str, ...] = ("hdf5", "adapters", "agreement", "shards")
+    """Keep the generated files (deleted at the end by default); the stream part reuses the files it
+    kept."""
+    parts: tuple[str, ...] = ("hdf5", "adapters", "agreement", "shards", "stream")
     """Which parts to run: hdf5 (streaming from HDF5, above), adapters (others' datasets and loaders
     against arrays, and against the data read alone), agreement (the validation loss each gives),
-    shards (.npy shards of 1x and 10x the budget: peak RSS)."""
+    shards (.npy shards of 1x and 10x the budget: peak RSS), stream (peak RSS of `jaxtrain train`
+    streaming one epoch of each of stream_rows, from HDF5 and from .npy shards)."""
     adapter_rows: int = 50_000
     """Rows of the adapters part (mlp-regression's: 768 bytes each)."""
     adapter_steps: int = 1000
@@ -62,6 +66,8 @@ class DataBenchConfig:
     """Rows of the 1x-budget shards (10x that for the large run; 768 bytes each)."""
     shard_budget_gb: float = 0.03
     """The device budget of the shards part (the 1x shards hold about this much)."""
+    stream_rows: tuple[int, ...] = (200_000, 2_000_000)
+    """File sizes of the stream part, in rows (768 bytes each); the largest against the smallest."""
     quick: bool = False
     """A cut-down run for smoke tests."""
 
@@ -107,10 +113,14 @@ def main(config: DataBenchConfig) -> int:
     if config.quick:
         config = dataclasses.replace(config, rows=40_000, small_rows=4_000, steps=100, repeats=1, adapter_rows=2_000,
                                      adapter_steps=20, shard_rows=2_000, shard_budget_gb=0.001,
-                                     agreement_rows=640)
-    unknown = set(config.parts) - {"hdf5", "adapters", "agreement", "shards"}
+                                     agreement_rows=640, stream_rows=(6_000, 12_000))
+    unknown = set(config.parts) - {"hdf5", "adapters", "agreement", "shards", "stream"}
     if unknown:
-        raise ConfigError(f"unknown part {sorted(unknown)[0]!r}; choose among hdf5, adapters, agreement, shards")
+        raise ConfigError(f"unknown part {sorted(unknown)[0]!r}; choose among hdf5, adapters, agreement, shards, "
+                          "stream")
+    if "stream" in config.parts and (len(config.stream_rows) < 2 or min(config.stream_rows) <= 5_000):
+        raise ConfigError(f"--stream-rows {' '.join(map(str, config.stream_rows))}: give two sizes or more, each "
+                          "above the 5,000 rows mlp-regression holds out for validation")
     out = Path(config.dir)
     out.mkdir(parents=True, exist_ok=True)
     console = Console(highlight=False, width=max(120, Console().width))
@@ -127,6 +137,8 @@ def main(config: DataBenchConfig) -> int:
         if "shards" in config.parts:
             results["shards"] = data_adapters.shards(config.shard_rows, config.shard_budget_gb, config.repeats, out,
                                                      console)
+        if "stream" in config.parts:
+            results["stream"] = data_stream.stream(config.stream_rows, config.repeats, out, console, config.keep)
     finally:
         if not config.keep:
             for folder in ("adapter-shards", "shards-1x", "shards-10x"):
@@ -134,6 +146,8 @@ def main(config: DataBenchConfig) -> int:
     if "hdf5" in config.parts:
         _report(results, config, console)
     data_adapters.report(results, console)
+    if "stream" in results:
+        data_stream.report(results, console)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     console.print(f"results: {out / 'results.json'}")
     return 0
