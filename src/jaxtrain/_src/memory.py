@@ -78,10 +78,10 @@ class TrimmingHeap:
     XLA's compiler works on several threads (LLVM's workers, XLA's own), and glibc gives each a heap
     of its own; what they free while compiling stays resident, scattered among what is still in use,
     until `release_free_heap` runs after the compile, too late for the peak. Trimmed as it goes,
-    char-gpt's training program compiled with 129-174 MiB over the memory before it instead of
-    185-239 (4 compiles each; docs/benchmarks.md). Only compiles are wrapped: a trim while training
-    would make each step fault in its freed temporaries again. Blocks may overlap (a background
-    compile beside the main thread's): one thread serves them all.
+    char-gpt's training program compiled with 129-174 MiB (median 150) over the memory before it
+    instead of 181-239 (median 187), 7 compiles each (docs/benchmarks.md). Only compiles are
+    wrapped: a trim while training would make each step fault in its freed temporaries again.
+    Blocks may overlap (a background compile beside the main thread's): one thread serves them all.
     """
 
     def __init__(self, interval_s: float = 0.05):
