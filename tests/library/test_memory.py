@@ -10,9 +10,9 @@ import pytest
 from conftest import mse, regression_data, silent, small_mlp
 
 from jaxtrain import TrainConfig
+from jaxtrain._src import memory
 from jaxtrain._src.data.arrays import ALIGNMENT, aligned_empty, bytes_used_in_place, is_aligned
 from jaxtrain._src.loop import Session, run_fit
-from jaxtrain._src import memory
 from jaxtrain._src.memory import process_memory, release_free_heap
 from jaxtrain._src.report.memory_report import IN_PLACE_HINT, PHASES, memory_lines
 
@@ -45,6 +45,36 @@ def test_a_cpu_device_uses_aligned_arrays_in_place_and_copies_others():
     assert bytes_used_in_place(data, placed) == data["x"].nbytes
     np.testing.assert_array_equal(np.asarray(placed["x"]), data["x"])
     np.testing.assert_array_equal(np.asarray(placed["y"]), data["y"])
+
+
+def test_trimming_heap_trims_while_a_compile_runs_and_stops_after(monkeypatch):
+    import threading
+    import time
+
+    if memory._malloc_trim() is None:
+        pytest.skip("no malloc_trim in this C library")
+    trims = []
+    monkeypatch.setattr(memory, "release_free_heap", lambda: trims.append(threading.current_thread().name))
+    trimming = memory.TrimmingHeap(interval_s=0.01)
+    with trimming:
+        with trimming:  # a background compile beside the main thread's: the same thread serves both
+            time.sleep(0.1)
+        time.sleep(0.05)
+    assert len(trims) >= 5 and set(trims) == {"jaxtrain-trim-heap"}
+    time.sleep(0.05)  # the thread has stopped: no trim after the blocks
+    done = len(trims)
+    time.sleep(0.1)
+    assert len(trims) == done
+    assert not any(t.name == "jaxtrain-trim-heap" and t.is_alive() for t in threading.enumerate())
+
+
+def test_release_compiled_programs_drops_what_was_compiled():
+    f = jax.jit(lambda x: x * 2.0 + 1.0)
+    np.testing.assert_allclose(f(np.ones(3, np.float32)), 3.0)
+    assert f._cache_size() == 1
+    memory.release_compiled_programs()
+    assert f._cache_size() == 0  # the program and its executable are gone; a call compiles it again
+    np.testing.assert_allclose(f(np.ones(3, np.float32)), 3.0)
 
 
 @on_linux

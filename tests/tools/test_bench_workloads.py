@@ -104,6 +104,38 @@ def test_frameworks_baseline_is_another_checkouts_jaxtrain_and_is_compared(tmp_p
     assert f"jaxtrain's median ms/step is 1.010x the baseline's (jaxtrain-baseline: jaxtrain from {src})" in notes
 
 
+def test_frameworks_cold_gives_each_compiling_child_a_fresh_empty_cache(tmp_path, monkeypatch):
+    import subprocess
+    from pathlib import Path
+
+    from jaxtrain.tools.bench import child, frameworks
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/the/users/own")  # would be kept by enable_compile_cache
+    seen = []
+
+    def run(command, env, **kwargs):  # the children's environments, as subprocess would get them
+        seen.append(env)
+        return subprocess.CompletedProcess(command, 0, stdout='{"ok": 1}\n', stderr="")
+
+    monkeypatch.setattr(child.subprocess, "run", run)
+    prepared = frameworks.Prepared("mnist-cnn", {}, tmp_path / "spec.json", 6, 3, 4, 1.0, 10, 5)
+    config = frameworks.FrameworksConfig(cold=True)
+    for variant in ("jaxtrain", "jaxtrain", "torch-compile", "torch-eager"):
+        env = frameworks.cold_cache_env(variant, tmp_path) if config.cold else None
+        assert frameworks._run_child(prepared, variant, env=env) == {"ok": 1}
+    first, second, compiled, eager = seen
+    dirs = [first["JAXTRAIN_COMPILE_CACHE"], second["JAXTRAIN_COMPILE_CACHE"], compiled["TORCHINDUCTOR_CACHE_DIR"]]
+    assert len(set(dirs)) == 3 and all(Path(d).is_dir() and not any(Path(d).iterdir()) for d in dirs)
+    assert "JAX_COMPILATION_CACHE_DIR" not in first and "JAX_COMPILATION_CACHE_DIR" not in second
+    assert "JAXTRAIN_COMPILE_CACHE" not in eager and "TORCHINDUCTOR_CACHE_DIR" not in eager  # it compiles nothing
+    assert eager["JAX_COMPILATION_CACHE_DIR"] == "/the/users/own"
+    # The report says which cache the runs had, and how many programs each jaxtrain run loaded from it.
+    assert "compilation cache cold" in frameworks.cache_mode(config)
+    assert "the user's" in frameworks.cache_mode(frameworks.FrameworksConfig())
+    assert frameworks._from_cache({"dir": dirs[0], "loaded": 0, "written": 22}) == "0 of 22"
+    assert frameworks._from_cache({"dir": None, "loaded": 0, "written": 0}) == "off"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline MNIST and Shakespeare files")
 def test_frameworks_quick_runs_and_reports_sane_numbers(tmp_path, capsys):

@@ -37,7 +37,7 @@ import numpy as np
 from jaxtrain._src.compile_cache import cache_hits
 from jaxtrain._src.config import STEP_FORMS as FORMS
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.memory import compiled_memory, release_free_heap
+from jaxtrain._src.memory import compiled_memory, release_free_heap, trimming_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.sharding import Layout
 from jaxtrain._src.slow_ops import loop_slow_ops
@@ -490,8 +490,9 @@ class CompiledCalls:
                              out_shardings=out_shardings)
             lowered = jitted.lower(*args)
             announce("lowered", what=entry["what"])
-            compiled = lowered.compile()
-            release_free_heap()  # the compiler's freed memory, back to the system
+            with trimming_heap:  # what the compiler's threads free, back to the system as they go
+                compiled = lowered.compile()
+            release_free_heap()  # and what they freed at the end
             entry["seconds"] = time.perf_counter() - t0
             entry["temp_bytes"] = (compiled_memory(compiled) or {}).get("temp_bytes")
             entry["cached"] = cache_hits() > hits  # loaded from the persistent cache, not compiled

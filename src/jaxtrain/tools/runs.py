@@ -25,6 +25,7 @@ from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks import Hook, LambdaHook
 from jaxtrain._src.load import load_with_step, read_config
 from jaxtrain._src.loop import FitResult, Session, run_fit
+from jaxtrain._src.memory import release_compiled_programs
 from jaxtrain._src.predict import Forward
 from jaxtrain._src.program import build_program
 from jaxtrain._src.report import device_description
@@ -57,6 +58,7 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
     if config.checkpoint.enabled:
         _import_in_background("orbax.checkpoint")
     w = recipe.build(config)
+    release_compiled_programs()  # the model's eager initialisers compiled an op each: not kept through the run
     try:
         verbosity = "result" if config.quiet and config.verbosity == "progress" else config.verbosity
         return run_fit(w.model, w.loss_fn, w.train, w.val, config,

@@ -25,14 +25,14 @@ CHILD_FLAG = "--child"
 
 
 def run_child(target: str | Path, payload: Any, timeout: float | None = None,
-              env: dict[str, str] | None = None) -> dict[str, Any]:
+              env: dict[str, str | None] | None = None) -> dict[str, Any]:
     """Runs `child_main` of `target` in a fresh Python process and returns its result.
 
     Args:
       target: a module name (run with `python -m`) or the path of a script (a `.py` file).
       payload: the JSON-able argument of the child's function.
       timeout: seconds before the child is killed (None: no limit).
-      env: environment variables to set in the child, over this process's.
+      env: environment variables to set in the child, over this process's; None removes one.
 
     Returns:
       The child's JSON object; {"error": one line} when it failed: its own error, else the last
@@ -42,9 +42,10 @@ def run_child(target: str | Path, payload: Any, timeout: float | None = None,
     # A script runs with -P: its directory is not put first on sys.path, where this package's
     # bench/profile.py would shadow the standard library's `profile` (which torch imports).
     command = [sys.executable, "-P" if script else "-m", str(target), CHILD_FLAG, json.dumps(payload)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    environ = {k: v for k, v in environ.items() if v is not None}
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+        proc = subprocess.run(command, capture_output=True, text=True, env=environ, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:g} s"}
     lines = proc.stdout.strip().splitlines()

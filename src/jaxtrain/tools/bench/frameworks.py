@@ -8,6 +8,9 @@ forward pass), on the same batches in the same order (`batch_rows`: fit's permut
 same optimizer and the same learning rate at every step (`jaxtrain.optim.build_schedule`).
 
 Each run is a fresh process; variants are interleaved (run 1 of every variant, then run 2, ...).
+jaxtrain's children use the persistent compilation cache as the `jaxtrain` command does: the user's,
+so that every run after the first loads its programs from it; `--cold` gives each compiling child a
+fresh, empty cache directory instead, so that each compiles everything, as a user's first run does.
 Times exclude compilation: jaxtrain's are fit's `train_time_s` (compiled ahead of time; evaluation
 excluded); torch-compile's are described in `torch_models.train`. FLOP utilisation is model FLOPs
 per step / time per step / this machine's float32 matmul rate (measured as the ladder does).
@@ -67,6 +70,10 @@ class FrameworksConfig:
     """Directory for results.json, results.md and frameworks.png."""
     quick: bool = False
     """A cut-down run for smoke tests: 2 × 3 steps on a data slice (char-gpt: 1 layer), 1 run, no torch-compile."""
+        cold: bool = False
+    """Give every compiling child (jaxtrain's, torch.compile's) a fresh, empty compilation cache directory, so
+    that each compiles its programs as a user's first run does (a first run's peak memory and compile time);
+    without it the children share the user's caches, and runs after the first load their programs from them."""
     baseline_src: str = ""
     """Also run jaxtrain from another checkout's src/ directory (a git worktree of an earlier commit) as the
     variant jaxtrain-baseline, interleaved with the others and with this checkout's recipe settings: what a
@@ -231,22 +238,45 @@ def prepare(workload: str, config: FrameworksConfig, directory: Path) -> Prepare
     return Prepared(workload, to_dict(rconfig), spec_path, steps, spe, B, float(flops), n_train, n_val)
 
 
+def cold_cache_env(variant: str, directory: Path) -> dict[str, str | None]:
+    """The environment of a child that compiles as a user's first run does: its compilation cache in
+    a new, empty directory under `directory`. jaxtrain's: `JAXTRAIN_COMPILE_CACHE`, with a cache the
+    user set for JAX itself (which `enable_compile_cache` would keep) removed from the child's
+    environment; torch.compile's: Inductor's (and Triton's) cache. PyTorch eager compiles nothing."""
+    if variant == "torch-eager":
+        return {}
+    fresh = tempfile.mkdtemp(prefix=f"{variant}-cache-", dir=directory)
+    if variant == "torch-compile":
+        return {"TORCHINDUCTOR_CACHE_DIR": fresh, "TRITON_CACHE_DIR": str(Path(fresh) / "triton")}
+    return {"JAXTRAIN_COMPILE_CACHE": fresh, "JAX_COMPILATION_CACHE_DIR": None,
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": None}
+
+
 def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     """One jaxtrain run in this (fresh) process: the recipe's workload through `jaxtrain.fit`, no run
     directory, as `runs.train` would call it."""
+    import jax
     from rich.console import Console
 
     from jaxtrain._src.compile_cache import enable_compile_cache
     from jaxtrain._src.config import from_dict
     from jaxtrain._src.loop import Session, run_fit
-    from jaxtrain._src.memory import limit_free_heap
+    from jaxtrain._src.memory import limit_free_heap, release_compiled_programs
     from jaxtrain.tools.recipes import get_recipe
 
-    enable_compile_cache()  # as the `jaxtrain` command does
+    cache_dir = enable_compile_cache()  # as the `jaxtrain` command does
+    cache = {"dir": None if cache_dir is None else str(cache_dir), "loaded": 0, "written": 0}
+
+    def count(event: str, **kwargs: Any) -> None:  # every thread's: programs also compile in the background
+        if event in CACHE_EVENTS:
+            cache[CACHE_EVENTS[event]] += 1
+
+    jax.monitoring.register_event_listener(count)
     limit_free_heap()
     recipe = get_recipe(workload)
     config = from_dict(type(recipe.config), values)
     w = recipe.build(config)
+    release_compiled_programs()  # as `runs.train` does
     result = run_fit(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment,
                  verbosity="summary",
                  session=Session(name=recipe.name, saved_config=config, console=Console(file=io.StringIO())))
@@ -259,16 +289,22 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
         intervals.append(interval)
     return {"train_s": s["train_time_s"], "compile_s": s["compile_time_s"], "steps": s["steps"],
             "steps_per_call": s["steps_per_call"], "intervals": intervals, "peak_rss_mib": peak_rss_mib(),
-            "device": s["device"], "jax_version": s["jax_version"]}
+            "device": s["device"], "jax_version": s["jax_version"], "compile_cache": cache}
 
 
-def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default",
-               baseline_src: str = "") -> dict[str, Any]:
+# JAX's events for a program loaded from the persistent cache, and for one compiled and written to it
+CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "loaded", "/jax/compilation_cache/cache_misses": "written"}
+
+
+def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default", baseline_src: str = "",
+               env: dict[str, str | None] | None = None) -> dict[str, Any]:
     if variant in ("jaxtrain", BASELINE):
         values = prepared.recipe_config if variant == "jaxtrain" else _known_fields(prepared, baseline_src)
+        baseline = {"PYTHONPATH": str(Path(baseline_src).resolve())} if variant == BASELINE else {}
         return run_child("jaxtrain.tools.bench.frameworks", {"workload": prepared.workload, "config": values},
-                         env={"PYTHONPATH": str(Path(baseline_src).resolve())} if variant == BASELINE else None)
-    return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant, "mode": compile_mode})
+                         env={**(env or {}), **baseline})
+    return run_child(TORCH_SCRIPT, {"spec": str(prepared.spec_path), "variant": variant, "mode": compile_mode},
+                     env=env)
 
 
 def _known_fields(prepared: Prepared, baseline_src: str) -> dict[str, Any]:
@@ -390,7 +426,7 @@ def main(config: FrameworksConfig) -> int:
     machine = _machine()
     console.print(f"frameworks benchmark: {', '.join(workloads)}; {', '.join(active)}; {config.runs} run(s) each, "
                   f"interleaved, fresh process per run; {machine['jax_device']}; matmul peak measured "
-                  f"{peak:.0f} GFLOP/s")
+                  f"{peak:.0f} GFLOP/s; {cache_mode(config)}")
     for v, why in skipped.items():
         console.print(f"  {v}: skipped, {why}")
     runs: list[dict[str, Any]] = []
@@ -407,7 +443,8 @@ def main(config: FrameworksConfig) -> int:
                 for variant in active:
                     if variant in failed:
                         continue
-                    measured = _run_child(prepared, variant, config.torch_compile_mode, config.baseline_src)
+                    env = cold_cache_env(variant, Path(tmp)) if config.cold else None
+                    measured = _run_child(prepared, variant, config.torch_compile_mode, config.baseline_src, env)
                     r = {"workload": workload, "variant": variant, "run": run, **measured}
                     runs.append(r)
                     if "error" in r:
@@ -448,13 +485,15 @@ def _run_line(r: dict[str, Any]) -> str:
         line += ", target not reached" if t is None else f", target reached at {t:.1f} s"
     if "forward_check" in r:
         line += f", forward check {r['forward_check']['max_rel_diff']:.1e}"
+    if "compile_cache" in r:
+        line += f", programs from the cache {_from_cache(r['compile_cache'])}"
     return line + f", peak RSS {r['peak_rss_mib']:.0f} MiB"
 
 
 COLUMNS = ("workload", "variant", "runs", "ms/step", "min–max", "steps/s", "vs eager", "vs compile", "compile s",
            "eval s", "train loss", "val loss", "acc / to target", "RSS MiB", "MFU")  # medians over runs
 RUN_COLUMNS = ("workload", "variant", "run", "train s", "ms/step", "compile s", "eval s", "train loss", "val loss",
-               "acc / to target", "RSS MiB", "forward Δ")
+               "acc / to target", "RSS MiB", "from cache", "forward Δ")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -495,9 +534,27 @@ def _run_row(r: dict[str, Any]) -> list[str]:
     return [
         r["workload"], r["variant"], str(r["run"]), f"{r['train_s']:.2f}", f"{r['ms_per_step']:.2f}",
         f"{r['compile_s']:.2f}", f"{r['eval_s']:.2f}", f"{r['final_train_loss']:.4f}",
-        _fmt(r["final_val_loss"], ".4f"), outcome, f"{r['peak_rss_mib']:.0f}",
+        _fmt(r["final_val_loss"], ".4f"), outcome, f"{r['peak_rss_mib']:.0f}", _from_cache(r.get("compile_cache")),
         "-" if check is None else f"{check['max_rel_diff']:.1e}" + ("" if check["passed"] else " FAIL"),
     ]
+
+
+def _from_cache(cache: dict[str, Any] | None) -> str:
+    """A jaxtrain run's programs loaded from the compilation cache, of those it compiled or loaded."""
+    if cache is None:
+        return "-"
+    if cache["dir"] is None:
+        return "off"
+    return f"{cache['loaded']} of {cache['loaded'] + cache['written']}"
+
+
+def cache_mode(config: FrameworksConfig) -> str:
+    """How the children's compilation caches were set, for the report."""
+    if config.cold:
+        return ("compilation cache cold: every compiling child had a fresh, empty cache directory and compiled "
+                "everything, as a user's first run does")
+    return ("compilation cache: the user's (jaxtrain's JAXTRAIN_COMPILE_CACHE, torch.compile's Inductor cache), "
+            "shared by the children: runs after the first load their programs from it (--cold for a first run)")
 
 
 def _notes(runs: list[dict[str, Any]], rows: list[dict[str, Any]], skipped: dict[str, str], peak: float,
@@ -522,6 +579,8 @@ def _notes(runs: list[dict[str, Any]], rows: list[dict[str, Any]], skipped: dict
                              f"{by['jaxtrain']['median_ms_per_step'] / by[BASELINE]['median_ms_per_step']:.3f}x "
                              f"the baseline's ({BASELINE}: jaxtrain from {config.baseline_src})")
     notes += [
+        cache_mode(config) + "; 'from cache': a jaxtrain run's programs loaded from the cache, of all it compiled "
+        "or loaded.",
         "first table: medians over runs; 'vs eager' and 'vs compile' are that variant's median ms/step divided by "
         "the row's (above 1: the row is faster); 'acc / to target': mnist-cnn test accuracy, char-gpt time to target.",
         "times exclude compilation and evaluation. jaxtrain: fit's train_time_s (compiled ahead of time). "
@@ -574,7 +633,8 @@ def _write(config: FrameworksConfig, machine: dict[str, Any], peak: float, info:
                "summary": rows, "runs": runs, "notes": notes}
     (out / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
     header = (f"# {title}\n\n{machine['jax_device']}, JAX {machine['jax_version']}, PyTorch "
-              f"{machine['torch_version'] or 'not installed'} (CPU), {config.runs} run(s) per variant\n")
+              f"{machine['torch_version'] or 'not installed'} (CPU), {config.runs} run(s) per variant; "
+              f"{cache_mode(config)}\n")
     md = [header, *tables[0], "", "## Every run", "", *tables[1], "", *[f"- {n}" for n in notes]]
     (out / "results.md").write_text("\n".join(md) + "\n")
     _chart(rows, out / "frameworks.png")
