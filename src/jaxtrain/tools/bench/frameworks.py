@@ -70,7 +70,7 @@ class FrameworksConfig:
     """Directory for results.json, results.md and frameworks.png."""
     quick: bool = False
     """A cut-down run for smoke tests: 2 × 3 steps on a data slice (char-gpt: 1 layer), 1 run, no torch-compile."""
-        cold: bool = False
+    cold: bool = False
     """Give every compiling child (jaxtrain's, torch.compile's) a fresh, empty compilation cache directory, so
     that each compiles its programs as a user's first run does (a first run's peak memory and compile time);
     without it the children share the user's caches, and runs after the first load their programs from them."""
