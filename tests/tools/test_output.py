@@ -41,7 +41,8 @@ def test_quiet_sweep_prints_its_result_not_a_line_per_trial(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3, lines
     assert lines[0] == f"study mlp-regression: 1 trials (1 complete) in {out}"
-    assert lines[1].startswith(f"best: trial 0 ({out}/trial-0000), val_loss ") and lines[2].startswith("  jaxtrain train mlp-regression ")
+    assert lines[1].startswith(f"best: trial 0 ({out}/trial-0000), val_loss ")
+    assert lines[2].startswith("  jaxtrain train mlp-regression ")
 
 
 def _compiled(profile):
