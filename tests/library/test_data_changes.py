@@ -114,12 +114,12 @@ def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_
     sees changed rows."""
     path = _aged(_write(tmp_path / "d.h5", regression_data(320), chunks=16))
     changed_at, window_reads = [], []  # window_reads: True for a read of the whole file after the change
-    original = HDF5Source.read
+    original = HDF5Source.read_into  # what the stream reads a window with (and `read` too)
 
-    def read(self, start, stop):
+    def read_into(self, start, stop, out):
         if (start, stop) == (0, 320):
             window_reads.append(bool(changed_at))
-        return original(self, start, stop)
+        return original(self, start, stop, out)
 
     class RewriteMidEpoch(RunHook):  # sees the loop's position in the epoch
         def after_call(self, run, k, metrics):
@@ -130,7 +130,7 @@ def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_
     config = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, data=DataConfig(placement="stream", prefetch=1),
                          checkpoint=CheckpointConfig(every_steps=4, keep_last=100, keep_best=0))
     with pytest.raises(DataError, match=r"changed while it was being read \(size [\d,]+ -> [\d,]+ bytes; modified"), \
-            mock.patch.object(HDF5Source, "read", read):
+            mock.patch.object(HDF5Source, "read_into", read_into):
         run_fit(small_mlp(), mse, HDF5Source(path, KEYS), regression_data(40, seed=1), config,
                 hooks=[RewriteMidEpoch()], run_dir=tmp_path / "run", verbosity="summary",
                 session=Session(console=silent()))
@@ -158,16 +158,16 @@ def test_cli_run_whose_file_is_replaced_exits_2_with_one_line(tmp_path, monkeypa
     path, newer = tmp_path / "tr.h5", tmp_path / "newer.h5"
     generate_dataset("mlp-regression", path, 1200, chunk_rows=64)
     generate_dataset("mlp-regression", newer, 1200, chunk_rows=64, seed=1)
-    reads, original = [], HDF5Source.read
+    reads, original = [], HDF5Source.read_into  # what the stream reads its blocks with (and `read` too)
 
-    def replace_before_the_second_block(self, start, stop):  # `mv newer.h5 tr.h5` while training runs
+    def replace_before_the_second_block(self, start, stop, out):  # `mv newer.h5 tr.h5` while training runs
         if threading.current_thread() is not threading.main_thread():
             reads.append((start, stop))
             if len(reads) == 2:
                 os.replace(newer, path)
-        return original(self, start, stop)
+        return original(self, start, stop, out)
 
-    monkeypatch.setattr(HDF5Source, "read", replace_before_the_second_block)
+    monkeypatch.setattr(HDF5Source, "read_into", replace_before_the_second_block)
     code = main(["train", "mlp-regression", "--data.path", str(path), "--data.val-samples", "200",
                  "--data.placement", "stream", "--data.shuffle-window-mb", "1", "--epochs", "3", "--quiet",
                  "--run-dir", str(tmp_path / "run")])

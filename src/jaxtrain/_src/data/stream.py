@@ -184,6 +184,18 @@ def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype, count).reshape(shape)
 
 
+
+def reads_into(source: Any) -> bool:
+    """Whether `source.read_into` gives what `source.read` gives: the class that defines the
+    source's `read` defines `read_into` beside it. A subclass or wrapper that changes `read` (checks
+    its rows, as hdf5-sequence's range check does; forwards other attributes to a source inside)
+    is read through its `read`, so nothing it adds is skipped."""
+    for klass in type(source).__mro__:
+        if "read" in vars(klass):
+            return "read_into" in vars(klass)
+    return False
+
+
 class _WindowReader:
     """Reads one window's blocks into a window buffer given to it (one of a stream's two), a few
     blocks at a time.
@@ -207,7 +219,7 @@ class _WindowReader:
         if keep is not None:
             self.slot = np.full(size, -1, np.int64)
             self.slot[keep] = np.arange(len(keep))
-        self._direct = keep is None and hasattr(source, "read_into")
+        self._direct = keep is None and reads_into(source)
         self._next, self._filled, self._window_row = 0, 0, 0
 
     @property

@@ -8,7 +8,7 @@ runs,
     (--data.npy DIR for the shards)
 
 one whole epoch, read ahead while the first calls compile, then validation, a checkpoint and the
-curves, and reports the process's peak resident set (VmHWM, start to exit). Runs interleave, in
+curves, and reports the process's peak resident set (its `ru_maxrss`, start to exit). Runs interleave, in
 `repeats` rounds; medians. Flat means the read-ahead holds what it is bounded to, not what the file
 holds: target largest/smallest size <= 1.1x per format.
 
@@ -19,34 +19,42 @@ programs as a first run does, so a run does not differ from the next by what it 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain.tools.bench.child import child_main, peak_rss_mib, run_child
-
 FORMATS = ("hdf5", "npy")
 TARGET = 1.1  # largest/smallest file's peak RSS
 
 
-def _child(spec: dict) -> dict:
-    """One `jaxtrain train` run in this (fresh) process: its peak RSS, samples/s, K and input wait
-    (the share of training time the loop waited for batches: the read-ahead at work)."""
-    from jaxtrain.tools.cli import main
-
-    flag = "--data.path" if spec["format"] == "hdf5" else "--data.npy"
-    code = main(["train", "mlp-regression", flag, spec["path"], "--data.placement", "stream", "--epochs", "1",
-                 "--quiet", "--run-dir", spec["run_dir"]])
-    if code:
-        raise RuntimeError(f"jaxtrain train exited with code {code}")
-    run_dir = Path(spec["run_dir"])
+def _run(fmt: str, path: Path, run_dir: Path) -> dict:
+    """One `python -m jaxtrain train ...` process, the command users run: its peak RSS (the
+    kernel's `ru_maxrss` of that child, from `os.wait4`), samples/s, K and input wait (the share of
+    training time the loop waited for batches: the read-ahead at work)."""
+    flag = "--data.path" if fmt == "hdf5" else "--data.npy"
+    command = [sys.executable, "-m", "jaxtrain", "train", "mlp-regression", flag, str(path), "--data.placement",
+               "stream", "--epochs", "1", "--quiet", "--run-dir", str(run_dir)]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "JAXTRAIN_COMPILE_CACHE": "off"})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        if proc.returncode:
+            err.seek(0)
+            lines = err.read().decode(errors="replace").strip().splitlines()
+            raise RuntimeError(f"`jaxtrain train` exited with code {proc.returncode}: "
+                               f"{lines[-1] if lines else 'no output'}")
     summary = json.loads((run_dir / "summary.json").read_text())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epoch = [r for r in records if r.get("kind") == "epoch"][-1]
-    return {"peak_rss_mib": peak_rss_mib(), "samples_per_s": summary["samples_per_s"],
+    return {"peak_rss_mib": usage.ru_maxrss / 1024, "samples_per_s": summary["samples_per_s"],  # KiB on Linux
             "steps_per_call": summary["steps_per_call"], "input_wait_fraction": epoch["input_wait_fraction"]}
 
 
@@ -66,11 +74,10 @@ def stream(sizes: tuple[int, ...], repeats: int, out: Path, console: Console, ke
         for repeat in range(repeats):
             for (fmt, rows), path in files.items():
                 run_dir = runs / f"{fmt}-{rows}-{repeat}"
-                result = run_child("jaxtrain.tools.bench.data_stream",
-                                   {"format": fmt, "path": str(path), "run_dir": str(run_dir)},
-                                   env={"JAXTRAIN_COMPILE_CACHE": "off"})
-                if "error" in result:
-                    raise RuntimeError(f"{_name(fmt, rows)}: benchmark child failed: {result['error']}")
+                try:
+                    result = _run(fmt, path, run_dir)
+                except RuntimeError as e:
+                    raise RuntimeError(f"{_name(fmt, rows)}: {e}") from None
                 shutil.rmtree(run_dir, ignore_errors=True)
                 measured[_name(fmt, rows)].append(result)
                 console.print(f"  run {repeat + 1}/{repeats} {_name(fmt, rows)}: peak RSS "
@@ -113,7 +120,3 @@ def _name(fmt: str, rows: int) -> str:
 
 def _median(runs: list[dict]) -> float:
     return statistics.median(r["peak_rss_mib"] for r in runs)
-
-
-if __name__ == "__main__":
-    child_main(_child)
