@@ -127,17 +127,15 @@ def test_bad_precision_and_accumulation_are_one_line_errors():
 @pytest.mark.devices(2)
 def test_precision_and_accumulation_on_a_mesh():
     """On two devices (data parallel and FSDP) accumulation still equals one big batch (1e-6),
-    bf16 / fp16 train to within 5% of float32's loss, and remat leaves training unchanged (1e-6).
-
-    Each low precision runs on one of the meshes (bf16 data-parallel, fp16 FSDP): every mesh meets a
-    low precision and every low precision a mesh, at two fits fewer than every pair."""
+    bf16 / fp16 train to within 5% of float32's loss, and remat leaves training unchanged (1e-6)."""
     data = regression_data(256)
-    for mesh, precision in (("data=2", "bf16"), ("fsdp=2", "fp16")):
+    for mesh in ("data=2", "fsdp=2"):
         one = _fit(data, batch_size=32, epochs=2, mesh=mesh)
         accumulated = _fit(data, batch_size=8, grad_accum=4, epochs=2, mesh=mesh)
         assert _max_abs_diff(accumulated.state.params, one.state.params) <= 1e-6, mesh
-        low = _fit(data, batch_size=8, grad_accum=4, epochs=2, mesh=mesh, precision=precision)
-        assert abs(low.final_train_loss - one.final_train_loss) <= 0.05 * one.final_train_loss, (mesh, precision)
+        for precision in ("bf16", "fp16"):
+            low = _fit(data, batch_size=8, grad_accum=4, epochs=2, mesh=mesh, precision=precision)
+            assert abs(low.final_train_loss - one.final_train_loss) <= 0.05 * one.final_train_loss, (mesh, precision)
     # rematerialised blocks under FSDP: the same training as without (1e-6)
     from jaxtrain._src.models.gpt import GPT, GPTConfig
 
