@@ -100,17 +100,18 @@ def test_meshes_train_like_one_device_fsdp_splits_the_state_and_checkpoints_resh
 @pytest.mark.slow
 @pytest.mark.devices(4)
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline Tiny Shakespeare file")
-def test_char_gpt_on_a_data_and_fsdp_mesh_matches_one_device():
-    """One mesh with both axes: the batch split over `data` and the GPT's large arrays over `fsdp`
-    (each of the three meshes alone is checked on the MLP above; one GPT compile each is the cost)."""
+def test_char_gpt_on_meshes_matches_one_device():
+    """The batch split over `data`, the GPT's large arrays over `fsdp`, and both: each trains like one device."""
     base = get_recipe("char-gpt").presets["seed"]
     data = dataclasses.replace(base.data, limit=20000, eval_batches=2)
     config = dataclasses.replace(base, epochs=2, steps_per_epoch=16, steps_per_call=8, log_every=8, data=data,
                                  tensorboard=False)
     reference = train("char-gpt", dataclasses.replace(config, mesh="data=1"))
-    result = train("char-gpt", dataclasses.replace(config, mesh="data=2,fsdp=2"))
-    assert any(axis == "fsdp" for leaf in jax.tree.leaves(result.state.params) for axis in leaf.sharding.spec)
-    assert_close(result, reference)
+    for mesh in MESHES:
+        result = train("char-gpt", dataclasses.replace(config, mesh=mesh))
+        if "fsdp" in mesh:  # the state is split, not replicated
+            assert any(axis == "fsdp" for leaf in jax.tree.leaves(result.state.params) for axis in leaf.sharding.spec)
+        assert_close(result, reference)
 
 
 @pytest.mark.slow
