@@ -179,3 +179,16 @@ def test_the_ops_a_loop_body_makes_slow_are_named():
         slow.record(form, n, seconds)
     assert slow.loop_slower and "the step holds 2 convolutions" in slow.blame(ops)
     assert "the step holds" in slow.summary()["why"]
+
+
+def test_a_dispatched_run_works_out_its_programs_argument_shapes_once_not_at_every_step(monkeypatch):
+    from jaxtrain._src.feeds import DeviceFeed
+
+    asked = []
+    original = DeviceFeed.abstract_args
+    monkeypatch.setattr(DeviceFeed, "abstract_args", lambda self, k: asked.append(k) or original(self, k))
+    config = TrainConfig(epochs=2, batch_size=16, steps_per_call=6, step_form="step")
+    result = run_fit(small_mlp(), mse, DATA, None, config, optimizer=OPTIMIZER, verbosity="silent",
+                     session=Session(console=silent(), plots=False))
+    assert result.summary["step_form"]["form"] == "step" and result.summary["steps"] > 20
+    assert len(asked) < 10, asked  # building the programs asks a few times; each step's dispatch asked before

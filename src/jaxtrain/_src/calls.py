@@ -454,6 +454,7 @@ class CompiledCalls:
         self.memory: dict[str, int] | None = None  # of the first call compiled (`memory.compiled_memory`)
         self.compiles: list[dict[str, Any]] = []  # every program compiled: what, seconds (training: k, why, calls)
         self._entries: dict[Any, dict[str, Any]] = {}  # a training program's key -> its entry in `compiles`
+        self._keys: dict[tuple[int, int], tuple[int, Any]] = {}  # (unrolled, k) -> `_dispatch_key`
         self._background: ThreadPoolExecutor | None = None  # one thread: the main thread uses the other core
         self._lock = threading.Lock()
         self._pending: list[Compiling] = []
@@ -554,9 +555,9 @@ class CompiledCalls:
         given as its list of leaves (metrics of shape (unrolled,)); compiled now (or in the
         background) if it is new. The state travels as a flat list between a call's dispatches:
         flattening its pytree (NNX states are Python-level nodes) would cost more than the dispatch."""
-        args = self.source.abstract_args(k)
         key = self._dispatch_key(unrolled, k)
         if key not in self._dispatched:
+            args = self.source.abstract_args(k)
             steps, treedef = fuse_steps(self.source.make_step(self.train_step), unrolled, unroll=True), self._treedef
 
             def fn(leaves: list[jax.Array], *args: Any) -> tuple[list[jax.Array], Metrics]:
@@ -600,8 +601,13 @@ class CompiledCalls:
                             what="train call", k=k, why=self.chooser.why(k), key=("call", k))
 
     def _dispatch_key(self, unrolled: int, k: int) -> tuple[int, Any]:
-        """The key of the dispatched program of `unrolled` steps over a call of k steps' arguments."""
-        return unrolled, tuple((x.shape, x.dtype) for x in jax.tree.leaves(self.source.abstract_args(k)))
+        """The key of the dispatched program of `unrolled` steps over a call of k steps' arguments
+        (a feed's arguments for k steps keep their shapes through the run: worked out once, not at
+        every dispatch of a step)."""
+        if (unrolled, k) not in self._keys:
+            shapes = tuple((x.shape, x.dtype) for x in jax.tree.leaves(self.source.abstract_args(k)))
+            self._keys[unrolled, k] = (unrolled, shapes)
+        return self._keys[unrolled, k]
 
     def _count(self, key: Any) -> None:
         """One more call of the run ran the training program `key` (a program compiled to time the
