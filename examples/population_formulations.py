@@ -60,7 +60,7 @@ def member(seed: int, lr: float, inject: bool = True):
     return build_program(model, loss, config, optimizer=tx, total_steps=K)
 
 
-rows = make_rows("mlp-regression", 0, 0, K * BATCH * 16)
+rows = make_rows("mlp-regression", 0, 0, K * BATCH * max(16, *POPULATIONS))  # a block of K batches per member
 x = jnp.asarray(rows["features"]).reshape(-1, K, BATCH, 128)
 y = jnp.asarray(rows["targets"]).reshape(-1, K, BATCH, 64)
 

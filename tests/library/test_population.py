@@ -16,6 +16,7 @@ from flax import nnx
 
 import jaxtrain
 from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
+from jaxtrain._src import checkpoint
 from jaxtrain._src.optim import without_values
 from jaxtrain._src.report.run_dir import read_jsonl
 from jaxtrain._src.training import TrainingStopped
@@ -75,7 +76,11 @@ def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of
     assert leaves_close(resumed.state.params, alone.state.params) == 0.0 and len(resumed.history) == 3
 
 
-def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path):
+def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path, monkeypatch):
+    # as on a GPU: arrays on a CPU device count as off the host, so the members' saves take host
+    # copies (one transfer each) and CRC-32s, and the lone runs checksum on the device
+    monkeypatch.setattr(checkpoint, "is_on_host", lambda x: isinstance(x, (np.ndarray, np.generic)))
+
     def adamw(lr: float) -> TrainConfig:  # schedule, decay and clipping: every number held in the state
         optim = OptimConfig(name="adamw", lr=lr, schedule="warmup-cosine", warmup_steps=5, weight_decay=lr * 10,
                             clip_norm=1.0 + lr)
@@ -93,6 +98,10 @@ def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path):
         assert logged == pytest.approx(alone, rel=1e-6)  # the schedule's rate, from the member's own numbers
         loaded = jaxtrain.load(tmp_path / f"m{i}", checkpoint="latest", model=small_mlp(99))
         assert leaves_close(nnx.state(loaded, nnx.Param), results[i].state.params) == 0.0
+        for run, form in ((f"m{i}", "crc32:"), (f"lone{i}", "")):
+            saved = checkpoint.Checkpointer(tmp_path / run / "checkpoints", read_only=True)
+            sums = saved.read_meta(saved.latest_step())["checksums"]
+            assert sums and all(v.startswith("crc32:") == bool(form) for v in sums.values())
     # its checkpoints are a lone run's: it resumes alone, as the lone run resumed (1e-5: stacked)
     longer = dataclasses.replace(adamw(LRS[0]), epochs=3)
     resumed = fit(small_mlp(0), mse, DATA, VAL, longer, run_dir=tmp_path / "m0", resume=True, verbosity="silent")

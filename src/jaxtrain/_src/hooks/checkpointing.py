@@ -125,8 +125,9 @@ class CheckpointHook(RunHook):
 
     def on_start(self, run: Run) -> None:
         # arrays off the host are checksummed by a program: compiled beside training (about a second
-        # on a CPU), not at the first save; arrays on the host take a CRC-32 and need none
-        flat = flatten_state(_as_saved(run.state)) | flatten_feed(run.feed.arrays())
+        # on a CPU), not at the first save; arrays on the host take a CRC-32 and need none, nor do a
+        # population member's saves, whose arrays come to the host first (`copies_for_writer`)
+        flat = {} if self._beside else flatten_state(_as_saved(run.state)) | flatten_feed(run.feed.arrays())
         if not all(is_on_host(x) for x in flat.values()):
             self.ckpt.checksum_program = run.calls.compile(checksum_program(), shapes_of(flat), background=True,
                                                            what="checkpoint checksums")
