@@ -6,6 +6,7 @@ a side channel, is turned off with one note instead)."""
 
 import errno
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -224,11 +225,13 @@ def test_a_hook_that_raises_fails_the_run(tmp_path):
     assert summary["status"] == "failed: ValueError: my hook broke"
 
 
-def test_a_silent_run_with_checkpoints_says_nothing_and_resumes_saying_nothing(tmp_path, capfd):
+def test_a_silent_run_with_checkpoints_says_nothing_and_resumes_saying_nothing(tmp_path, capfd, caplog):
     """`verbosity="silent"`: no line of jaxtrain's, Orbax's, absl's or tensorstore's reaches the
-    terminal while the run saves checkpoints every few steps, nor when it resumes from them."""
+    terminal while the run saves checkpoints every few steps, nor when it resumes from them (nor
+    a log record, which pytest's handler takes before it would reach stderr)."""
     from jaxtrain import fit
 
+    caplog.set_level(logging.INFO)
     config = TrainConfig(epochs=2, batch_size=32, checkpoint=CheckpointConfig(every_steps=3))
     capfd.readouterr()
     first = fit(small_mlp(0), mse, regression_data(192), regression_data(64, seed=1), config,
@@ -240,4 +243,7 @@ def test_a_silent_run_with_checkpoints_says_nothing_and_resumes_saying_nothing(t
     saved = Checkpointer(tmp_path / "run" / "checkpoints", read_only=True)
     assert saved.steps()  # it did save
     saved.close()
+    # without validation data its checkpoints go unscored (Orbax warned of it at every save)
+    fit(small_mlp(0), mse, regression_data(192), None, config, run_dir=tmp_path / "no-val", verbosity="silent")
     assert capfd.readouterr() == ("", "")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

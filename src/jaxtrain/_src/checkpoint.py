@@ -25,6 +25,7 @@ unreadable file: the step is skipped with one note. Steps saved before checksums
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -234,6 +235,21 @@ def _ignore_closed_loop_callbacks() -> None:
     sys.excepthook, sys.unraisablehook = hook, unraisable
 
 
+class _UnscoredSave(logging.Filter):
+    """Drops Orbax's warning that a save came without the best metric ("Requested `tracked_metric`;
+    did not provide metrics."): a run without validation data keeps its latest checkpoints
+    unscored, as it should, and Orbax said so at every save, `verbosity="silent"` or not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "did not provide metrics" not in record.getMessage()
+
+
+def _quiet_unscored_saves() -> None:
+    absl = logging.getLogger("absl")  # Orbax has imported absl.logging, whose logger this is
+    if not any(isinstance(f, _UnscoredSave) for f in absl.filters):
+        absl.addFilter(_UnscoredSave())
+
+
 class _StderrSilencer:
     """Points file descriptor 2 at /dev/null until `restore` (native code writes there directly)."""
 
@@ -423,6 +439,8 @@ class Checkpointer:
         if not read_only:  # a failing save's callbacks can land before the failure is seen here
             _ignore_closed_loop_callbacks()
         import orbax.checkpoint as ocp  # ~0.2 s to import: loaded by the runs that checkpoint
+
+        _quiet_unscored_saves()
 
         policies = ocp.checkpoint_managers
         keep = [policies.LatestN(n=keep_last)]
