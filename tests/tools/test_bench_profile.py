@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxtrain.tools.bench import BENCHMARKS
+from jaxtrain.tools.bench import benchmark
 from jaxtrain.tools.bench import profile as bench_profile
 from jaxtrain.tools.bench.profile import HloOp, ProfileBenchConfig, hlo_ops, jax_op_rows, torch_category
 from jaxtrain.tools.cli import USAGE
@@ -114,7 +114,7 @@ def test_torch_side_is_skipped_with_one_line_when_absent(monkeypatch):
 
 
 def test_registered_and_bad_settings_are_one_line_errors(capsys):
-    assert BENCHMARKS["profile"] == (ProfileBenchConfig, bench_profile.main)
+    assert benchmark("profile") == (ProfileBenchConfig, bench_profile.main)
     assert "bench profile --workload char-gpt|mnist-cnn|mlp-regression" in USAGE
     assert cli_main(["bench", "profile", "--steps", "3", "--steps-per-call", "2"]) == 2
     assert "steps=3 must be a multiple of steps_per_call=2" in capsys.readouterr().err

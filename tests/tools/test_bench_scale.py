@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from jaxtrain.tools.bench import BENCHMARKS, scale
+from jaxtrain.tools.bench import benchmark, scale
 
 # A K=8 call: the scan's body (trip count 8) holds an all-reduce of 1 KiB over 4 devices, a
 # reduce-scatter whose result is 256 B per device of 2 (S = 512 B) and an async all-gather of 2 KiB;
@@ -64,7 +64,7 @@ def test_collective_stats_counts_each_execution_at_the_whole_arrays_bytes():
 
 @pytest.mark.slow
 def test_scale_benchmark_quick_run(tmp_path, capsys):
-    assert BENCHMARKS["scale"] == (scale.ScaleBenchConfig, scale.main)
+    assert benchmark("scale") == (scale.ScaleBenchConfig, scale.main)
     out = tmp_path / "scale.json"
     assert scale.main(scale.ScaleBenchConfig(quick=True, out=str(out))) == 0
     printed = capsys.readouterr().out

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from jaxtrain.tools.bench import BENCHMARKS
+from jaxtrain.tools.bench import benchmark
 from jaxtrain.tools.bench.selfplay import VARIANTS, SelfPlayBenchConfig, main
 from jaxtrain.tools.cli import USAGE
 from jaxtrain.tools.cli import main as cli_main
@@ -46,7 +46,7 @@ def test_quick_run_prints_every_row_and_writes_json_and_png(tmp_path, capsys):
 
 
 def test_registered_and_bad_settings_are_one_line_errors(capsys):
-    assert BENCHMARKS["selfplay"] == (SelfPlayBenchConfig, main)
+    assert benchmark("selfplay") == (SelfPlayBenchConfig, main)
     assert "bench selfplay [OPTIONS]" in USAGE
     assert cli_main(["bench", "selfplay", "--simulations", "0"]) == 2
     assert "--simulations 0 must be >= 1" in capsys.readouterr().err

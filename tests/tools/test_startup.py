@@ -58,6 +58,14 @@ HELP = [["--help"], ["--version"], ["recipes"], ["train", "--help"], ["eval", "-
         ["profile", "--help"], ["sample", "--help"], ["summary", "--help"], ["tune", "--help"],
         ["tune", "lr", "--help"], ["sweep", "--help"], ["bench", "--help"], ["data", "--help"],
         ["data", "generate", "--help"], ["data", "inspect", "--help"]]
+# a recipe's settings and a benchmark's: the configs import no JAX (the recipes' functions do, when run)
+RECIPE_NAMES = ["mlp-regression", "mnist-cnn", "fashion-mnist-cnn", "char-gpt", "hdf5-sequence", "alphazero"]
+HELP += [["train", name, "--help"] for name in RECIPE_NAMES] + [["train", "char-gpt", "--preset", "long", "--help"]]
+HELP += [["sweep", "mnist-cnn", "--help"], ["tune", "lr", "char-gpt", "--help"],
+         ["tune", "batch-size", "char-gpt", "--help"]]
+# these benchmarks' modules import JAX when loaded; their --help takes about a second (not measured here)
+JAX = ("jax", "jaxlib", "flax", "optax", "orbax")  # some benchmarks' modules load NumPy (about 0.1 s)
+HEAVY_BENCHMARKS = {"attention", "checkpoint", "overhead", "precision", "predict", "remat", "scan", "selfplay"}
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "numpy", "matplotlib", "h5py", "optuna", "torch")
 
 
@@ -83,6 +91,31 @@ print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {HEAVY!r} if m in 
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {args: c for args, (c, n) in seen["codes"].items() if c != 0 or n < 15} == {}  # each exits 0 with text
     assert seen["heavy"] == []
+
+
+@pytest.mark.slow
+def test_a_benchmarks_help_imports_no_jax_unless_its_module_does():
+    from jaxtrain.tools.bench import BENCHMARKS
+
+    light = sorted(set(BENCHMARKS) - HEAVY_BENCHMARKS)
+    code = f"""
+import contextlib, io, json, sys
+from jaxtrain.tools import cli
+codes = {{}}
+for name in {light!r}:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            code = cli.main(["bench", name, "--help"])
+        except SystemExit as e:  # tyro's help
+            code = e.code
+    codes[name] = [code, len(out.getvalue())]
+print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {JAX!r} if m in sys.modules)}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {name: c for name, (c, n) in seen["codes"].items() if c != 0 or n < 200} == {}
+    assert len(light) == 13 and seen["heavy"] == []
 
 
 def test_summary_writer_import_leaves_torch_importable(monkeypatch):

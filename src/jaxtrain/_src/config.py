@@ -12,7 +12,7 @@ import re
 import typing
 from typing import Any, Literal, get_args
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, setting
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine", "exponential"]
@@ -51,6 +51,35 @@ def _check_non_negative(field: str, value: float) -> None:
         isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
         f"{field}={value!r} must be zero or a positive number",
     )
+
+
+AXES = ("data", "fsdp")
+"""The mesh's axes: data parallelism, and fully sharded data parallelism (parameters split too)."""
+
+
+def parse_mesh(text: str) -> dict[str, int] | None:
+    """`"data=2,fsdp=2"` → `{"data": 2, "fsdp": 2}`; `"auto"` → None.
+
+    Raises:
+      ConfigError: an unknown axis name, a repeated axis, or a size that is not an integer >= 1.
+    """
+    text = text.strip()
+    if text == "auto":
+        return None
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\w+)\s*=\s*(\d+)\s*", part)
+        if not match:
+            raise ConfigError(f"{setting('mesh', text)}: write axis=size pairs separated by commas, e.g. data=4 or "
+                              "data=2,fsdp=2 (or auto)", mesh=text)
+        name, size = match.group(1), int(match.group(2))
+        if name not in AXES:
+            raise ConfigError(f"{setting('mesh', text)}: unknown axis {name!r}; the axes are {' and '.join(AXES)}",
+                              mesh=text)
+        if name in sizes or size < 1:
+            raise ConfigError(f"{setting('mesh', text)}: give each axis once, with a size >= 1", mesh=text)
+        sizes[name] = size
+    return sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,8 +308,6 @@ class TrainConfig:
     export when they are asked for the averaged weights."""
 
     def __post_init__(self) -> None:
-        from jaxtrain._src.sharding import parse_mesh
-
         parse_mesh(self.mesh)
         _check_choice("on_nan", self.on_nan, OnNaN)
         _check_choice("precision", self.precision, Precision)

@@ -21,43 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxtrain._src.config import AXES, parse_mesh
 from jaxtrain._src.errors import ConfigError, setting
 
-AXES = ("data", "fsdp")
 BATCH_AXES = AXES  # the batch axis is split over every device of the mesh
 FSDP_MIN_ELEMENTS = 1024  # smaller arrays are replicated: splitting them saves little and costs a collective
-
-
-def parse_mesh(text: str) -> dict[str, int] | None:
-    """`"data=2,fsdp=2"` → `{"data": 2, "fsdp": 2}`; `"auto"` → None.
-
-    Raises:
-      ConfigError: an unknown axis name, a repeated axis, or a size that is not an integer >= 1.
-    """
-    text = text.strip()
-    if text == "auto":
-        return None
-    sizes: dict[str, int] = {}
-    for part in text.split(","):
-        match = re.fullmatch(r"\s*(\w+)\s*=\s*(\d+)\s*", part)
-        if not match:
-            raise ConfigError(f"{setting('mesh', text)}: write axis=size pairs separated by commas, e.g. data=4 or "
-                              "data=2,fsdp=2 (or auto)", mesh=text)
-        name, size = match.group(1), int(match.group(2))
-        if name not in AXES:
-            raise ConfigError(f"{setting('mesh', text)}: unknown axis {name!r}; the axes are {' and '.join(AXES)}",
-                              mesh=text)
-        if name in sizes or size < 1:
-            raise ConfigError(f"{setting('mesh', text)}: give each axis once, with a size >= 1", mesh=text)
-        sizes[name] = size
-    return sizes
 
 
 @dataclasses.dataclass(frozen=True)

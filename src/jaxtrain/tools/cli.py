@@ -183,7 +183,6 @@ def _option_value(args: Sequence[str], flag: str) -> str | None:
 
 
 def _train(args: Sequence[str]) -> int:
-    from jaxtrain.tools import runs
     from jaxtrain.tools.recipes import get_recipe
 
     if not args or args[0].startswith("-"):
@@ -196,6 +195,8 @@ def _train(args: Sequence[str]) -> int:
     has_preset = "--preset" in rest
     prog = f"jaxtrain train {recipe.name}"
     if resume:
+        from jaxtrain.tools import runs
+
         if has_preset:
             raise ConfigError("--preset cannot be combined with --resume: a resumed run keeps its own config")
         other = _option_value(rest, "--run-dir")
@@ -210,7 +211,9 @@ def _train(args: Sequence[str]) -> int:
         else:  # killed before it wrote its config: the command's settings start it from the beginning
             config = parse_config(type(recipe.config), recipe.config, rest, prog)
     else:
-        config, _ = _preset_config(recipe, rest, prog)
+        config, _ = _preset_config(recipe, rest, prog)  # --help prints here, before JAX is imported
+    from jaxtrain.tools import runs
+
     runs.train(recipe, config, run_dir or config.run_dir, resume=resume, overwrite=overwrite)
     return 0
 
@@ -449,20 +452,22 @@ def _tune(args: Sequence[str]) -> int:
         raise ConfigError(f"missing recipe; {usage} (see `jaxtrain recipes`)")
     from rich.console import Console
 
-    from jaxtrain.tools import tune
     from jaxtrain.tools.recipes import get_recipe
-    from jaxtrain.tools.report.tune import plot_batch_size, print_batch_size
 
     recipe, rest = get_recipe(args[1]), list(args[2:])
     max_memory_gb = _number(rest, "--max-memory-gb", float, None)
-    max_batch = _number(rest, "--max-batch", int, tune.MAX_BATCH)
+    max_batch = _number(rest, "--max-batch", int, TUNE_MAX_BATCH)
     seconds = _number(rest, "--seconds", float, 1.0)
     throughput = "--no-throughput" not in rest
     rest = [a for a in rest if a != "--no-throughput"]
     _, out = _pop_option(rest, "--out")
+    flags = list(rest)
+    config, _ = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}")  # --help: no JAX
     # the recommendation trains with the settings measured here: the recipe's flags, less those it sets
-    command = train_command(recipe.name, rest, ["batch_size", "optim.lr", "optim.min_lr"])
-    config, _ = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}")
+    command = train_command(recipe.name, flags, ["batch_size", "optim.lr", "optim.min_lr"])
+    from jaxtrain.tools import tune
+    from jaxtrain.tools.report.tune import plot_batch_size, print_batch_size
+
     out = out or f"runs/tune-{recipe.name}-batch-size.png"
     console = Console(highlight=False, soft_wrap=True)
     result = tune.batch_size(recipe, config, max_memory_gb, max_batch=max_batch, seconds=seconds,
@@ -710,12 +715,12 @@ def _summary(args: Sequence[str]) -> int:
 
 
 def _bench(args: Sequence[str]) -> int:
-    from jaxtrain.tools.bench import BENCHMARKS
+    from jaxtrain.tools.bench import BENCHMARKS, benchmark
 
     if not args or args[0] not in BENCHMARKS:
         given = f" {args[0]!r}" if args else ""
         raise ConfigError(f"unknown benchmark{given}; choose one of: {', '.join(sorted(BENCHMARKS))}")
-    config_cls, main = BENCHMARKS[args[0]]
+    config_cls, main = benchmark(args[0])
     config = parse_config(config_cls, config_cls(), args[1:], f"jaxtrain bench {args[0]}")
     return main(config)
 

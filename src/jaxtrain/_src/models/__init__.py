@@ -1,17 +1,17 @@
-"""Reference models."""
+"""Reference models, each loaded on first use (PEP 562): `GPTConfig`, the GPT's shape, is plain
+settings that `jaxtrain train char-gpt --help` reads without importing JAX."""
 
-from typing import Callable, TypeVar
+from __future__ import annotations
 
-from flax import nnx
-
-from jaxtrain._src.memory import release_free_heap
-from jaxtrain._src.models.cnn import CNN, Conv2D, SequenceCNN
-from jaxtrain._src.models.gpt import GPT, GPTConfig
-from jaxtrain._src.models.mlp import MLP
+import importlib
+from typing import Any, Callable, TypeVar
 
 __all__ = ["CNN", "Conv2D", "GPT", "GPTConfig", "MLP", "SequenceCNN", "compiled_init"]
 
-M = TypeVar("M", bound=nnx.Module)
+_MODULES = {"CNN": "cnn", "Conv2D": "cnn", "SequenceCNN": "cnn", "GPT": "gpt", "GPTConfig": "gpt_config",
+            "MLP": "mlp"}
+
+M = TypeVar("M")
 
 
 def compiled_init(factory: Callable[[], M]) -> M:
@@ -22,6 +22,16 @@ def compiled_init(factory: Callable[[], M]) -> M:
     3.3 s -> 2.6 s). The recipes that use it get the same weights bit for bit (tested); char-gpt's
     scaled normal initialisers differ in the last bit under jit, so it builds eagerly.
     """
+    from flax import nnx
+
+    from jaxtrain._src.memory import release_free_heap
+
     model = nnx.jit(factory)()
     release_free_heap()  # what compiling the initialiser freed
     return model
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,52 +1,44 @@
-"""Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests."""
+"""Benchmarks: commands that print tables (`jaxtrain bench NAME`), never timed tests.
 
-from jaxtrain.tools.bench import (
-    attention,
-    checkpoint,
-    data,
-    ema,
-    faults,
-    frameworks,
-    ladder,
-    overhead,
-    precision,
-    predict,
-    preprocess,
-    profile,
-    remat,
-    scale,
-    scan,
-    scan_corpus,
-    selfplay,
-    shortrun,
-    sweep,
-    xla_flags,
-    zoo_bench,
-)
+`BENCHMARKS` names each benchmark's module; `benchmark(name)` imports that one alone (a benchmark
+whose module imports no JAX answers `jaxtrain bench NAME --help` at once)."""
 
-# name -> (config class, main(config) -> exit code)
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+# name -> (module under jaxtrain.tools.bench, its config class, its main(config) -> exit code)
 BENCHMARKS = {
-    "attention": (attention.AttentionBenchConfig, attention.main),
-    "checkpoint": (checkpoint.CheckpointBenchConfig, checkpoint.main),
-    "data": (data.DataBenchConfig, data.main),
-    "ema": (ema.EmaBenchConfig, ema.main),
-    "faults": (faults.FaultsBenchConfig, faults.main),
-    "frameworks": (frameworks.FrameworksConfig, frameworks.main),
-    "ladder": (ladder.LadderConfig, ladder.main),
-    "overhead": (overhead.OverheadConfig, overhead.main),
-    "precision": (precision.PrecisionBenchConfig, precision.main),
-    "predict": (predict.PredictBenchConfig, predict.main),
-    "preprocess": (preprocess.PreprocessBenchConfig, preprocess.main),
-    "profile": (profile.ProfileBenchConfig, profile.main),
-    "remat": (remat.RematBenchConfig, remat.main),
-    "scale": (scale.ScaleBenchConfig, scale.main),
-    "scan": (scan.ScanBenchConfig, scan.main),
-    "scan-corpus": (scan_corpus.ScanCorpusConfig, scan_corpus.main),
-    "selfplay": (selfplay.SelfPlayBenchConfig, selfplay.main),
-    "shortrun": (shortrun.ShortRunBenchConfig, shortrun.main),
-    "sweep": (sweep.SweepBenchConfig, sweep.main),
-    "xla-flags": (xla_flags.XlaFlagsBenchConfig, xla_flags.main),
-    "zoo": (zoo_bench.ZooBenchConfig, zoo_bench.main),
+    "attention": ("attention", "AttentionBenchConfig", "main"),
+    "checkpoint": ("checkpoint", "CheckpointBenchConfig", "main"),
+    "data": ("data", "DataBenchConfig", "main"),
+    "ema": ("ema", "EmaBenchConfig", "main"),
+    "faults": ("faults", "FaultsBenchConfig", "main"),
+    "frameworks": ("frameworks", "FrameworksConfig", "main"),
+    "ladder": ("ladder", "LadderConfig", "main"),
+    "overhead": ("overhead", "OverheadConfig", "main"),
+    "precision": ("precision", "PrecisionBenchConfig", "main"),
+    "predict": ("predict", "PredictBenchConfig", "main"),
+    "preprocess": ("preprocess", "PreprocessBenchConfig", "main"),
+    "profile": ("profile", "ProfileBenchConfig", "main"),
+    "remat": ("remat", "RematBenchConfig", "main"),
+    "scale": ("scale", "ScaleBenchConfig", "main"),
+    "scan": ("scan", "ScanBenchConfig", "main"),
+    "scan-corpus": ("scan_corpus", "ScanCorpusConfig", "main"),
+    "selfplay": ("selfplay", "SelfPlayBenchConfig", "main"),
+    "shortrun": ("shortrun", "ShortRunBenchConfig", "main"),
+    "sweep": ("sweep", "SweepBenchConfig", "main"),
+    "xla-flags": ("xla_flags", "XlaFlagsBenchConfig", "main"),
+    "zoo": ("zoo_bench", "ZooBenchConfig", "main"),
 }
 
-__all__ = ["BENCHMARKS"]
+
+def benchmark(name: str) -> tuple[type, Callable[[Any], int]]:
+    """`(config class, main)` of the benchmark `name` (a key of `BENCHMARKS`), its module imported."""
+    module, config, main = BENCHMARKS[name]
+    loaded = importlib.import_module(f"{__name__}.{module}")
+    return getattr(loaded, config), getattr(loaded, main)
+
+
+__all__ = ["BENCHMARKS", "benchmark"]

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
-
-from flax import nnx
+from typing import TYPE_CHECKING, Any, Literal
 
 from jaxtrain._src.config import CheckpointConfig, OptimConfig
 from jaxtrain._src.errors import ConfigError
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
+
+if TYPE_CHECKING:  # JAX is imported by the functions that use it: the config and --help need none
+    from flax import nnx
 
 # jaxtrain.rl (and mctx) are imported when the recipe is built: other recipes do not pay for them.
 
@@ -100,6 +101,8 @@ class AlphaZeroConfig(RecipeConfig):
 
 
 def build_model(config: AlphaZeroConfig, info: dict | None = None) -> nnx.Module:
+    from flax import nnx
+
     from jaxtrain._src.models import compiled_init
     from jaxtrain._src.rl import clique
     from jaxtrain._src.rl.network import PolicyValueMLP

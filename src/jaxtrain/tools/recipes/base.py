@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Literal
-
-from flax import nnx
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from jaxtrain._src.config import DistConfig, TrainConfig
 from jaxtrain._src.errors import DataError
-from jaxtrain._src.step import Augment, LossFn, Preprocess
+
+if TYPE_CHECKING:  # the configs import no JAX: `jaxtrain train RECIPE --help` reads them alone
+    from flax import nnx
+
+    from jaxtrain._src.step import Augment, LossFn, Preprocess
 
 
 @dataclasses.dataclass(frozen=True)

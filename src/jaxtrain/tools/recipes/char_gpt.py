@@ -19,20 +19,20 @@ nanoGPT's `estimate_loss` (which draws new random batches each time).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
+from typing import TYPE_CHECKING, Callable
 
 from jaxtrain._src.config import DataConfig, OptimConfig
-from jaxtrain._src.data.arrays import aligned_empty
-from jaxtrain._src.data.datasets import CharTokenizer, load_tinyshakespeare
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.models.gpt import GPT, GPTConfig
+from jaxtrain._src.models.gpt_config import GPTConfig
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
+
+if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: the configs and --help need none
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxtrain._src.data.datasets import CharTokenizer
+    from jaxtrain._src.models.gpt import GPT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +110,8 @@ are gathered from the text in the step: stored whole they would take 1 GB at thi
 def text_ids(config: CharGPTConfig) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
     """(train ids, validation ids, tokenizer): the first 90% of the text and the rest, cut to
     `data.limit` characters in the same proportion when it is set."""
+    from jaxtrain._src.data.datasets import load_tinyshakespeare
+
     train_ids, val_ids, tokenizer = load_tinyshakespeare()
     if config.data.limit:
         cut = int(len(train_ids) * config.data.limit / (len(train_ids) + len(val_ids)))
@@ -129,6 +131,9 @@ def window_tokens(ids: np.ndarray, length: int) -> Callable[[dict], dict]:
     rather than every window stored whole: 65 MB at the baby's block of 64, 1 GB at the long
     preset's 1024 (PyTorch's twin takes the same windows as views of the text).
     """
+    import jax.numpy as jnp
+    import numpy as np
+
     text = np.asarray(ids, np.uint8)  # a host constant: the same program on any device or mesh
     offsets = np.arange(length, dtype=np.int32)
 
@@ -140,12 +145,17 @@ def window_tokens(ids: np.ndarray, length: int) -> Callable[[dict], dict]:
 
 def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict]:
     """Mean next-character cross-entropy over the batch's B·T positions."""
+    import jax.numpy as jnp
+    import optax
+
     tokens = batch["tokens"].astype(jnp.int32)  # (B, T + 1)
     logits = model(tokens[:, :-1], key).astype(jnp.float32)  # (B, T, V); float32 whatever the compute dtype
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean(), {}
 
 
 def build(config: CharGPTConfig) -> Workload:
+    import numpy as np
+
     train_ids, val_ids, tokenizer = text_ids(config)
     length = config.model.block_size + 1
     train = {"start": _starts(np.arange(len(train_ids) - length + 1))}  # every window of the training text
@@ -161,12 +171,20 @@ def build(config: CharGPTConfig) -> Workload:
 
 
 def _starts(positions: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    from jaxtrain._src.data.arrays import aligned_empty
+
     out = aligned_empty(positions.shape, np.int32)  # on a CPU, the device uses it in place: no second copy
     out[...] = positions
     return out
 
 
 def build_model(config: CharGPTConfig, info: dict) -> GPT:
+    from flax import nnx
+
+    from jaxtrain._src.models.gpt import GPT
+
     return GPT(len(info["vocabulary"]), config.model, remat=config.remat, rngs=nnx.Rngs(config.seed))
 
 

@@ -13,19 +13,18 @@ second counts a two-residue motif), or classification of `labels` (4 quartile cl
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
+from typing import TYPE_CHECKING, Literal
 
 from jaxtrain._src.config import DataConfig, OptimConfig
-from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.errors import ConfigError, DataError
-from jaxtrain._src.models import SequenceCNN, compiled_init
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload, split_rows
+
+if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: the configs and --help need none
+    import jax
+    from flax import nnx
+
+    from jaxtrain._src.data.sources import HDF5Source
+    from jaxtrain._src.models import SequenceCNN
 
 Task = Literal["regression", "classification"]
 
@@ -80,6 +79,8 @@ class HDF5SequenceConfig(RecipeConfig):
 
 def regression_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array):
     """MSE over both targets; also the per-target MSE."""
+    import jax.numpy as jnp
+
     err = model(batch["x"]).astype(jnp.float32) - batch["y"].astype(jnp.float32)  # (B, 2), float32
     per_target = jnp.mean(err**2, axis=0)  # (2,)
     return per_target.mean(), {"mse_hydrophobicity": per_target[0], "mse_motif": per_target[1]}
@@ -87,12 +88,17 @@ def regression_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Arr
 
 def classification_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array):
     """Cross-entropy over the classes; also the accuracy."""
+    import jax.numpy as jnp
+    import optax
+
     logits = model(batch["x"]).astype(jnp.float32)  # (B, classes); float32 whatever the compute dtype
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
     return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["y"])}
 
 
 def build(config: HDF5SequenceConfig) -> Workload:
+    from jaxtrain._src.data.sources import HDF5Source
+
     d = config.data
     if not d.path:
         raise ConfigError("hdf5-sequence needs --data.path FILE.h5; make one with: "
@@ -153,6 +159,8 @@ class InRange:
         for key, (what, limit, attr) in self._ranges.items():
             block = rows[key]
             if len(block) and (block.min() < 0 or block.max() >= limit):
+                import numpy as np
+
                 bad = ((block < 0) | (block >= limit)).reshape(len(block), -1).any(axis=1)
                 row = self._source.start + start + int(np.argmax(bad))
                 value = block[(block < 0) | (block >= limit)][0]  # row-major: in the first bad row
@@ -163,6 +171,10 @@ class InRange:
 
 
 def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:
+    from flax import nnx
+
+    from jaxtrain._src.models import SequenceCNN, compiled_init
+
     m = config.model
     return compiled_init(lambda: SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels,
                                             layers=m.layers, kernel=m.kernel, remat=config.remat,

@@ -15,22 +15,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-
-from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import DataConfig
-from jaxtrain._src.data.adapters import NpySource
-from jaxtrain._src.data.sources import HDF5Source
-from jaxtrain._src.data.synthetic import regression_rows
 from jaxtrain._src.errors import ConfigError, DataError
-from jaxtrain._src.memory import format_bytes
-from jaxtrain._src.models import MLP, compiled_init
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload, split_rows
+
+if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: the configs and --help need none
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxtrain._src.models import MLP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +102,8 @@ def make_data(config: RegressionDataConfig) -> tuple[dict[str, np.ndarray], dict
     Rows 0..N-1 of `jaxtrain.data.synthetic.regression_rows`: with the default sizes, the rows of
     `jaxtrain data generate mlp-regression OUT.h5 --samples N --seed SEED`; the last val_samples validate.
     """
+    from jaxtrain._src.data.synthetic import regression_rows
+
     rows = regression_rows(config.seed, 0, config.samples, features=config.features, targets=config.targets,
                            teacher_width=config.teacher_width, label_noise=config.label_noise)
     n_train = config.samples - config.val_samples
@@ -115,6 +113,8 @@ def make_data(config: RegressionDataConfig) -> tuple[dict[str, np.ndarray], dict
 
 def mse_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean squared error over the batch and targets; also reports mean absolute error."""
+    import jax.numpy as jnp
+
     err = model(batch["x"]).astype(jnp.float32) - batch["y"].astype(jnp.float32)  # (B, T), float32
     return jnp.mean(err**2), {"mae": jnp.mean(jnp.abs(err))}
 
@@ -126,6 +126,11 @@ STATS_ROWS = 100_000  # rows read to normalise a file that carries no feature_me
 def open_hdf5(config: RegressionDataConfig) -> tuple[Any, Any, np.ndarray, np.ndarray]:
     """(train source, validation source or None, feature mean, feature std) of `config.path`, or of
     the .npy shards in `config.npy`."""
+    import numpy as np
+
+    from jaxtrain._src.data.adapters import NpySource
+    from jaxtrain._src.data.sources import HDF5Source
+
     val_rows = config.val_samples
     if config.path and config.npy:
         raise ConfigError("data.path and data.npy are both given; train on one of them")
@@ -166,12 +171,16 @@ def host_memory_bytes() -> int:
 
 
 def _check_fits(what: str, nbytes: int, advice: str) -> None:
+    from jaxtrain._src.memory import format_bytes
+
     if nbytes > host_memory_bytes():
         raise ConfigError(f"{what} would take about {format_bytes(nbytes)}, more than this machine's "
                           f"{format_bytes(host_memory_bytes())} of memory; {advice}")
 
 
 def build(config: MLPRegressionConfig) -> Workload:
+    from jaxtrain._src import data as data_lib
+
     _check_no_remat(config)  # before any data is made or opened
     d = config.data
     if not (d.path or d.npy):  # float32 features and targets, a copy of each while made, and the teacher
@@ -205,6 +214,10 @@ def build_model(config: MLPRegressionConfig, info: dict) -> MLP:
     params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))  # weights and biases
     _check_fits(f"an MLP {'→'.join(f'{n:,}' for n in sizes)} ({params:,} parameters, with gradients and Adam's "
                 "two moments)", 16 * params, "lower model.hidden")
+    from flax import nnx
+
+    from jaxtrain._src.models import MLP, compiled_init
+
     return compiled_init(lambda: MLP(sizes, rngs=nnx.Rngs(config.seed)))
 
 

@@ -8,19 +8,17 @@ normalisation run inside the compiled step. Validation is the official 10,000-im
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import jax
-import jax.numpy as jnp
-import optax
-from flax import nnx
-
-from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import DataConfig, OptimConfig
-from jaxtrain._src.data.datasets import load_mnist
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.models import CNN, compiled_init
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
+
+if TYPE_CHECKING:  # JAX is imported by the functions that use it: the configs and --help need none
+    import jax
+    from flax import nnx
+
+    from jaxtrain._src.models import CNN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +59,18 @@ NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion_mnist": (0.2860, 0.3530)}  
 
 def cross_entropy(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array):
     """Softmax cross-entropy over the 10 classes; also the batch accuracy."""
+    import jax.numpy as jnp
+    import optax
+
     logits = model(batch["image"]).astype(jnp.float32)  # (B, 10); float32 whatever the compute dtype
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
     return loss, {"accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
 
 
 def build(config: MNISTConfig) -> Workload:
+    from jaxtrain._src import data as data_lib
+    from jaxtrain._src.data.datasets import load_mnist
+
     train, test = load_mnist(config.data.dataset)
     if config.data.limit:
         train = {k: v[: config.data.limit] for k, v in train.items()}
@@ -77,6 +81,10 @@ def build(config: MNISTConfig) -> Workload:
 
 
 def build_model(config: MNISTConfig, info: dict) -> CNN:
+    from flax import nnx
+
+    from jaxtrain._src.models import CNN, compiled_init
+
     return compiled_init(lambda: CNN(remat=config.remat, rngs=nnx.Rngs(config.seed)))
 
 
