@@ -1,5 +1,5 @@
 """Reference models, each loaded on first use (PEP 562): `GPTConfig`, the GPT's shape, is plain
-settings that `jaxtrain train char-gpt --help` reads without importing JAX."""
+settings that the command line's help reads without importing JAX."""
 
 from __future__ import annotations
 
