@@ -219,3 +219,26 @@ def test_a_members_metrics_are_a_dict_to_jax_and_come_back_once():
     assert second[0].host()["loss"].tolist() == [2.0, 2.0]  # brings both calls of both members
     assert [m.host()["loss"].tolist() for m in (first[0], first[1], second[1])] == [[1, 1], [0, 0], [3, 3]]
     assert transfers._calls == {} and transfers._host == {}
+
+
+@pytest.mark.parametrize("formulation", ["tuple", "stacked"])
+def test_a_call_that_fails_on_the_device_ends_every_member_with_its_error(tmp_path, monkeypatch, formulation):
+    # The call after the failing one was already queued and took the population's arrays: members
+    # end from states of their own (stacked: a copy per call, unstacked when read), not donated ones.
+    from jaxtrain._src.calls import CompiledCalls
+
+    waits, wait = [0], CompiledCalls.wait
+
+    def failing(self, outputs):
+        waits[0] += 1
+        if waits[0] == 4:
+            raise RuntimeError("the device failed")
+        return wait(self, outputs)
+
+    monkeypatch.setattr(CompiledCalls, "wait", failing)
+    members = [Member(small_mlp(i), config(lr), run_dir=tmp_path / f"m{i}") for i, lr in enumerate(LRS)]
+    with pytest.raises(RuntimeError, match="the device failed"):
+        fit_population(members, mse, DATA, VAL, formulation=formulation, verbosity="silent")
+    for i in range(len(LRS)):
+        summary = json.loads((tmp_path / f"m{i}" / "summary.json").read_text())
+        assert summary["status"] == "failed: RuntimeError: the device failed"

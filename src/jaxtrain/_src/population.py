@@ -156,6 +156,9 @@ class _Tuple:
     def members(self, members: Any) -> tuple[TrainState, ...]:
         return members
 
+    def kept(self, members: Any) -> Any:
+        return members  # each member's state is its own: nothing to unstack
+
     def step(self, state: "PopulationState", batch: Any) -> tuple["PopulationState", tuple[dict, ...]]:
         out = [program.train_step(member, batch) for program, member in zip(self.programs, state.members)]
         return PopulationState(state.step + 1, tuple(new for new, _ in out)), tuple(m for _, m in out)
@@ -184,7 +187,8 @@ class _Stacked:
         def unstack(stacked: TrainState) -> tuple[TrainState, ...]:
             return tuple(jax.tree.map(lambda x: x[i], stacked) for i in range(self.P))
 
-        self._unstack = jax.jit(unstack)  # one call per K-step call: a copy of each member's state
+        self._unstack = jax.jit(unstack)  # a copy of each member's state, when a member's hooks read it
+        self._keep = jax.jit(lambda stacked: jax.tree.map(jnp.copy, stacked))
 
     def state(self, states: Sequence[TrainState]) -> TrainState:
         return jax.tree.map(lambda *x: jnp.stack(x), *states)
@@ -195,6 +199,10 @@ class _Stacked:
 
     def members(self, members: Any) -> tuple[TrainState, ...]:
         return self._unstack(members)
+
+    def kept(self, members: Any) -> Any:
+        """A copy of the stacked states, which the next call does not donate (one program, one tree)."""
+        return self._keep(members)
 
     def step(self, state: "PopulationState", batch: Any) -> tuple["PopulationState", tuple[dict, ...]]:
         members, metrics = jax.vmap(self.programs[0].train_step, in_axes=(0, None))(state.members, batch)
@@ -575,7 +583,7 @@ class _Members:
 
     def after_call(self, k: int, metrics: Any) -> None:
         shared = self.shared
-        states = _Unstacked(self.form, shared.state.members)
+        states = _Unstacked(self.form, self.form.kept(shared.state.members))
         for i, r in self.live():
             r.run.state, r.run.stop_signal = _Slot(states, i), shared.stop_signal
             r.run.loop.position = shared.loop.position
@@ -607,10 +615,11 @@ class _Members:
 
 
 class _Unstacked:
-    """The members' states after one call, unstacked from the population's when a member's hooks
-    first read one: most calls none does (a save, a run's end and the first calls' probes do), and
-    unstacking every call cost the host 14 ms a call at P = 16 (a copy of every member's arrays, P
-    train states rebuilt). Read before the next call, which donates the population's arrays."""
+    """The members' states after one call, unstacked when a member's hooks first read one: most
+    calls none does (a save, a run's end and the first calls' probes do), and unstacking every call
+    cost the host 14 ms a call at P = 16 (P train states rebuilt). `members` is the formulation's
+    `kept` copy, not the arrays the next call donates: a run that fails in the next call still
+    ends its members from it."""
 
     def __init__(self, form: Any, members: Any):
         self._form, self._members, self._states = form, members, None
