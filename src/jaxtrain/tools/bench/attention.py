@@ -14,14 +14,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import jax
-import jax.numpy as jnp
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain._src.models import attention
+if TYPE_CHECKING:  # JAX is imported where it runs: `jaxtrain bench attention --help` needs none
+    import jax
+    import jax.numpy as jnp
 
 N_HEAD, HEAD_SIZE = 4, 32  # the baby GPT's: 4 heads of 128 / 4
 LENGTHS = {64: 12, 256: 12, 1024: 4}  # T -> batch (12 as the baby; 4 keeps T = 1024 near a second per call)
@@ -40,6 +40,10 @@ class AttentionBenchConfig:
 
 
 def _paths(dtype: jnp.dtype) -> list[str]:
+    import jax
+
+    from jaxtrain._src.models import attention
+
     names = ["heads_major", "heads_minor", "xla"]
     if jax.default_backend() == "gpu" and attention.choose_path(dtype) == "cudnn":
         names.append("cudnn")
@@ -47,6 +51,11 @@ def _paths(dtype: jnp.dtype) -> list[str]:
 
 
 def _fwd_bwd(path: str):
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtrain._src.models import attention
+
     fn = attention.PATHS[path]
 
     def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -57,6 +66,8 @@ def _fwd_bwd(path: str):
 
 def measure(T: int, B: int, dtype: jnp.dtype, paths: list[str], repeats: int) -> dict[str, float]:
     """Milliseconds per forward + backward call of each path (median of `repeats`, interleaved)."""
+    import jax
+
     kq, kk, kv = jax.random.split(jax.random.key(T), 3)
     q, k, v = (jax.random.normal(key, (B, T, N_HEAD, HEAD_SIZE), dtype) for key in (kq, kk, kv))
     fns = {}
@@ -77,6 +88,10 @@ def measure(T: int, B: int, dtype: jnp.dtype, paths: list[str], repeats: int) ->
 
 
 def main(config: AttentionBenchConfig) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtrain._src.models import attention
     from jaxtrain._src.report import device_description
 
     lengths = {16: 2, 32: 2} if config.quick else LENGTHS

@@ -22,14 +22,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jax
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from jaxtrain._src.config import CheckpointConfig
-from jaxtrain._src.report import device_description
+
+if TYPE_CHECKING:  # JAX and NumPy are imported where they run: `jaxtrain bench checkpoint --help` needs none
+    import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,7 @@ def _overhead_run(config: CheckpointBenchConfig, run_dir: str | None) -> float:
 def save_cost(directory: Path, repeats: int = 5) -> dict[str, float]:
     """Median seconds of `Checkpointer.save` returning, and of a save written to the end, for
     the mlp-regression model's train state (MLP 128-512-512-64 with Adam)."""
+    import jax
     from flax import nnx
 
     from jaxtrain._src.checkpoint import Checkpointer
@@ -102,6 +104,9 @@ def _launch(args: list[str]) -> subprocess.Popen:
 
 
 def _final_params(run_dir: Path) -> list[np.ndarray]:
+    import jax
+    import numpy as np
+
     from jaxtrain.tools.runs import load
 
     return [np.asarray(x) for x in jax.tree.leaves(load(run_dir, "latest"))]
@@ -131,6 +136,8 @@ def _run_to_end(args: list[str], kill_after: float | None = None) -> tuple[int, 
 def kill_trial(config: CheckpointBenchConfig, workdir: Path, console: Console) -> dict:
     """Kills `config.kills` training processes at random moments of their training, resumes each
     to the end, and compares the final parameters with an uninterrupted run's bit for bit."""
+    import numpy as np
+
     if not config.kills:
         return {"kills": 0, "bit_exact": 0, "all_bit_exact": True, "resume_to_training_s": [],
                 "uninterrupted_train_s": None}
@@ -158,6 +165,10 @@ def kill_trial(config: CheckpointBenchConfig, workdir: Path, console: Console) -
 
 
 def main(config: CheckpointBenchConfig) -> int:
+    import jax
+
+    from jaxtrain._src.report import device_description
+
     if config.quick:
         config = dataclasses.replace(config, repeats=1, epochs=2, samples=5_000, kills=0)  # kills: bench faults' test
     console = Console(highlight=False, soft_wrap=True)

@@ -26,23 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import optax
-from flax import nnx
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain._src import data as data_lib
 from jaxtrain._src.config import OptimConfig, TrainConfig
 from jaxtrain._src.errors import ConfigError, JaxtrainError
-from jaxtrain._src.loop import Session, run_fit
-from jaxtrain._src.models import MLP
-from jaxtrain._src.program import build_program
-from jaxtrain._src.report import device_description
-from jaxtrain._src.sharding import make_layout
-from jaxtrain._src.step import epoch_permutation, gather_batch
 from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data, mse_loss
+
+# JAX is imported where it runs: `jaxtrain bench overhead --help` needs none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +58,13 @@ class OverheadConfig:
 
 def _hand_written_epoch(graphdef, tx, preprocess, n: int, batch_size: int):
     """The reference: one jitted function that trains a whole epoch with lax.scan."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jaxtrain._src.step import epoch_permutation, gather_batch
+
     steps = n // batch_size
 
     def epoch(params, opt_state, data, key):
@@ -90,6 +88,13 @@ def _hand_written_epoch(graphdef, tx, preprocess, n: int, batch_size: int):
 
 
 def _time_hand_written(train, preprocess, config: OverheadConfig, seed: int) -> float:
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jaxtrain._src.models import MLP
+
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(seed))
     tx = optax.adam(1e-3)
     graphdef, params = nnx.split(model)
@@ -105,6 +110,11 @@ def _time_hand_written(train, preprocess, config: OverheadConfig, seed: int) -> 
 
 
 def _time_fit(train, preprocess, config: OverheadConfig, seed: int) -> tuple[float, int]:
+    from flax import nnx
+
+    from jaxtrain._src.loop import Session, run_fit
+    from jaxtrain._src.models import MLP
+
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(seed))
     optim = OptimConfig(name="adam", lr=1e-3)
     train_config = TrainConfig(epochs=1, batch_size=config.batch_size, seed=seed, optim=optim)
@@ -116,6 +126,15 @@ def _time_fit(train, preprocess, config: OverheadConfig, seed: int) -> tuple[flo
 
 def _per_call_times(config: OverheadConfig, train) -> dict[str, float]:
     """Median seconds per call of one training step: nnx.jit on objects vs jax.jit on pytrees."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jaxtrain._src.models import MLP
+    from jaxtrain._src.program import build_program
+    from jaxtrain._src.sharding import make_layout
+
     batch = {k: jnp.asarray(v[: config.batch_size]) for k, v in train.items()}
 
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(0))
@@ -233,6 +252,11 @@ def _print_whole_process(results: dict[str, Any], config: OverheadConfig, consol
 
 
 def main(config: OverheadConfig) -> int:
+    import jax
+
+    from jaxtrain._src import data as data_lib
+    from jaxtrain._src.report import device_description
+
     if config.quick:
         config = dataclasses.replace(config, repeats=2, samples=3_000, call_repeats=100, epochs=1)
     train, _ = make_data(RegressionDataConfig(samples=config.samples, val_samples=0))

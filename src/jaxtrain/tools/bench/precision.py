@@ -14,17 +14,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain._src.data.transforms import standardize_images
-from jaxtrain._src.memory import compiled_memory, format_bytes
-from jaxtrain._src.program import build_program
-from jaxtrain._src.sharding import make_layout
+if TYPE_CHECKING:  # JAX and NumPy are imported where they run: `jaxtrain bench precision --help` needs none
+    import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +35,9 @@ class PrecisionBenchConfig:
 
 def _workloads(quick: bool) -> list[tuple[str, object, object, object, dict[str, np.ndarray]]]:
     """(name, recipe config, model, loss_fn, preprocess, one batch of the recipe's size)."""
+    import numpy as np
+
+    from jaxtrain._src.data.transforms import standardize_images
     from jaxtrain.tools.recipes import char_gpt, mnist_cnn
 
     gpt = char_gpt.BABY if not quick else dataclasses.replace(
@@ -58,6 +57,14 @@ def _workloads(quick: bool) -> list[tuple[str, object, object, object, dict[str,
 
 def _measure(config, build_model, loss_fn, preprocess, data, repeats: int) -> dict:
     """Compiles one training step for `config` and times it: memory and ms per step."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxtrain._src.memory import compiled_memory
+    from jaxtrain._src.program import build_program
+    from jaxtrain._src.sharding import make_layout
+
     program = build_program(build_model(config), loss_fn, config, preprocess=preprocess, total_steps=1000,
                             layout=make_layout("data=1"))
     batch = jax.tree.map(lambda x: jnp.asarray(x[: config.samples_per_step]), data)
@@ -75,6 +82,10 @@ def _measure(config, build_model, loss_fn, preprocess, data, repeats: int) -> di
 
 
 def main(config: PrecisionBenchConfig) -> int:
+    import jax
+
+    from jaxtrain._src.memory import format_bytes
+
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = 130  # a file or pipe: one line per row

@@ -15,17 +15,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain._src.data.transforms import normalize, standardize_images
-from jaxtrain._src.predict import predict
+if TYPE_CHECKING:  # JAX and NumPy are imported where they run: `jaxtrain bench predict --help` needs none
+    import numpy as np
+    from flax import nnx
 
 TARGET = 0.9
 
@@ -48,6 +45,10 @@ class PredictBenchConfig:
 
 def _workload(name: str, rows: int) -> tuple[nnx.Module, Any, Callable, str]:
     """(model, raw inputs, preprocessing, the field it reads)."""
+    import numpy as np
+    from flax import nnx
+
+    from jaxtrain._src.data.transforms import normalize, standardize_images
     from jaxtrain._src.models import CNN, MLP
 
     rng = np.random.default_rng(0)
@@ -62,6 +63,11 @@ def _workload(name: str, rows: int) -> tuple[nnx.Module, Any, Callable, str]:
 
 def _by_hand(model: nnx.Module, preprocess: Callable, field: str) -> Callable[[np.ndarray, int], np.ndarray]:
     """The loop a user writes: a jitted eval-mode forward over host slices."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
     model.eval()
     graphdef, state = nnx.split(model)
     model.train()
@@ -75,6 +81,10 @@ def _by_hand(model: nnx.Module, preprocess: Callable, field: str) -> Callable[[n
 
 
 def measure(name: str, config: PredictBenchConfig) -> dict[str, Any]:
+    import numpy as np
+
+    from jaxtrain._src.predict import predict
+
     model, x, preprocess, field = _workload(name, config.rows)
     B = config.batch_size
     hand = _by_hand(model, preprocess, field)
@@ -92,6 +102,8 @@ def measure(name: str, config: PredictBenchConfig) -> dict[str, Any]:
 
 
 def main(config: PredictBenchConfig) -> int:
+    import jax
+
     if config.quick:
         config = dataclasses.replace(config, rows=700, repeats=1)
     console = Console(highlight=False)

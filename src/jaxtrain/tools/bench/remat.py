@@ -14,15 +14,15 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:  # JAX is imported where it runs: `jaxtrain bench remat --help` needs none
+    import jax
+    import optax
+    from flax import nnx
 
 VARIANTS = ("none", "blocks", "full", "whole loss")
 MiB = 2**20
@@ -51,17 +51,27 @@ class Workload:
 
 
 def _lm_loss(model: nnx.Module, batch: dict) -> jax.Array:
+    import jax.numpy as jnp
+    import optax
+
     logits = model(batch["tokens"][:, :-1]).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
 
 
 def _image_loss(model: nnx.Module, batch: dict) -> jax.Array:
+    import jax.numpy as jnp
+    import optax
+
     logits = model(batch["image"]).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
 
 
 def workloads(quick: bool) -> list[Workload]:
     """char-gpt at block 256, char-gpt long (block 1024), the mnist CNN; tiny versions when quick."""
+    import jax
+    import optax
+    from flax import nnx
+
     from jaxtrain._src.models import CNN, GPT
     from jaxtrain.tools.recipes.char_gpt import BABY, LONG
 
@@ -90,6 +100,10 @@ def workloads(quick: bool) -> list[Workload]:
 
 def _compile(workload: Workload, variant: str) -> tuple[Any, Callable, tuple]:
     """(compiled step, jitted gradient function, step arguments) of one variant."""
+    import jax
+    import optax
+    from flax import nnx
+
     graphdef, params = nnx.split(workload.build("none" if variant == "whole loss" else variant))
 
     def loss(params: nnx.State, batch: dict) -> jax.Array:
@@ -109,6 +123,9 @@ def _compile(workload: Workload, variant: str) -> tuple[Any, Callable, tuple]:
 
 def measure(workload: Workload, repeats: int) -> list[dict[str, Any]]:
     """One row per variant: memory (MiB), ms per step, max |grad - grad of remat none|."""
+    import jax
+    import numpy as np
+
     compiled = {v: _compile(workload, v) for v in VARIANTS}
     grads = {v: g(*args[::2]) for v, (_, g, args) in compiled.items()}  # grad(params, batch)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -131,6 +148,8 @@ def measure(workload: Workload, repeats: int) -> list[dict[str, Any]]:
 
 
 def main(config: RematBenchConfig) -> int:
+    import jax
+
     from jaxtrain._src.report import device_description
 
     repeats = 1 if config.quick else config.repeats

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
-import optax
-from flax import nnx
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:  # JAX is imported where it runs: `jaxtrain bench scan --help` needs none
+    import jax
+    from flax import nnx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,22 +35,25 @@ class ScanBenchConfig:
     """A cut-down run for smoke tests (K=2, 1 repeat, small batches, a 1-layer char-gpt)."""
 
 
-class _LaxConv(nnx.Module):
-    """A stride-1 SAME convolution through `lax.conv_general_dilated`, as `nnx.Conv` computes it."""
-
-    def __init__(self, c_in: int, c_out: int, rngs: nnx.Rngs):
-        self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (3, 3, c_in, c_out)))
-        self.bias = nnx.Param(jnp.zeros((c_out,)))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        dims = ("NHWC", "HWIO", "NHWC")
-        y = jax.lax.conv_general_dilated(x, self.kernel[...], (1, 1), "SAME", dimension_numbers=dims)
-        return y + self.bias[...]
-
-
 def _lax_cnn(rngs: nnx.Rngs) -> nnx.Module:
     """jaxtrain's CNN with its convolutions and pooling swapped for lax.conv and reduce_window."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
     from jaxtrain._src.models import CNN
+
+    class _LaxConv(nnx.Module):
+        """A stride-1 SAME convolution through `lax.conv_general_dilated`, as `nnx.Conv` computes it."""
+
+        def __init__(self, c_in: int, c_out: int, rngs: nnx.Rngs):
+            self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (3, 3, c_in, c_out)))
+            self.bias = nnx.Param(jnp.zeros((c_out,)))
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            dims = ("NHWC", "HWIO", "NHWC")
+            y = jax.lax.conv_general_dilated(x, self.kernel[...], (1, 1), "SAME", dimension_numbers=dims)
+            return y + self.bias[...]
 
     model = CNN(rngs=rngs)
     model.conv1, model.conv2 = _LaxConv(1, 32, rngs), _LaxConv(32, 64, rngs)
@@ -57,10 +61,15 @@ def _lax_cnn(rngs: nnx.Rngs) -> nnx.Module:
 
 
 def _lax_pool(x: jax.Array) -> jax.Array:
+    import jax
+
     return jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4
 
 
 def _cnn_loss(pool):
+    import jax
+    import optax
+
     def loss(model: nnx.Module, batch: dict) -> jax.Array:
         x = pool(jax.nn.relu(model.conv1(batch["x"])))
         x = pool(jax.nn.relu(model.conv2(x)))
@@ -71,11 +80,15 @@ def _cnn_loss(pool):
 
 
 def _gpt_loss(model: nnx.Module, batch: dict) -> jax.Array:
+    import optax
+
     logits = model(batch["x"][:, :-1])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["x"][:, 1:]).mean()
 
 
 def _time(fn, args, repeats: int) -> float:
+    import jax
+
     jax.block_until_ready(fn(*args))  # compile
     times = []
     for _ in range(repeats):
@@ -87,6 +100,10 @@ def _time(fn, args, repeats: int) -> float:
 
 def measure(model: nnx.Module, loss, batch: dict, steps: int, repeats: int) -> tuple[float, float]:
     """(ms per step of a jitted single SGD step, ms per step inside a K-step lax.scan)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
     graphdef, params = nnx.split(model)
 
     def step(params, batch):
@@ -103,6 +120,9 @@ def measure(model: nnx.Module, loss, batch: dict, steps: int, repeats: int) -> t
 
 
 def main(config: ScanBenchConfig) -> int:
+    import jax
+    from flax import nnx
+
     from jaxtrain._src.models import CNN, GPT, GPTConfig
     from jaxtrain._src.models.cnn import avg_pool_2x2
     from jaxtrain._src.report import device_description

@@ -29,15 +29,15 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from jaxtrain._src.errors import ConfigError
+
+if TYPE_CHECKING:  # JAX and NumPy are imported where they run: `jaxtrain bench selfplay --help` needs none
+    import numpy as np
 
 SIZES = ((6, 3), (14, 4))  # (n, k): Sim, and the larger game of the case notes
 TARGET_MS_PER_GAME = 1.5  # n=6, 64 games in one call, 32 simulations
@@ -106,6 +106,10 @@ def _model(game: Any) -> Any:
 
 def _python_nets(model: Any, num_edges: int) -> dict[str, tuple[Callable, float | None]]:
     """variant -> (net on one (E, 2) observation returning host values, compile seconds)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
     from jaxtrain._src.rl.network import make_forward
 
     def eager(observation: np.ndarray) -> tuple[np.ndarray, float]:
@@ -142,6 +146,8 @@ def _play_moves(game: Any, net: Callable, simulations: int, rng: np.random.Gener
 
 def _python_row(game: Any, net: Callable, simulations: int, games: int, moves: int | None) -> dict[str, Any]:
     """Times `games` Python games (or their first `moves` moves, extrapolated to a full board of E moves)."""
+    import numpy as np
+
     from jaxtrain._src.rl.search import SearchConfig
     from jaxtrain.tools.bench import python_mcts
 
@@ -169,6 +175,9 @@ def _python_row(game: Any, net: Callable, simulations: int, games: int, moves: i
 def _mctx_row(game: Any, model: Any, simulations: int, policy: str, games: int, repeats: int
               ) -> tuple[dict[str, Any], list[Any]]:
     """Times `repeats` compiled calls of `games` self-play games; also returns every call's positions."""
+    import jax
+    import numpy as np
+
     from jaxtrain._src.rl.network import make_forward
     from jaxtrain._src.rl.search import SearchConfig
     from jaxtrain._src.rl.selfplay import make_self_play
@@ -195,6 +204,9 @@ def _mctx_row(game: Any, model: Any, simulations: int, policy: str, games: int, 
 def _training_row(game: Any, positions: list[Any], batch_size: int, steps_per_call: int, repeats: int
                   ) -> dict[str, Any]:
     """Updates/s of the recipe's train step in the replay feed's fused call, as `fit` compiles it."""
+    import jax
+    import numpy as np
+
     from jaxtrain._src.program import build_program
     from jaxtrain._src.rl.network import alphazero_loss, make_symmetry_augment
     from jaxtrain._src.rl.replay import ReplayBuffer
@@ -283,6 +295,7 @@ def targets(config: SelfPlayBenchConfig, rows: list[dict[str, Any]]) -> dict[str
 def _chart(rows: list[dict[str, Any]], path: Path) -> Path:
     """Bars of ms per game (log scale), one group per game size, one bar per variant."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -311,6 +324,8 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def main(config: SelfPlayBenchConfig) -> int:
+    import jax
+
     from jaxtrain._src.report import device_description
 
     console = Console(highlight=False)
