@@ -62,23 +62,40 @@ def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int =
     return directory
 
 
-_HIT = "/jax/compilation_cache/cache_hits"
-_counts = threading.local()
+# JAX's monitoring events: a program loaded from the persistent cache; one compiled (and written to it)
+_EVENTS = {"/jax/compilation_cache/cache_hits": "loaded", "/jax/compilation_cache/cache_misses": "written"}
+_counts = threading.local()  # this thread's "loaded"
+_totals = {"loaded": 0, "written": 0}  # every thread's
 _listening = threading.Lock()
 _registered = False
 
 
 def _count(event: str, **kwargs: object) -> None:
-    if event == _HIT:
-        _counts.hits = getattr(_counts, "hits", 0) + 1
+    if (kind := _EVENTS.get(event)) is not None:
+        with _listening:
+            _totals[kind] += 1
+        if kind == "loaded":
+            _counts.hits = getattr(_counts, "hits", 0) + 1
 
 
-def cache_hits() -> int:
-    """Programs this thread has loaded from the persistent cache so far (JAX's monitoring events;
-    0 with no cache): compare it before and after a compile to know whether XLA compiled."""
+def _listen() -> None:
     global _registered
     with _listening:
         if not _registered:
             jax.monitoring.register_event_listener(_count)
             _registered = True
+
+
+def cache_hits() -> int:
+    """Programs this thread has loaded from the persistent cache so far (JAX's monitoring events;
+    0 with no cache): compare it before and after a compile to know whether XLA compiled."""
+    _listen()
     return getattr(_counts, "hits", 0)
+
+
+def cache_totals() -> dict[str, int]:
+    """Programs every thread of this process has loaded from the persistent cache (`loaded`) and
+    compiled and written to it (`written`) since the first call of this or `cache_hits`."""
+    _listen()
+    with _listening:
+        return dict(_totals)

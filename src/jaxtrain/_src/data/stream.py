@@ -184,7 +184,6 @@ def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype, count).reshape(shape)
 
 
-
 def reads_into(source: Any) -> bool:
     """Whether `source.read_into` gives what `source.read` gives: the class that defines the
     source's `read` defines `read_into` beside it. A subclass or wrapper that changes `read` (checks

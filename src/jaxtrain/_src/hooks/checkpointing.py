@@ -127,10 +127,11 @@ class CheckpointHook(RunHook):
         # arrays off the host are checksummed by a program: compiled beside training (about a second
         # on a CPU), not at the first save; arrays on the host take a CRC-32 and need none, nor do a
         # population member's saves, whose arrays come to the host first (`copies_for_writer`)
-        flat = {} if self._beside else flatten_state(_as_saved(run.state)) | flatten_feed(run.feed.arrays())
-        if not all(is_on_host(x) for x in flat.values()):
-            self.ckpt.checksum_program = run.calls.compile(checksum_program(), shapes_of(flat), background=True,
-                                                           what="checkpoint checksums")
+        if not self._beside:
+            flat = flatten_state(_as_saved(run.state)) | flatten_feed(run.feed.arrays())
+            if not all(is_on_host(x) for x in flat.values()):
+                self.ckpt.checksum_program = run.calls.compile(checksum_program(), shapes_of(flat), background=True,
+                                                               what="checkpoint checksums")
         if self._accepted is not None and jax.process_index() == 0:  # kept by run files' cut to the resumed step
             path = self.ckpt.directory.parent / "metrics.jsonl"  # appended, never through a link
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)

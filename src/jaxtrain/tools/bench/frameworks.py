@@ -255,23 +255,16 @@ def cold_cache_env(variant: str, directory: Path) -> dict[str, str | None]:
 def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     """One jaxtrain run in this (fresh) process: the recipe's workload through `jaxtrain.fit`, no run
     directory, as `runs.train` would call it."""
-    import jax
     from rich.console import Console
 
-    from jaxtrain._src.compile_cache import enable_compile_cache
+    from jaxtrain._src.compile_cache import cache_totals, enable_compile_cache
     from jaxtrain._src.config import from_dict
     from jaxtrain._src.loop import Session, run_fit
     from jaxtrain._src.memory import limit_free_heap, release_compiled_programs
     from jaxtrain.tools.recipes import get_recipe
 
     cache_dir = enable_compile_cache()  # as the `jaxtrain` command does
-    cache = {"dir": None if cache_dir is None else str(cache_dir), "loaded": 0, "written": 0}
-
-    def count(event: str, **kwargs: Any) -> None:  # every thread's: programs also compile in the background
-        if event in CACHE_EVENTS:
-            cache[CACHE_EVENTS[event]] += 1
-
-    jax.monitoring.register_event_listener(count)
+    before = cache_totals()  # every thread's: programs also compile in the background
     limit_free_heap()
     recipe = get_recipe(workload)
     config = from_dict(type(recipe.config), values)
@@ -289,11 +282,9 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
         intervals.append(interval)
     return {"train_s": s["train_time_s"], "compile_s": s["compile_time_s"], "steps": s["steps"],
             "steps_per_call": s["steps_per_call"], "intervals": intervals, "peak_rss_mib": peak_rss_mib(),
-            "device": s["device"], "jax_version": s["jax_version"], "compile_cache": cache}
-
-
-# JAX's events for a program loaded from the persistent cache, and for one compiled and written to it
-CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "loaded", "/jax/compilation_cache/cache_misses": "written"}
+            "device": s["device"], "jax_version": s["jax_version"],
+            "compile_cache": {"dir": None if cache_dir is None else str(cache_dir),
+                              **{k: n - before[k] for k, n in cache_totals().items()}}}
 
 
 def _run_child(prepared: Prepared, variant: str, compile_mode: str = "default", baseline_src: str = "",
