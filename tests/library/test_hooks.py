@@ -60,6 +60,26 @@ def test_user_hook_sees_every_call_and_its_metrics_equal_the_logged_rows():
     assert recorder.events == ["start", "completed"]
 
 
+def test_the_summary_holds_each_hooks_seconds_between_the_calls(tmp_path):
+    import time
+
+    class Sleeper(Hook):
+        def after_call(self, run, k, metrics):
+            time.sleep(0.05)  # inside the training loop: in train_s, not in hook_seconds
+
+        def on_epoch_end(self, run, record):
+            time.sleep(0.03)
+
+    result = run_fit(small_mlp(), mse, regression_data(160), None, _config(), hooks=[Sleeper()],
+                     run_dir=tmp_path / "run", verbosity="summary", session=Session(console=silent()))
+    profile = json.loads((tmp_path / "run" / "summary.json").read_text())["profile"]
+    assert profile["hook_seconds"] == result.summary["profile"]["hook_seconds"]
+    seconds = profile["hook_seconds"]
+    assert 0.06 <= seconds["Sleeper"] < 0.06 + 0.2  # two epoch ends; eight calls' 0.4 s are not here
+    assert profile["train_s"] >= 0.4 and {"CheckpointHook", "MetricsHook", "ProfileHook"} <= set(seconds)
+    assert list(seconds.values()) == sorted(seconds.values(), reverse=True)
+
+
 def test_lambda_hook_and_learning_rate_from_the_schedule():
     rows = []
     optim = OptimConfig(lr=0.01, schedule="warmup-cosine", warmup_steps=5, min_lr=0.001)

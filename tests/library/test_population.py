@@ -66,6 +66,7 @@ def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of
         summary = json.loads((tmp_path / f"m{i}" / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["population"] == {"members": 3, "formulation": "tuple"}
         assert summary["best_val_loss"] == lone.summary["best_val_loss"]
+        assert summary["profile"]["hook_seconds"]["CheckpointHook"] > 0  # each member's own hooks' seconds
         loaded = jaxtrain.load(tmp_path / f"m{i}", checkpoint="latest", model=small_mlp(99))  # its own checkpoint
         assert leaves_close(nnx.state(loaded, nnx.Param), got.state.params) == 0.0
         assert (tmp_path / f"m{i}" / "config.json").is_file()

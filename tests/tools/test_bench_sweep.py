@@ -18,14 +18,16 @@ def test_the_shell_loop_is_n_train_commands_over_the_swept_range(tmp_path):
     assert sweep[sweep.index("--population") + 1] == "4"
 
 
-def test_a_population_s_compile_and_training_count_once(tmp_path):
+def test_a_population_s_compile_and_training_count_once_and_its_members_hooks_each(tmp_path):
     def trial(i: int, train_s: float, cached: bool) -> None:
         (tmp_path / f"trial-{i:04d}").mkdir()
-        profile = {"train_s": train_s, "compiles": [{"what": "train call", "cached": cached}]}
+        hooks = {"CheckpointHook": 0.5, "RunFilesHook": 0.25, "MetricsHook": 0.125, "_Report": 0.0625, "EvalHook": 1.0}
+        profile = {"train_s": train_s, "compiles": [{"what": "train call", "cached": cached}], "hook_seconds": hooks}
         summary = {"compile_time_s": 2.0, "profile": profile}
         (tmp_path / f"trial-{i:04d}" / "summary.json").write_text(json.dumps(summary))
 
     for i, train_s in enumerate((3.0, 3.0, 1.0, 3.0, 4.0, 4.0)):  # trial 2 was pruned early
         trial(i, train_s, cached=i >= 3)  # two populations of 3
-    assert bench._split(tmp_path, "population 3") == (4.0, 7.0, 1)
-    assert bench._split(tmp_path, "sequential") == (12.0, 18.0, 3)
+    hooks = {"checkpoints": 3.0, "run files": 2.25, "study": 0.375, "hooks": 6.0}  # six trials' hooks
+    assert bench._split(tmp_path, "population 3") == ({"compile": 4.0, "train": 7.0, **hooks}, 1)
+    assert bench._split(tmp_path, "sequential") == ({"compile": 12.0, "train": 18.0, **hooks}, 3)

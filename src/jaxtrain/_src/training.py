@@ -228,17 +228,39 @@ def end_run(run: Run, summary: dict[str, Any]) -> None:
     run.summary = summary
     run.calls.close()  # background compiles end (their seconds are in the profile)
     error = None
-    ending = [functools.partial(h.on_end, run, summary)
+    ending = [(h, "on_end", functools.partial(h.on_end, run, summary))
               for h in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook))]
-    ending += [functools.partial(h.after_files, run) for h in run.hooks if isinstance(h, RunHook)]
-    for end in ending:
+    ending += [(h, "after_files", functools.partial(h.after_files, run)) for h in run.hooks if isinstance(h, RunHook)]
+    files = next((i for i, (h, _, _) in enumerate(ending) if isinstance(h, RunFilesHook)), len(run.hooks))
+    for i, (hook, event, end) in enumerate(ending):
+        if i == files and isinstance(summary.get("profile"), dict):  # before the run files write summary.json
+            summary["profile"]["hook_seconds"] = hook_seconds(run.hook_s)
+        t0 = time.perf_counter()
         try:
             end()
         except Exception as e:
             if summary["status"] in ("completed", "stopped early") and error is None:
                 summary["status"], error = f"failed: {e}", e
+        finally:
+            key = (type(hook).__name__, event)
+            run.hook_s[key] = run.hook_s.get(key, 0.0) + time.perf_counter() - t0
     if error is not None:
         raise error
+
+
+_BETWEEN_CALLS = ("on_start", "on_epoch_start", "on_epoch_end", "on_end", "after_files")
+
+
+def hook_seconds(hook_s: dict[tuple[str, str], float]) -> dict[str, float]:
+    """Each hook's seconds between the training calls: its start, epoch and end events (from
+    `Run.hook_s`), most first. Not here: after-call seconds, part of `train_s`
+    (`after_call_hooks_s`), and `on_log` and `flush`, which run inside another hook's event (a
+    checkpoint's flush is the checkpoint's time)."""
+    seconds: dict[str, float] = {}
+    for (name, event), s in hook_s.items():
+        if event in _BETWEEN_CALLS:
+            seconds[name] = seconds.get(name, 0.0) + s
+    return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))
 
 
 def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,

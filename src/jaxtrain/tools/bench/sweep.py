@@ -8,9 +8,12 @@ user has without a sweep: N `jaxtrain train WORKLOAD --optim.lr X --run-dir DIR`
 another, as a shell loop runs them. The modes run interleaved for `--rounds` rounds; the figure is
 the median of N trials / wall time, as trials per hour, and its ratio to one trial at a time. Where
 the time went comes from the trials' summary.json: compiling (`compile_time_s`, loaded from the
-cache or not), training (`train_s`), and the rest of the wall time (process start, data,
-evaluation, checkpoints, run files, the study); a population's members share one compile and one
-training, counted once. The trials draw the learning rate only (the random sampler, no pruning), so
+cache or not), training (`train_s`), the hooks' seconds between the training calls
+(`profile.hook_seconds`) as checkpoints, run files (metrics rows, summary, TensorBoard, plots), the
+study (each epoch's report and pruning check) and other hooks (evaluation, profile, progress), and
+the rest of the wall time (process start, imports, the study's opening, asks and tells, data,
+models); a population's members share one compile and one training, counted once, and run their
+hooks one after another, summed. The trials draw the learning rate only (the random sampler, no pruning), so
 every trial of a workload does the same work whichever mode runs it.
 
 Part `lr`: for each case (a recipe with fixed settings; the last cases were not looked at when
@@ -37,7 +40,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-TARGET, AIM = 2.0, 3.0  # trials per hour against one trial at a time, on a 2-core CPU
+TARGETS = {"mlp-regression": 2.0, "mnist-cnn": 1.5}  # trials per hour against one trial at a time (2-core CPU)
+AIM = 3.0
 LR_FACTOR = 3.0  # tune lr's suggestion within this factor of the sweep's best rate
 # name -> (recipe, flags); the rule (a tenth of the lowest-loss rate, over the run's own length) was
 # chosen on the first two; the others were run only after it was fixed
@@ -110,21 +114,40 @@ def _commands(workload: str, mode: str, config: SweepBenchConfig, out: Path) -> 
     return [[*command, "--workers", str(1 if mode == "sequential" else config.workers)]]
 
 
-def _split(out: Path, mode: str) -> tuple[float, float, int]:
-    """Seconds compiling and training in a measured run's trials, and how many of the trials'
-    training programs came from the compilation cache. A population's members (P trials asked
-    together, so P consecutive trial numbers: the benchmark draws one shape) share one compile
-    and one training, counted once, from the member that trained longest."""
+PARTS = ("compile", "train", "checkpoints", "run files", "study", "hooks")
+"""Where a measured run's time went, besides the rest."""
+RUN_FILES = ("RunFilesHook", "MetricsHook", "TensorBoard", "PlotHook")  # the hooks that write a run's files
+
+
+def _part(hook: str) -> str:
+    """The part of `PARTS` a hook's seconds count in."""
+    if hook == "CheckpointHook":
+        return "checkpoints"
+    if hook in RUN_FILES:
+        return "run files"
+    return "study" if hook == "_Report" else "hooks"  # `_Report`: the sweep's report to its study
+
+
+def _split(out: Path, mode: str) -> tuple[dict[str, float], int]:
+    """Seconds of each of `PARTS` in a measured run's trials, and how many of the trials' training
+    programs came from the compilation cache. A population's members (P trials asked together, so
+    P consecutive trial numbers: the benchmark draws one shape) share one compile and one
+    training, counted once, from the member that trained longest; their hooks run one after
+    another on the loop's thread, so every member's count."""
     summaries = [json.loads(p.read_text()) for p in sorted(out.glob("trial-*/summary.json"))]
+    seconds = dict.fromkeys(PARTS, 0.0)
+    for s in summaries:
+        for hook, hook_s in s["profile"].get("hook_seconds", {}).items():
+            seconds[_part(hook)] += hook_s
     if mode.startswith("population"):
         size = int(mode.split()[1])
         summaries = [max(summaries[i:i + size], key=lambda s: s["profile"]["train_s"])
                      for i in range(0, len(summaries), size)]
-    compile_s = sum(s.get("compile_time_s") or 0.0 for s in summaries)
-    train_s = sum(s["profile"]["train_s"] for s in summaries)
+    seconds["compile"] = sum(s.get("compile_time_s") or 0.0 for s in summaries)
+    seconds["train"] = sum(s["profile"]["train_s"] for s in summaries)
     cached = sum(any(c.get("cached") for c in s["profile"]["compiles"] if c.get("what") == "train call")
                  for s in summaries)
-    return compile_s, train_s, cached
+    return seconds, cached
 
 
 def _modes(config: SweepBenchConfig) -> list[str]:
@@ -153,7 +176,7 @@ def main(config: SweepBenchConfig) -> int:
 def _trials(config: SweepBenchConfig, console: Console) -> int:
     modes = _modes(config)
     rates: dict[tuple[str, str], list[float]] = {(w, m): [] for w in config.workloads for m in modes}
-    splits: dict[tuple[str, str], list[tuple[float, float, float]]] = {key: [] for key in rates}
+    splits: dict[tuple[str, str], list[dict[str, float]]] = {key: [] for key in rates}
     with tempfile.TemporaryDirectory(prefix="jaxtrain-bench-sweep-") as tmp:
         for round_ in range(1, config.rounds + 1):
             for workload in config.workloads:
@@ -168,16 +191,17 @@ def _trials(config: SweepBenchConfig, console: Console) -> int:
                             return 1
                     wall = time.perf_counter() - t0
                     rates[workload, mode].append(3600 * config.trials / wall)
-                    compile_s, train_s, cached = _split(out, mode)
-                    splits[workload, mode].append((compile_s, train_s, wall - compile_s - train_s))
+                    seconds, cached = _split(out, mode)
+                    seconds["rest"] = wall - sum(seconds.values())
+                    splits[workload, mode].append(seconds)
+                    parts = ", ".join(f"{part} {t:.1f} s" for part, t in seconds.items() if part != "compile")
                     console.print(f"round {round_} {workload} {mode}: {config.trials} trials in {wall:.1f} s "
-                                  f"({rates[workload, mode][-1]:,.0f} trials/hour): compiling {compile_s:.1f} s "
-                                  f"({cached} training programs from the cache), training {train_s:.1f} s, "
-                                  f"the rest {wall - compile_s - train_s:.1f} s")
+                                  f"({rates[workload, mode][-1]:,.0f} trials/hour): compile {seconds['compile']:.1f} s "
+                                  f"({cached} training programs from the cache), {parts}")
     table = Table(title=f"sweep: {config.trials} trials per sweep, {config.rounds} interleaved rounds, medians "
                         f"({os.cpu_count()} CPU cores)")
     for column in ("workload", "mode", "trials/hour (each round)", "median", "× sequential", "× shell",
-                   "compile s", "train s", "rest s"):
+                   *(f"{part} s" for part in (*PARTS, "rest"))):
         table.add_column(column, justify="left" if column in ("workload", "mode") else "right")
     best = {}
     for workload in config.workloads:
@@ -186,7 +210,7 @@ def _trials(config: SweepBenchConfig, console: Console) -> int:
         for mode in modes:
             median = statistics.median(rates[workload, mode])
             label = f"{mode} (W={config.workers})" if mode == "workers" else mode
-            parts = [f"{statistics.median(s[i] for s in splits[workload, mode]):.1f}" for i in range(3)]
+            parts = [f"{statistics.median(s[part] for s in splits[workload, mode]):.1f}" for part in (*PARTS, "rest")]
             table.add_row(workload, label, ", ".join(f"{r:,.0f}" for r in rates[workload, mode]), f"{median:,.0f}",
                           "-" if base is None else f"{median / base:.2f}×",
                           "-" if shell is None else f"{median / shell:.2f}×", *parts)
@@ -194,8 +218,9 @@ def _trials(config: SweepBenchConfig, console: Console) -> int:
                 best[workload] = max(best.get(workload, 0.0), median / base)
     console.print(table)
     for workload, ratio in best.items():
-        verdict = "met" if ratio >= TARGET else "missed"
-        console.print(f"{workload}: best {ratio:.2f}× one trial at a time; target ≥ {TARGET:.0f}× (aim {AIM:.0f}×): "
+        target = TARGETS[workload]
+        verdict = "met" if ratio >= target else "missed"
+        console.print(f"{workload}: best {ratio:.2f}× one trial at a time; target ≥ {target:g}× (aim {AIM:g}×): "
                       f"{verdict}")
     return 0
 
