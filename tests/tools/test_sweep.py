@@ -41,9 +41,15 @@ def test_spaces_parse_and_apply_to_any_field():
         "--epochs", "3", "--seed", "1"]
 
 
-def test_sweep_runs_trials_as_run_directories_continues_and_reproduces_the_best(tmp_path, capsys):
+def test_sweep_runs_trials_as_run_directories_continues_and_reproduces_the_best(tmp_path, capsys, monkeypatch):
+    from jaxtrain.tools import runs
+
+    released, release = [], runs.release_compiled_programs
+    monkeypatch.setattr(runs, "release_compiled_programs", lambda: (released.append(1), release()))
+    monkeypatch.setattr(runs, "_first_run", True)  # as in a fresh process
     out = tmp_path / "sweep"
     assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "3", "--out", str(out)]) == 0
+    assert released == [1]  # the first trial's build; the next trials keep what theirs compile
     printed = capsys.readouterr().out
     assert "study mlp-regression: 3 trials" in printed and "reproduce it with:" in printed
     assert "(fANOVA)" not in printed  # left to the report: their scikit-learn import outlasts a small sweep's end

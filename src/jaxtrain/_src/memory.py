@@ -123,7 +123,8 @@ def release_compiled_programs() -> None:
     A model built eagerly compiles each op of its initialisers as a program of its own (each random
     normal, scale, zero bias) and JAX keeps every one: char-gpt's GPT left about 30, some 50 MiB
     resident, through the whole run (a tiny program costs 1.5-3 MiB of compiled code and metadata).
-    The `jaxtrain` command calls this between building a run's workload and `fit`. A program needed
+    The `jaxtrain` command calls this between building a process's first run's workload and `fit`
+    (`runs.train`: a sweep's later trials keep what their builds compile). A program needed
     again is compiled again, or loaded from the persistent compilation cache. `fit` itself does not
     call it: the caller's own programs would go too.
     """
