@@ -231,10 +231,15 @@ def end_run(run: Run, summary: dict[str, Any]) -> None:
     ending = [(h, "on_end", functools.partial(h.on_end, run, summary))
               for h in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook))]
     ending += [(h, "after_files", functools.partial(h.after_files, run)) for h in run.hooks if isinstance(h, RunHook)]
+    def note_hook_seconds() -> None:
+        if isinstance(summary.get("profile"), dict):
+            summary["profile"]["hook_seconds"] = hook_seconds(run.hook_s)
+
+    # the hooks' seconds go into the summary before the run files write summary.json (else after every on_end)
     files = next((i for i, (h, _, _) in enumerate(ending) if isinstance(h, RunFilesHook)), len(run.hooks))
     for i, (hook, event, end) in enumerate(ending):
-        if i == files and isinstance(summary.get("profile"), dict):  # before the run files write summary.json
-            summary["profile"]["hook_seconds"] = hook_seconds(run.hook_s)
+        if i == files:
+            note_hook_seconds()
         t0 = time.perf_counter()
         try:
             end()
@@ -244,6 +249,8 @@ def end_run(run: Run, summary: dict[str, Any]) -> None:
         finally:
             key = (type(hook).__name__, event)
             run.hook_s[key] = run.hook_s.get(key, 0.0) + time.perf_counter() - t0
+    if files >= len(ending):
+        note_hook_seconds()
     if error is not None:
         raise error
 
