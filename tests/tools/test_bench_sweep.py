@@ -31,3 +31,15 @@ def test_a_population_s_compile_and_training_count_once_and_its_members_hooks_ea
     hooks = {"checkpoints": 3.0, "run files": 2.25, "study": 0.375, "hooks": 6.0}  # six trials' hooks
     assert bench._split(tmp_path, "population 3") == ({"compile": 4.0, "train": 7.0, **hooks}, 1)
     assert bench._split(tmp_path, "sequential") == ({"compile": 12.0, "train": 18.0, **hooks}, 3)
+
+
+def test_the_parts_name_the_hooks_that_exist():
+    from jaxtrain._src.hooks import CheckpointHook, MetricsHook, RunFilesHook, TensorBoard
+    from jaxtrain._src.hooks.evaluation import EvalHook
+    from jaxtrain._src.hooks.progress import PlotHook
+    from jaxtrain.tools.sweep import _Report
+
+    parts = {hook.__name__: bench._part(hook.__name__) for hook in
+             (CheckpointHook, RunFilesHook, MetricsHook, TensorBoard, PlotHook, _Report, EvalHook)}
+    assert parts == {"CheckpointHook": "checkpoints", "RunFilesHook": "run files", "MetricsHook": "run files",
+                     "TensorBoard": "run files", "PlotHook": "run files", "_Report": "study", "EvalHook": "hooks"}

@@ -15,7 +15,6 @@ files behave the same for one run and for P, and each is written once: here, in 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import signal
 import threading
 import time
@@ -228,29 +227,30 @@ def end_run(run: Run, summary: dict[str, Any]) -> None:
     run.summary = summary
     run.calls.close()  # background compiles end (their seconds are in the profile)
     error = None
-    ending = [(h, "on_end", functools.partial(h.on_end, run, summary))
-              for h in sorted(run.hooks, key=lambda h: isinstance(h, RunFilesHook))]
-    ending += [(h, "after_files", functools.partial(h.after_files, run)) for h in run.hooks if isinstance(h, RunHook)]
-    def note_hook_seconds() -> None:
-        if isinstance(summary.get("profile"), dict):
-            summary["profile"]["hook_seconds"] = hook_seconds(run.hook_s)
 
-    # the hooks' seconds go into the summary before the run files write summary.json (else after every on_end)
-    files = next((i for i, (h, _, _) in enumerate(ending) if isinstance(h, RunFilesHook)), len(run.hooks))
-    for i, (hook, event, end) in enumerate(ending):
-        if i == files:
-            note_hook_seconds()
+    def end(hook: Hook, event: str, *args: Any) -> None:  # timed, as `Run.each` times the other events
+        nonlocal error
         t0 = time.perf_counter()
         try:
-            end()
+            getattr(hook, event)(run, *args)
         except Exception as e:
             if summary["status"] in ("completed", "stopped early") and error is None:
                 summary["status"], error = f"failed: {e}", e
         finally:
             key = (type(hook).__name__, event)
             run.hook_s[key] = run.hook_s.get(key, 0.0) + time.perf_counter() - t0
-    if files >= len(ending):
-        note_hook_seconds()
+
+    for hook in run.hooks:
+        if not isinstance(hook, RunFilesHook):
+            end(hook, "on_end", summary)
+    if isinstance(summary.get("profile"), dict):  # before the run files write summary.json
+        summary["profile"]["hook_seconds"] = hook_seconds(run.hook_s)
+    for hook in run.hooks:
+        if isinstance(hook, RunFilesHook):
+            end(hook, "on_end", summary)
+    for hook in run.hooks:
+        if isinstance(hook, RunHook):
+            end(hook, "after_files")
     if error is not None:
         raise error
 

@@ -8,37 +8,37 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-# name -> (module under jaxtrain.tools.bench, its config class, its main(config) -> exit code)
+# name -> (module under jaxtrain.tools.bench, its config class); each module's main(config) -> exit code
 BENCHMARKS = {
-    "attention": ("attention", "AttentionBenchConfig", "main"),
-    "checkpoint": ("checkpoint", "CheckpointBenchConfig", "main"),
-    "data": ("data", "DataBenchConfig", "main"),
-    "ema": ("ema", "EmaBenchConfig", "main"),
-    "faults": ("faults", "FaultsBenchConfig", "main"),
-    "frameworks": ("frameworks", "FrameworksConfig", "main"),
-    "ladder": ("ladder", "LadderConfig", "main"),
-    "overhead": ("overhead", "OverheadConfig", "main"),
-    "precision": ("precision", "PrecisionBenchConfig", "main"),
-    "predict": ("predict", "PredictBenchConfig", "main"),
-    "preprocess": ("preprocess", "PreprocessBenchConfig", "main"),
-    "profile": ("profile", "ProfileBenchConfig", "main"),
-    "remat": ("remat", "RematBenchConfig", "main"),
-    "scale": ("scale", "ScaleBenchConfig", "main"),
-    "scan": ("scan", "ScanBenchConfig", "main"),
-    "scan-corpus": ("scan_corpus", "ScanCorpusConfig", "main"),
-    "selfplay": ("selfplay", "SelfPlayBenchConfig", "main"),
-    "shortrun": ("shortrun", "ShortRunBenchConfig", "main"),
-    "sweep": ("sweep", "SweepBenchConfig", "main"),
-    "xla-flags": ("xla_flags", "XlaFlagsBenchConfig", "main"),
-    "zoo": ("zoo_bench", "ZooBenchConfig", "main"),
+    "attention": ("attention", "AttentionBenchConfig"),
+    "checkpoint": ("checkpoint", "CheckpointBenchConfig"),
+    "data": ("data", "DataBenchConfig"),
+    "ema": ("ema", "EmaBenchConfig"),
+    "faults": ("faults", "FaultsBenchConfig"),
+    "frameworks": ("frameworks", "FrameworksConfig"),
+    "ladder": ("ladder", "LadderConfig"),
+    "overhead": ("overhead", "OverheadConfig"),
+    "precision": ("precision", "PrecisionBenchConfig"),
+    "predict": ("predict", "PredictBenchConfig"),
+    "preprocess": ("preprocess", "PreprocessBenchConfig"),
+    "profile": ("profile", "ProfileBenchConfig"),
+    "remat": ("remat", "RematBenchConfig"),
+    "scale": ("scale", "ScaleBenchConfig"),
+    "scan": ("scan", "ScanBenchConfig"),
+    "scan-corpus": ("scan_corpus", "ScanCorpusConfig"),
+    "selfplay": ("selfplay", "SelfPlayBenchConfig"),
+    "shortrun": ("shortrun", "ShortRunBenchConfig"),
+    "sweep": ("sweep", "SweepBenchConfig"),
+    "xla-flags": ("xla_flags", "XlaFlagsBenchConfig"),
+    "zoo": ("zoo_bench", "ZooBenchConfig"),
 }
 
 
 def benchmark(name: str) -> tuple[type, Callable[[Any], int]]:
     """`(config class, main)` of the benchmark `name` (a key of `BENCHMARKS`), its module imported."""
-    module, config, main = BENCHMARKS[name]
+    module, config = BENCHMARKS[name]
     loaded = importlib.import_module(f"{__name__}.{module}")
-    return getattr(loaded, config), getattr(loaded, main)
+    return getattr(loaded, config), loaded.main
 
 
 __all__ = ["BENCHMARKS", "benchmark"]
