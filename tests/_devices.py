@@ -1,13 +1,19 @@
-"""`@pytest.mark.devices(n)`: run a test with at least `n` JAX devices.
+"""Tests re-run in a fresh process whose XLA_FLAGS differ from this one's.
 
-JAX reads `XLA_FLAGS` once, when its backend starts, so a process that started with fewer devices
-cannot get more. The marked tests of a module in such a process are re-run together in one fresh
-pytest process whose `XLA_FLAGS` add `--xla_force_host_platform_device_count=n` (with
-`JAX_PLATFORMS=cpu`, so the `n` devices are virtual CPU devices on any machine): the first of them
-to run starts the child, which runs every marked test of that module selected in this session
-(one start-up of Python, JAX and the module instead of one per test), and each outer test then
-passes, fails or skips as its own run in the child did; a failure shows the child's output. Inside
-the child (marked by `CHILD_ENV`) the tests run normally. Registered by `tests/conftest.py`.
+`@pytest.mark.devices(n)`: run a test with at least `n` JAX devices. JAX reads `XLA_FLAGS` once, when
+its backend starts, so a process that started with fewer devices cannot get more: the test re-runs
+in a child whose `XLA_FLAGS` add `--xla_force_host_platform_device_count=n` (with
+`JAX_PLATFORMS=cpu`, so the `n` devices are virtual CPU devices on any machine).
+
+`@pytest.mark.xla_defaults`: run a test with XLA's own code generation, without the suite's
+`SUITE_XLA_FLAGS` (see `suite_xla_flags`), for the few checks whose claim is about the bits XLA's
+defaults produce.
+
+The first marked test of a module to run starts the child, which runs every test of that module
+with the same marks selected in this session (one start-up of Python, JAX and the module instead of
+one per test), and each outer test then passes, fails or skips as its own run in the child did; a
+failure shows the child's output. Inside the child (marked by `CHILD_ENV`) the tests run normally.
+Registered by `tests/conftest.py`.
 """
 
 from __future__ import annotations
@@ -22,10 +28,29 @@ from pathlib import Path
 
 import pytest
 
-MARKER = "devices(n): needs at least n JAX devices; re-run in a subprocess with n virtual CPU devices if fewer"
-CHILD_ENV = "JAXTRAIN_TEST_DEVICES_CHILD"  # set to n in the child process
+MARKERS = ("devices(n): needs at least n JAX devices; re-run in a subprocess with n virtual CPU devices if fewer",
+           "xla_defaults: checks bits of XLA's default code generation; re-run in a subprocess without the suite's "
+           "XLA_FLAGS")
+CHILD_ENV = "JAXTRAIN_TEST_DEVICES_CHILD"  # set to n (0: no devices asked) in the child process
 TIMEOUT_S = 300  # per test run in the child
 _FLAG = "--xla_force_host_platform_device_count"
+
+# XLA:CPU's older fusion emitters: jaxlib 0.10.2 compiles the suite's programs in about 0.7x the time
+# with them and runs them as fast (docs/benchmarks.md, "The test suite's time"); most of the suite's
+# time is compiling. jaxtrain's code is the same either way; numerics checks keep their tolerances.
+SUITE_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+DEFAULTS_ENV = "JAXTRAIN_TEST_XLA_DEFAULTS"  # set (to anything but "") to run the whole suite with XLA's defaults
+
+
+def suite_xla_flags() -> None:
+    """Adds SUITE_XLA_FLAGS to this process's XLA_FLAGS (read at JAX's backend start; every process the
+    tests start inherits them), unless DEFAULTS_ENV is set or they are there already."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if not os.environ.get(DEFAULTS_ENV) and SUITE_XLA_FLAGS not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {SUITE_XLA_FLAGS}".strip()
+
+
+Wants = tuple[int | None, bool]  # (devices, XLA's defaults) a marked test asks for
 
 
 def required_devices(item: pytest.Item) -> int | None:
@@ -37,13 +62,19 @@ def required_devices(item: pytest.Item) -> int | None:
     return marker.args[0]
 
 
-def child_env(n: int) -> dict[str, str]:
-    """This process's environment with `n` forced host devices and the child marker."""
+def child_env(n: int | None, defaults: bool = False) -> dict[str, str]:
+    """This process's environment with `n` forced host devices (None: as here), XLA's default code
+    generation if `defaults`, and the child marker."""
     env = dict(os.environ)
-    flags = re.sub(rf"{_FLAG}=\S*", "", env.get("XLA_FLAGS", "")).split()
-    env["XLA_FLAGS"] = " ".join([*flags, f"{_FLAG}={n}"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env[CHILD_ENV] = str(n)
+    flags = env.get("XLA_FLAGS", "")
+    if n is not None:
+        flags = " ".join([*re.sub(rf"{_FLAG}=\S*", "", flags).split(), f"{_FLAG}={n}"])
+        env["JAX_PLATFORMS"] = "cpu"
+    if defaults:
+        flags = " ".join(flags.replace(SUITE_XLA_FLAGS, "").split())
+        env[DEFAULTS_ENV] = "1"
+    env["XLA_FLAGS"] = flags
+    env[CHILD_ENV] = str(n or 0)
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     return env
@@ -73,20 +104,22 @@ class _ChildRun:
     """One child pytest process that ran a group of marked tests: its exit code, output and the
     outcome of each test."""
 
-    def __init__(self, items: list[pytest.Item], n: int):
-        self.n, self.timed_out = n, False
+    def __init__(self, items: list[pytest.Item], wants: Wants):
+        n, defaults = wants
+        self.what = " ".join(filter(None, [f"{n}-device" if n else "", "XLA-defaults" if defaults else ""]))
+        self.timed_out = False
         timeout = TIMEOUT_S * len(items)
         with tempfile.TemporaryDirectory(prefix="jaxtrain-devices-") as tmp:
             report = Path(tmp) / "report.xml"
             command = [sys.executable, "-m", "pytest", *(item.nodeid for item in items), "-p", "no:xdist", "-p",
                        "no:cacheprovider", "-q", "-rs", f"--junitxml={report}"]
             try:
-                proc = subprocess.run(command, cwd=items[0].config.rootpath, env=child_env(n), capture_output=True,
-                                      text=True, timeout=timeout)
+                proc = subprocess.run(command, cwd=items[0].config.rootpath, env=child_env(n, defaults),
+                                      capture_output=True, text=True, timeout=timeout)
                 self.returncode, self.output = proc.returncode, proc.stdout + proc.stderr
             except subprocess.TimeoutExpired as e:
                 self.timed_out, self.returncode = True, None
-                self.output = f"the {n}-device child process ran past {timeout} s:\n{e.stdout or ''}"
+                self.output = f"the {self.what} child process ran past {timeout} s:\n{e.stdout or ''}"
             cases = list(ET.parse(report).getroot().iter("testcase")) if report.exists() else []
         self.cases = {(c.get("classname"), c.get("name")): c for c in cases}
 
@@ -98,38 +131,42 @@ class _ChildRun:
         if outcome == "passed":
             return
         if outcome == "skipped":
-            pytest.skip(f"in the {self.n}-device child process: {message}")
-        pytest.fail(f"in the {self.n}-device child process (exit code {self.returncode}, {outcome}): {message}\n"
+            pytest.skip(f"in the {self.what} child process: {message}")
+        pytest.fail(f"in the {self.what} child process (exit code {self.returncode}, {outcome}): {message}\n"
                     f"--- child output ---\n{self.output}", pytrace=False)
 
 
-_runs: dict[tuple[Path, int], _ChildRun] = {}  # (module path, n) -> its child run
+_runs: dict[tuple[Path, Wants], _ChildRun] = {}  # (module path, what its tests want) -> its child run
 
 
-def run_in_child(item: pytest.Item, n: int) -> None:
-    """Runs `item` (with the other selected tests of its module marked for `n` devices, the first time
-    one of them gets here) in a fresh pytest process with `n` devices; reports `item`'s outcome there."""
-    key = (item.path, n)
+def run_in_child(item: pytest.Item, wants: Wants) -> None:
+    """Runs `item` (with the other selected tests of its module that want the same, the first time one
+    of them gets here) in a fresh pytest process as `wants` says; reports `item`'s outcome there."""
+    key = (item.path, wants)
     if key not in _runs:
-        group = [i for i in item.session.items if i.path == item.path and required_devices(i) == n]
-        _runs[key] = _ChildRun(group if item in group else [item], n)
+        group = [i for i in item.session.items if i.path == item.path and _wants(i) == wants]
+        _runs[key] = _ChildRun(group if item in group else [item], wants)
     _runs[key].report(item)
+
+
+def _wants(item: pytest.Item) -> Wants:
+    return required_devices(item), item.get_closest_marker("xla_defaults") is not None
 
 
 def pyfunc_call(item: pytest.Function) -> bool | None:
     """The `pytest_pyfunc_call` hook: True when the test was run in a child, None to run it here."""
-    n = required_devices(item)
-    if n is None:
+    n, defaults = wants = _wants(item)
+    if n is None and not defaults:
         return None
     import jax
 
     if os.environ.get(CHILD_ENV):
-        if jax.device_count() < n:
+        if n is not None and jax.device_count() < n:
             flags = os.environ.get("XLA_FLAGS")
             pytest.fail(f"the child process has {jax.device_count()} devices despite XLA_FLAGS={flags!r}",
                         pytrace=False)
         return None
-    if jax.device_count() >= n:
+    if (n is None or jax.device_count() >= n) and not (defaults and SUITE_XLA_FLAGS in os.environ.get("XLA_FLAGS", "")):
         return None
-    run_in_child(item, n)
+    run_in_child(item, wants)
     return True

@@ -55,13 +55,16 @@ def _preprocessing_cache(tmp_path_factory):
         yield
 
 
-# `@pytest.mark.devices(n)`: a test needing n JAX devices re-runs in a fresh process when this one
-# has fewer (JAX reads XLA_FLAGS only at backend start); see tests/_devices.py.
+# The suite's XLA_FLAGS (`_devices.SUITE_XLA_FLAGS`, compiling faster); `@pytest.mark.devices(n)`: a
+# test needing n JAX devices, and `@pytest.mark.xla_defaults`: one checking the bits of XLA's own code
+# generation, re-run in a fresh process (JAX reads XLA_FLAGS only at backend start); see tests/_devices.py.
 import _devices  # noqa: E402
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", _devices.MARKER)
+    for marker in _devices.MARKERS:
+        config.addinivalue_line("markers", marker)
+    _devices.suite_xla_flags()  # before any test starts JAX's backend
     _compilation_cache(config)
 
 

@@ -37,7 +37,8 @@ def free_port() -> int:
 
 
 def start(args: list[str], devices: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     env.pop("PYTEST_XDIST_WORKER", None)
     command = [sys.executable, "-c", "from jaxtrain.tools.cli import entry_point; entry_point()", *args]
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)

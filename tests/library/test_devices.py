@@ -1,4 +1,5 @@
-"""The `devices(n)` marker (tests/_devices.py): a marked test sees n devices and can compute across them."""
+"""The `devices(n)` marker (tests/_devices.py): a marked test sees n devices and can compute across them;
+the suite's XLA_FLAGS and the `xla_defaults` marker that runs a test without them."""
 
 import os
 
@@ -6,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _devices import CHILD_ENV
+from _devices import CHILD_ENV, DEFAULTS_ENV, SUITE_XLA_FLAGS
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -39,3 +40,16 @@ def test_sum_over_an_array_sharded_across_four_devices():
     psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(jnp.sum(a**2, axis=0), "data"), mesh=mesh,
                                  in_specs=P("data"), out_specs=P()))
     np.testing.assert_allclose(np.asarray(psum(xs)), want, rtol=1e-5)
+
+
+def test_the_suite_runs_with_its_xla_flags_unless_told_not_to():
+    flags = os.environ.get("XLA_FLAGS", "")
+    assert (SUITE_XLA_FLAGS in flags) != bool(os.environ.get(DEFAULTS_ENV)), flags
+
+
+@pytest.mark.slow
+@pytest.mark.xla_defaults
+def test_marked_test_runs_with_xlas_default_code_generation():
+    assert SUITE_XLA_FLAGS not in os.environ.get("XLA_FLAGS", "")
+    if os.environ.get(CHILD_ENV):  # re-run in a child: no devices asked, the rest of XLA_FLAGS kept
+        assert os.environ[CHILD_ENV] == "0" and os.environ[DEFAULTS_ENV]
