@@ -335,7 +335,7 @@ class StepForm:
 
     def _figures(self) -> str:
         names = {"scan": "loop", "step": "plain step", "unroll": f"{self.unroll} unrolled"}
-        call = f" + {self.call_s * 1e3:.3g} ms per call" if self.call_s is not None else ""
+        call = f" + {self._call_ms():.3g} ms per call" if self.call_s is not None else ""
         ms = lambda t: f"{t * 1e3:.3g}" if t >= 1e-6 else "<0.001"  # noqa: E731 - steps lost in the call's noise
         return ", ".join(f"{names[f]} {ms(t)} ms/step" + (call if f == "scan" else "")
                          for f, t in sorted(self.per_step.items(), key=lambda item: item[1]))
@@ -349,7 +349,12 @@ class StepForm:
         """What summary.json records of the choice."""
         return {"form": self.form, "why": self.why, "unroll": self.unroll,
                 "ms_per_step": {f: float(f"{t * 1e3:.5g}") for f, t in self.per_step.items()},  # small stays > 0
-                **({"loop_ms_per_call": round(self.call_s * 1e3, 4)} if self.call_s is not None else {})}
+                **({"loop_ms_per_call": self._call_ms()} if self.call_s is not None else {})}
+
+    def _call_ms(self) -> float:
+        """The loop's fixed time per call in ms, as recorded: the message shows this number, not the
+        unrounded one (0.68650 and 0.686504 round to different third digits)."""
+        return round(self.call_s * 1e3, 4)
 
 
 FORM_PROBE = "timing probe of the step's form"  # why a dispatched program compiled while the form is timed
