@@ -156,3 +156,35 @@ def test_recipes_built_as_one_program_get_the_eager_weights():
         assert jax.tree.structure(eager) == jax.tree.structure(compiled)
         for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled)):
             np.testing.assert_array_equal(a, b)
+    # ... and with the seed as the program's input, as the recipes build them
+    for seed, build in ((3, lambda rngs: MLP((6, 16, 3), rngs=rngs)), (2, lambda rngs: SequenceCNN(
+            7, 2, embed=4, channels=8, layers=2, kernel=3, rngs=rngs))):
+        eager, compiled = nnx.state(build(nnx.Rngs(seed))), nnx.state(compiled_init(build, seed))
+        assert jax.tree.structure(eager) == jax.tree.structure(compiled)
+        for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_models_of_one_shape_share_their_initialiser_whatever_their_seeds():
+    import jax
+    from flax import nnx
+
+    from jaxtrain._src.compile_cache import cache_totals
+    from jaxtrain._src.models import MLP, compiled_init
+
+    if not jax.config.jax_compilation_cache_dir:
+        pytest.skip("the persistent compilation cache is off")
+
+    def build(seed, as_input=True):  # a new constructor each time, as each trial of a sweep builds its own
+        before = cache_totals()
+        if as_input:
+            model = compiled_init(lambda rngs: MLP((5, 11, 2), rngs=rngs), seed)
+        else:  # the seed inside the constructor: a constant of the program
+            model = compiled_init(lambda: MLP((5, 11, 2), rngs=nnx.Rngs(seed)))
+        after = cache_totals()
+        return nnx.state(model), {kind: after[kind] - before[kind] for kind in after}
+
+    states, counts = zip(*(build(seed) for seed in (21, 22, 23)))
+    assert counts[1:] == ({"loaded": 1, "written": 0},) * 2, counts  # one program, loaded from the cache
+    assert not np.array_equal(states[1]["layers"][0]["kernel"][...], states[2]["layers"][0]["kernel"][...])
+    assert [build(seed, as_input=False)[1] for seed in (24, 25)] == [{"loaded": 0, "written": 1}] * 2

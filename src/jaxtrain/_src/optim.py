@@ -12,7 +12,6 @@ import optax
 from jaxtrain._src.config import OptimConfig, TrainConfig
 from jaxtrain._src.precision import LossScaleState, policy_of
 
-
 VALUES = ("lr", "min_lr", "momentum", "b1", "b2", "eps", "weight_decay", "clip_norm")
 """The numbers of an `OptimConfig` that `with_values` can hold in the optimizer state."""
 

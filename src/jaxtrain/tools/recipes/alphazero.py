@@ -101,14 +101,14 @@ class AlphaZeroConfig(RecipeConfig):
 
 
 def build_model(config: AlphaZeroConfig, info: dict | None = None) -> nnx.Module:
-    from flax import nnx
 
     from jaxtrain._src.models import compiled_init
     from jaxtrain._src.rl import clique
     from jaxtrain._src.rl.network import PolicyValueMLP
 
     game = clique.Game(config.vertices, config.k)
-    return compiled_init(lambda: PolicyValueMLP(game.num_edges, config.width, config.depth, rngs=nnx.Rngs(config.seed)))
+    return compiled_init(lambda rngs: PolicyValueMLP(game.num_edges, config.width, config.depth, rngs=rngs),
+                         config.seed)
 
 
 def solver_for(game: Any) -> Any:

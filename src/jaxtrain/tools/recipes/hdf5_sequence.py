@@ -171,14 +171,13 @@ class InRange:
 
 
 def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:
-    from flax import nnx
 
     from jaxtrain._src.models import SequenceCNN, compiled_init
 
     m = config.model
-    return compiled_init(lambda: SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels,
-                                            layers=m.layers, kernel=m.kernel, remat=config.remat,
-                                            rngs=nnx.Rngs(config.seed)))
+    return compiled_init(lambda rngs: SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels,
+                                                  layers=m.layers, kernel=m.kernel, remat=config.remat, rngs=rngs),
+                         config.seed)
 
 
 RECIPE = Recipe(

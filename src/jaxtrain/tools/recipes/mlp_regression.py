@@ -214,11 +214,10 @@ def build_model(config: MLPRegressionConfig, info: dict) -> MLP:
     params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))  # weights and biases
     _check_fits(f"an MLP {'→'.join(f'{n:,}' for n in sizes)} ({params:,} parameters, with gradients and Adam's "
                 "two moments)", 16 * params, "lower model.hidden")
-    from flax import nnx
 
     from jaxtrain._src.models import MLP, compiled_init
 
-    return compiled_init(lambda: MLP(sizes, rngs=nnx.Rngs(config.seed)))
+    return compiled_init(lambda rngs: MLP(sizes, rngs=rngs), config.seed)
 
 
 RECIPE = Recipe(

@@ -81,11 +81,10 @@ def build(config: MNISTConfig) -> Workload:
 
 
 def build_model(config: MNISTConfig, info: dict) -> CNN:
-    from flax import nnx
 
     from jaxtrain._src.models import CNN, compiled_init
 
-    return compiled_init(lambda: CNN(remat=config.remat, rngs=nnx.Rngs(config.seed)))
+    return compiled_init(lambda rngs: CNN(remat=config.remat, rngs=rngs), config.seed)
 
 
 MNIST = Recipe(
