@@ -166,7 +166,8 @@ def pyfunc_call(item: pytest.Function) -> bool | None:
             pytest.fail(f"the child process has {jax.device_count()} devices despite XLA_FLAGS={flags!r}",
                         pytrace=False)
         return None
-    if (n is None or jax.device_count() >= n) and not (defaults and SUITE_XLA_FLAGS in os.environ.get("XLA_FLAGS", "")):
+    fewer_devices = n is not None and jax.device_count() < n
+    if not fewer_devices and not (defaults and SUITE_XLA_FLAGS in os.environ.get("XLA_FLAGS", "")):
         return None
     run_in_child(item, wants)
     return True

@@ -148,21 +148,21 @@ def test_recipes_built_as_one_program_get_the_eager_weights():
     from jaxtrain._src.models import MLP, Conv2D, SequenceCNN, compiled_init
     from jaxtrain._src.rl.network import PolicyValueMLP
 
-    # mnist-cnn's CNN is Conv2D and nnx.Linear layers (built whole, eagerly, it takes seconds)
-    for build in (lambda: MLP((6, 16, 3), rngs=nnx.Rngs(3)), lambda: Conv2D(3, 8, rngs=nnx.Rngs(1)),
-                  lambda: SequenceCNN(7, 2, embed=4, channels=8, layers=2, kernel=3, rngs=nnx.Rngs(2)),
-                  lambda: PolicyValueMLP(15, 16, 2, rngs=nnx.Rngs(0))):
-        eager, compiled = nnx.state(build()), nnx.state(compiled_init(build))
+    def assert_same(eager, compiled):
+        eager, compiled = nnx.state(eager), nnx.state(compiled)
         assert jax.tree.structure(eager) == jax.tree.structure(compiled)
         for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled)):
             np.testing.assert_array_equal(a, b)
-    # ... and with the seed as the program's input, as the recipes build them
-    for seed, build in ((3, lambda rngs: MLP((6, 16, 3), rngs=rngs)), (2, lambda rngs: SequenceCNN(
-            7, 2, embed=4, channels=8, layers=2, kernel=3, rngs=rngs))):
-        eager, compiled = nnx.state(build(nnx.Rngs(seed))), nnx.state(compiled_init(build, seed))
-        assert jax.tree.structure(eager) == jax.tree.structure(compiled)
-        for a, b in zip(jax.tree.leaves(eager), jax.tree.leaves(compiled)):
-            np.testing.assert_array_equal(a, b)
+
+    # As the recipes build them, the seed the program's input (mnist-cnn's CNN is Conv2D and nnx.Linear
+    # layers: built whole, eagerly, it takes seconds).
+    for seed, build in ((3, lambda rngs: MLP((6, 16, 3), rngs=rngs)), (1, lambda rngs: Conv2D(3, 8, rngs=rngs)),
+                        (2, lambda rngs: SequenceCNN(7, 2, embed=4, channels=8, layers=2, kernel=3, rngs=rngs)),
+                        (0, lambda rngs: PolicyValueMLP(15, 16, 2, rngs=rngs))):
+        assert_same(build(nnx.Rngs(seed)), compiled_init(build, seed))
+    # The constructor compiled as it is, its seed a constant of the program.
+    constant = lambda: MLP((6, 16, 3), rngs=nnx.Rngs(3))  # noqa: E731
+    assert_same(constant(), compiled_init(constant))
 
 
 def test_models_of_one_shape_share_their_initialiser_whatever_their_seeds():
