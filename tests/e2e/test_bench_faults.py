@@ -9,22 +9,38 @@ from jaxtrain.tools.bench import faults
 
 
 @pytest.mark.slow
-def test_quick_faults_benchmark_resumes_an_async_save_kill_to_an_equal_run(tmp_path, capsys):
+def test_quick_faults_benchmark_handles_each_moment_against_one_reference_run(tmp_path, capsys):
+    """An async save killed, a bit flipped in the newest checkpoint, a full disk, the data changed before
+    the resume: four trials against one uninterrupted reference run (one process, not one per moment)."""
     out = tmp_path / "faults.json"
-    config = faults.FaultsBenchConfig(quick=True, moments=("async-save",), out=str(out))
-    assert faults.main(config) == 0
-    printed = capsys.readouterr().out
-    assert "--resume until it exits 0" in printed  # the table's title
-    assert printed.rstrip().endswith("1/1 resumed runs equal the uninterrupted run")
+    moments = ("async-save", "bit-flip", "disk-full", "changed-data")
+    code = faults.main(faults.FaultsBenchConfig(quick=True, moments=moments, out=str(out)))
+    printed = capsys.readouterr().out.rstrip()
     results = json.loads(out.read_text())
-    assert results["moments"] == {"async-save": {"trials": 1, "killed": 1, "completed": 1, "equal": 1,
-                                                 "handled": 1, "skipped": 0, "attempts": [1]}}
-    assert results["equal"] == results["total"] == 1
+    trials = {t["moment"]: t for t in results["trials"]}
+    assert list(trials) == list(moments) and code == 0, [t["error"] for t in results["trials"]]
+    assert "--resume until it exits 0" in printed  # the table's title
+    one = {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1, "skipped": 0, "attempts": [1]}
     # The quick run saves at steps 20, 40, 50 (epoch end), 70, 90, 100 (epoch end): six kill points.
     assert results["reference"] == {"step": 100, "counts": {**results["reference"]["counts"], "async-save": 6}}
-    (trial,) = results["trials"]
+    assert results["moments"]["async-save"] == results["moments"]["bit-flip"] == one
+    trial = trials["async-save"]
     assert trial["killed_at"].startswith(f"async-save #{trial['nth']}: the ") and "save returned" in trial["killed_at"]
     assert trial["completed"] and trial["equal"] and trial["error"] is None
+    trial = trials["bit-flip"]
+    assert trial["killed_at"].startswith(f"mid-epoch #{trial['nth']}: ") and "one bit flipped" in trial["killed_at"]
+    # the refused resume, then the accepted one; not compared with the reference (other data)
+    assert results["moments"]["changed-data"] == {**one, "equal": None, "attempts": [2]}
+    trial = trials["changed-data"]
+    assert trial["killed_at"].endswith("the file regenerated with --seed 1") and trial["error"] is None
+    if trials["disk-full"]["skipped"]:  # no tmpfs without root: the other three are checked
+        assert printed.endswith("3/3 faults handled (1 skipped)\n2/2 resumed runs equal the uninterrupted run")
+        pytest.skip(trials["disk-full"]["error"])
+    assert printed.endswith("4/4 faults handled\n3/3 resumed runs equal the uninterrupted run")
+    assert results["moments"]["disk-full"] == one
+    trial = trials["disk-full"]
+    assert trial["killed_at"].startswith("disk full (") and "error: cannot write a checkpoint to " in trial["killed_at"]
+    assert results["equal"] == 3 and results["handled"] == results["total"] == 4
 
 
 @pytest.mark.slow
@@ -35,48 +51,6 @@ def test_a_run_with_an_average_of_its_weights_resumes_bit_for_bit_after_sigkill(
     results = json.loads(out.read_text())
     assert results["moments"]["mid-epoch"]["equal"] == 1  # every train-state array, the average's included
     assert results["command"][-2:] == ["--ema", "0.99"]
-
-
-@pytest.mark.slow
-def test_quick_faults_benchmark_resumes_past_a_bit_flipped_checkpoint(tmp_path, capsys):
-    out = tmp_path / "faults.json"
-    assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("bit-flip",), out=str(out))) == 0
-    assert capsys.readouterr().out.rstrip().endswith("1/1 resumed runs equal the uninterrupted run")
-    results = json.loads(out.read_text())
-    assert results["moments"]["bit-flip"] == {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1,
-                                              "skipped": 0, "attempts": [1]}
-    (trial,) = results["trials"]
-    assert trial["killed_at"].startswith(f"mid-epoch #{trial['nth']}: ") and "one bit flipped" in trial["killed_at"]
-
-
-@pytest.mark.slow
-def test_quick_faults_benchmark_fails_cleanly_on_a_full_disk_and_resumes_once_space_is_freed(tmp_path, capsys):
-    out = tmp_path / "faults.json"
-    code = faults.main(faults.FaultsBenchConfig(quick=True, moments=("disk-full",), out=str(out)))
-    results = json.loads(out.read_text())
-    (trial,) = results["trials"]
-    if trial["skipped"]:
-        pytest.skip(trial["error"])  # no tmpfs without root
-    assert code == 0, trial["error"]
-    printed = capsys.readouterr().out.rstrip()
-    assert printed.endswith("1/1 faults handled\n1/1 resumed runs equal the uninterrupted run")
-    assert results["moments"]["disk-full"] == {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1,
-                                               "skipped": 0, "attempts": [1]}
-    assert trial["killed_at"].startswith("disk full (") and "error: cannot write a checkpoint to " in trial["killed_at"]
-
-
-@pytest.mark.slow
-def test_quick_faults_benchmark_refuses_a_resume_on_changed_data_until_accepted(tmp_path, capsys):
-    out = tmp_path / "faults.json"
-    assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("changed-data",), out=str(out))) == 0
-    printed = capsys.readouterr().out.rstrip()
-    assert printed.endswith("1/1 faults handled")
-    results = json.loads(out.read_text())
-    # the refused resume, then the accepted one; not compared with the reference (other data)
-    assert results["moments"]["changed-data"] == {"trials": 1, "killed": 1, "completed": 1, "equal": None,
-                                                  "handled": 1, "skipped": 0, "attempts": [2]}
-    (trial,) = results["trials"]
-    assert trial["killed_at"].endswith("the file regenerated with --seed 1") and trial["error"] is None
 
 
 def test_a_failure_is_handled_only_as_exit_2_and_one_error_line_naming_the_file():
