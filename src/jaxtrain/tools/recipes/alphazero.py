@@ -101,7 +101,6 @@ class AlphaZeroConfig(RecipeConfig):
 
 
 def build_model(config: AlphaZeroConfig, info: dict | None = None) -> nnx.Module:
-
     from jaxtrain._src.models import compiled_init
     from jaxtrain._src.rl import clique
     from jaxtrain._src.rl.network import PolicyValueMLP

@@ -171,7 +171,6 @@ class InRange:
 
 
 def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:
-
     from jaxtrain._src.models import SequenceCNN, compiled_init
 
     m = config.model

@@ -81,7 +81,6 @@ def build(config: MNISTConfig) -> Workload:
 
 
 def build_model(config: MNISTConfig, info: dict) -> CNN:
-
     from jaxtrain._src.models import CNN, compiled_init
 
     return compiled_init(lambda rngs: CNN(remat=config.remat, rngs=rngs), config.seed)
