@@ -204,11 +204,17 @@ class Run:
         return RunView(self)
 
     def each(self, event: str, *args: Any) -> None:
-        """Announces `event` to every hook, in order, timing each: the library's hooks get this
-        `Run`, users' hooks its `RunView`."""
+        """Announces `event` to every hook, in order (`call`)."""
         for hook in self.hooks:
-            t0 = time.perf_counter()
+            self.call(hook, event, *args)
+
+    def call(self, hook: Hook, event: str, *args: Any) -> None:
+        """`hook`'s `event`, timed into `hook_s`: the library's hooks get this `Run`, users' hooks
+        its `RunView`."""
+        t0 = time.perf_counter()
+        try:
             getattr(hook, event)(self if isinstance(hook, RunHook) else self.view, *args)
+        finally:
             key = (type(hook).__name__, event)
             self.hook_s[key] = self.hook_s.get(key, 0.0) + time.perf_counter() - t0
 
