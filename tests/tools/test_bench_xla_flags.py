@@ -29,6 +29,8 @@ def test_quick_run_passes_each_setting_its_own_flags(tmp_path, capsys, monkeypat
     assert rows["baseline"]["ratio"] == 1.0 and rows["baseline"]["verdict"] == "baseline"
     assert rows["ynn-off"]["ms_median"] > 0 and rows["ynn-off"]["verdict"] in ("faster", "slower",
                                                                                "no clear difference")
+    assert rows["baseline"]["compile_s_median"] > 0 and rows["baseline"]["compile_ratio"] == 1.0  # compiled, not loaded
+    assert "compile ratio" in printed
 
 
 def test_verdicts_need_every_repetition_beyond_the_baselines_spread():
@@ -44,6 +46,10 @@ def test_verdicts_need_every_repetition_beyond_the_baselines_spread():
     assert row([10, 11, 12], [13, 14, 12.5])["verdict"] == "slower"
     r = row([10, 10, 10], [5, 10, 20])
     assert r["ms_median"] == 10 and r["ms_min"] == 5 and r["ms_max"] == 20 and r["paired_ratios"] == [0.5, 1, 2]
+    timed = [{"rep": i, "setting": s, "results": {"w": {"ms_per_step": 1.0, "compile_s": c}}}
+             for s, cs in (("baseline", [2.0, 4.0, 3.0]), ("x", [1.0, 1.5, 9.0])) for i, c in enumerate(cs)]
+    compiled = xla_flags.summarize(timed, ["baseline", "x"], ["w"])[1]
+    assert compiled["compile_s_median"] == 1.5 and compiled["compile_ratio"] == 0.5  # medians: 1.5 against 3.0
     failed = xla_flags.summarize([{"rep": 0, "setting": "baseline", "results": {"w": {"ms_per_step": 1.0}}},
                                   {"rep": 0, "setting": "x", "error": "boom"}], ["baseline", "x"], ["w"])
     assert failed[1]["verdict"] == "failed" and failed[1]["error"] == "boom"

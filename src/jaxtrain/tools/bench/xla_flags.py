@@ -7,7 +7,9 @@ for the baseline; the parent's own XLA_FLAGS is not passed on). The child trains
 steps fused in one compiled call, fixed K so that every setting runs the same program) and times
 every call after the first (compiling) one and `--warmup` more: ms per step is the median of those
 calls. Repetitions are interleaved: each repetition runs every setting once, in an order rotated by
-one per repetition, so that other work on a shared machine falls on all settings alike.
+one per repetition, so that other work on a shared machine falls on all settings alike. Each
+workload's compile seconds (`fit`'s `compile_time_s`; the children use no persistent cache) are
+reported beside its step time: an option can trade one for the other.
 
 A setting is "faster" on a workload only when its slowest repetition beats the baseline's fastest,
 and the per-repetition ratios (setting / baseline of the same repetition) are all below 1; "slower"
@@ -159,12 +161,13 @@ def time_workload(workload: str, calls: int, steps_per_call: int, warmup: int, q
     w = recipe.build(rconfig)
     hook = _timing_hook(skip=1 + warmup)
     try:
-        run_fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess, augment=w.augment,
-            verbosity="silent", session=Session(name=recipe.name))
+        result = run_fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess,
+                         augment=w.augment, verbosity="silent", session=Session(name=recipe.name))
     finally:
         w.close()
     ms = [s * 1e3 for s in hook.per_step_s]
-    return {"ms_per_step": statistics.median(ms), "calls_ms_per_step": ms, "first_call_s": hook.first_s}
+    return {"ms_per_step": statistics.median(ms), "calls_ms_per_step": ms, "first_call_s": hook.first_s,
+            "compile_s": result.summary["compile_time_s"]}
 
 
 def _child(payload: dict[str, Any]) -> dict[str, Any]:
@@ -201,18 +204,19 @@ def summarize(runs: list[dict[str, Any]], settings: list[str], workloads: list[s
     reps = sorted({r["rep"] for r in runs})
     rows = []
     for workload in workloads:
-        def series(setting: str) -> dict[int, float]:
+        def series(setting: str, key: str = "ms_per_step") -> dict[int, float]:
             out = {}
             for rep in reps:
                 res = by.get((rep, setting), {}).get("results", {}).get(workload, {})
-                if "ms_per_step" in res:
-                    out[rep] = res["ms_per_step"]
+                if key in res:
+                    out[rep] = res[key]
             return out
 
         base = series("baseline")
         base_median = statistics.median(base.values()) if base else None
+        base_compile = series("baseline", "compile_s")
         for setting in settings:
-            s = series(setting)
+            s, compiles = series(setting), series(setting, "compile_s")
             errors = {by.get((rep, setting), {}).get("error") or
                       by.get((rep, setting), {}).get("results", {}).get(workload, {}).get("error") for rep in reps}
             errors.discard(None)
@@ -227,6 +231,10 @@ def summarize(runs: list[dict[str, Any]], settings: list[str], workloads: list[s
                                                                                      list(base.values()), ratios)}
             else:
                 row |= {"verdict": "failed"}
+            if compiles and base_compile:  # the training programs' compile (`fit`'s compile_time_s), no cache
+                compile_s = statistics.median(compiles.values())
+                row |= {"compile_s_median": compile_s,
+                        "compile_ratio": compile_s / statistics.median(base_compile.values())}
             if errors:
                 row["error"] = sorted(errors)[0]
             rows.append(row)
@@ -261,7 +269,8 @@ def main(config: XlaFlagsBenchConfig) -> int:
             r = run_child("jaxtrain.tools.bench.xla_flags", {"workloads": workloads, "calls": config.calls,
                                                         "steps_per_call": config.steps_per_call,
                                                         "warmup": config.warmup, "quick": config.quick},
-                          timeout=config.timeout, env={"XLA_FLAGS": settings[setting]})
+                          timeout=config.timeout,  # no persistent cache: every setting compiles
+                          env={"XLA_FLAGS": settings[setting], "JAX_COMPILATION_CACHE_DIR": None})
             runs.append({"rep": rep, "setting": setting, "flags": settings[setting], **r})
             shown = "; ".join(f"{w} {v['ms_per_step']:.2f}" if "ms_per_step" in v else f"{w} FAILED"
                               for w, v in r.get("results", {}).items()) or f"FAILED: {r.get('error')}"
@@ -272,20 +281,23 @@ def main(config: XlaFlagsBenchConfig) -> int:
 
     for workload in workloads:
         table = Table(title=f"{workload}: ms per training step (median of {config.repeats} repetitions "
-                            f"[min-max]), ratio to no options")
-        for column in ("setting", "XLA_FLAGS", "ms/step", "range", "ratio", "per-rep ratios", "verdict"):
+                            f"[min-max]), ratio to no options; seconds compiling (no cache)")
+        for column in ("setting", "XLA_FLAGS", "ms/step", "range", "ratio", "per-rep ratios", "verdict", "compile s",
+                       "compile ratio"):
             table.add_column(column, justify="left" if column in ("setting", "XLA_FLAGS", "verdict") else "right")
         for row in rows:
             if row["workload"] != workload:
                 continue
             if "ms_median" not in row:
                 table.add_row(row["setting"], settings[row["setting"]], "-", "-", "-", "-",
-                              f"failed: {row.get('error', '')}"[:80])
+                              f"failed: {row.get('error', '')}"[:80], "-", "-")
                 continue
             table.add_row(row["setting"], settings[row["setting"]].replace("--xla_cpu_", "")[:60],
                           f"{row['ms_median']:.2f}", f"{row['ms_min']:.2f}-{row['ms_max']:.2f}",
                           "-" if row["ratio"] is None else f"{row['ratio']:.3f}",
-                          " ".join(f"{r:.2f}" for r in row["paired_ratios"]), row["verdict"])
+                          " ".join(f"{r:.2f}" for r in row["paired_ratios"]), row["verdict"],
+                          f"{row['compile_s_median']:.2f}" if "compile_s_median" in row else "-",
+                          f"{row['compile_ratio']:.3f}" if "compile_ratio" in row else "-")
         console.print(table)
     winners = {s: [r["verdict"] for r in rows if r["setting"] == s] for s in names if s != "baseline"}
     clear = [s for s, v in winners.items() if "faster" in v and "slower" not in v and "failed" not in v]
