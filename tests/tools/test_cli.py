@@ -180,6 +180,47 @@ def test_plot_command_draws_a_run_and_rejects_other_directories(tmp_path, capsys
     assert "has no metrics.jsonl" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("decades", [0.2, 6])
+def test_the_loss_plot_labels_its_log_axes_with_plain_numbers_and_keeps_every_text_inside(tmp_path, decades):
+    """The margins are fixed (not measured by tight_layout): every label, tick label, title and
+    legend must still lie inside the figure, for losses within one decade and over six."""
+    import matplotlib
+
+    from jaxtrain._src.report.plots import loss_figure
+
+    rows = []
+    for e in range(1, 9):
+        loss = 50 * 10 ** (-decades * e / 8)
+        rows += [{"kind": "train", "step": 10 * e, "elapsed_s": e, "loss": loss * 1.1},
+                 {"kind": "epoch", "epoch": e, "step": 10 * e, "elapsed_s": e, "train_loss": loss,
+                  "val_loss": 1.4 * loss, "val_accuracy": 0.5 + 0.01 * e}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig = loss_figure(tmp_path)
+    try:
+        fig.canvas.draw()
+        renderer, box = fig.canvas.get_renderer(), fig.bbox
+        texts = [fig._suptitle]  # what is drawn: ticks inside the axes' limits, labels, titles, legends
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                low, high = sorted(axis.get_view_interval())
+                texts += [tick.label1 for tick in axis.get_major_ticks() + axis.get_minor_ticks()
+                          if low <= tick.get_loc() <= high] + [axis.label]
+            texts += [ax.title, *ax.get_legend().get_texts()]
+        texts = [t for t in texts if t.get_visible() and t.get_text()]
+        labels = [t.get_text() for ax in fig.axes[:2] for t in ax.get_yticklabels() if t.get_text()]
+        assert labels and all("$" not in s and float(s) > 0 for s in labels), labels  # no TeX-like text
+        for t in texts:
+            extent = t.get_window_extent(renderer)
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, \
+                (t.get_text(), extent, box)
+        for left, right in zip(fig.axes, fig.axes[1:]):  # a panel's y labels clear the panel to its left
+            edge = left.get_window_extent(renderer).x1
+            assert right.yaxis.get_tightbbox(renderer).x0 > edge
+        assert len(texts) > 20  # tick labels, axis labels, legends and titles were all looked at
+    finally:
+        matplotlib.pyplot.close(fig)
+
+
 def test_unknown_preset_and_preset_with_resume_are_one_line_errors(capsys):
     assert main(["train", "char-gpt", "--preset", "huge"]) == 2
     err = capsys.readouterr().err.strip()
