@@ -40,6 +40,23 @@ def test_compare_lists_the_differing_key_first_then_results(two_runs, tmp_path, 
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_comparison_labels_its_loss_axes_with_plain_numbers_as_the_runs_own_plots(two_runs, tmp_path,
+                                                                                     monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from jaxtrain.tools.report import compare
+
+    drawn = []  # the figure, kept open instead of written
+    monkeypatch.setattr(compare, "save_figure", lambda fig, path, make_parent=False: drawn.append(fig) or path)
+    compare.plot_comparison(compare_runs(two_runs), tmp_path / "c.png")
+    try:
+        drawn[0].canvas.draw()
+        labels = [t.get_text() for ax in drawn[0].axes for t in ax.get_yticklabels(which="both") if t.get_text()]
+        assert labels and all("$" not in s and float(s) > 0 for s in labels), labels  # 0.06, not 6×10⁻²
+    finally:
+        plt.close(drawn[0])
+
+
 def test_comparison_rows_come_from_the_summaries(two_runs):
     comparison = compare_runs(two_runs)
     assert [key for key, _ in comparison.differences] == ["optim.lr"]

@@ -48,7 +48,7 @@ def loss_figure(run_dir: str | os.PathLike) -> Any:
     axes_width = (width - left - right - gap * (panels - 1)) / panels
     fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=0.55 / height, top=1 - 0.75 / height,
                         wspace=gap / axes_width)
-    plain = _plain_log_formatter()
+    plain = plain_log_formatter()
     for ax, x_key, label in ((axes[0], "step", "optimizer step"), (axes[1], "elapsed_s", "wall time (s)")):
         if train:
             ax.plot([r[x_key] for r in train], [r["loss"] for r in train], color="#4c72b0", alpha=0.5, lw=1,
@@ -80,11 +80,12 @@ def loss_figure(run_dir: str | os.PathLike) -> Any:
     return fig
 
 
-def _plain_log_formatter() -> type:
+def plain_log_formatter() -> type:
     """A log axis's tick labels as plain numbers (0.06, 0.1, 2e-05), labelled where matplotlib's
     default would label them. The default writes TeX-like text (6×10⁻²) that its math-text parser
     reads label by label; a run's one plot paid for building that parser too (a first plot in a
-    process: 0.26 s with it, 0.22 s without; docs/benchmarks.md)."""
+    process: 0.26 s with it, 0.22 s without; docs/benchmarks.md). `jaxtrain compare` labels its loss
+    axes alike."""
     from matplotlib.ticker import LogFormatter
 
     class PlainLog(LogFormatter):
