@@ -180,7 +180,8 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
                                               payload["warmup"], payload["quick"])
         except Exception as e:  # noqa: BLE001 - a flag may break one workload's compile; record it, go on
             results[workload] = {"error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300]}
-    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "jax_version": jax.__version__, "results": results}
+    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "jax_version": jax.__version__, "results": results,
+            "compilation_cache": jax.config.jax_compilation_cache_dir}  # None: every program compiled
 
 
 # --- the parent: interleaved repetitions, medians, verdicts -------------------------------------------------
