@@ -60,6 +60,8 @@ def _preprocessing_cache(tmp_path_factory):
 # generation, re-run in a fresh process (JAX reads XLA_FLAGS only at backend start); see tests/_devices.py.
 import _devices  # noqa: E402
 
+pytest_plugins = ("pytester",)  # tests of the suite's own conftest (tests/library/test_devices.py)
+
 
 def pytest_configure(config):
     for marker in _devices.MARKERS:
@@ -97,3 +99,17 @@ def _compilation_cache(config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     return _devices.pyfunc_call(pyfuncitem)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _programs_released_after_each_module():
+    """Drops what a test module compiled when it ends (`release_compiled_programs`: JAX's caches
+    cleared, the executables collected, the heap trimmed), so a pytest worker does not carry every
+    earlier module's programs. A worker's memory grew module by module to about 2.5 GB through
+    the suite; with this its peak is 1.2-1.6 GB, set by the largest single test, and the suite is
+    no slower: a program needed again comes from the persistent compilation cache that the suite
+    shares (docs/benchmarks.md, "The test suite's time")."""
+    yield
+    from jaxtrain._src.memory import release_compiled_programs
+
+    release_compiled_programs()

@@ -1,8 +1,11 @@
 """The `devices(n)` marker (tests/_devices.py): a marked test sees n devices and can compute across them;
-the suite's XLA_FLAGS and the `xla_defaults` marker that runs a test without them."""
+the suite's XLA_FLAGS and the `xla_defaults` marker that runs a test without them; the conftest's release of
+what each module compiled."""
 
 import os
+import types
 
+import conftest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,3 +56,23 @@ def test_marked_test_runs_with_xlas_default_code_generation():
     assert SUITE_XLA_FLAGS not in os.environ.get("XLA_FLAGS", "")
     if os.environ.get(CHILD_ENV):  # re-run in a child: no devices asked, the rest of XLA_FLAGS kept
         assert os.environ[CHILD_ENV] == "0" and os.environ[DEFAULTS_ENV]
+
+
+def test_each_module_ends_with_its_programs_released(pytester):
+    """The suite's conftest drops what a module compiled when the module ends (its workers' memory
+    otherwise grows module by module): a program the first module compiled is gone in the second."""
+    pytester.makepyfile(shared="import jax\nf = jax.jit(lambda x: x * 2.0)\n", test_a="""
+        from shared import f
+        def test_compiles():
+            f(1.0)
+            assert f._cache_size() == 1
+        def test_still_there_within_the_module():
+            assert f._cache_size() == 1
+        """, test_b="""
+        from shared import f
+        def test_gone():
+            assert f._cache_size() == 0
+        """)
+    suite = types.ModuleType("suite")  # a plugin holding the suite's fixture (without it: test_gone fails)
+    suite.fixture = conftest._programs_released_after_each_module
+    pytester.runpytest_inprocess("-p", "no:xdist", "-p", "no:cacheprovider", plugins=[suite]).assert_outcomes(passed=3)
