@@ -1,4 +1,3 @@
-import gc
 import io
 import os
 import shutil
@@ -69,22 +68,6 @@ def pytest_configure(config):
         config.addinivalue_line("markers", marker)
     _devices.suite_xla_flags()  # before any test starts JAX's backend
     _compilation_cache(config)
-    _garbage_collector()
-
-
-def _garbage_collector() -> None:
-    """Python's cyclic garbage collector, set for a process that traces thousands of programs.
-
-    Tracing allocates many short-lived containers, so the collector runs often, and each full
-    collection walked the ~150,000 objects the imports made (JAX, Flax, Optax, ...), none of which
-    is ever garbage: 4.0-4.3 s of collecting in 60-65 s of four library modules. Those objects
-    are set aside (`gc.freeze`) and a young collection waits for 10,000 allocations instead of
-    700: 1.7-2.2 s (docs/benchmarks.md, "The test suite's time"). Garbage is still collected;
-    what frees memory explicitly (`release_compiled_programs`) calls `gc.collect()` itself.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 20, 20)
 
 
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
