@@ -48,7 +48,6 @@ def loss_figure(run_dir: str | os.PathLike) -> Any:
     axes_width = (width - left - right - gap * (panels - 1)) / panels
     fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=0.55 / height, top=1 - 0.75 / height,
                         wspace=gap / axes_width)
-    plain = plain_log_formatter()
     for ax, x_key, label in ((axes[0], "step", "optimizer step"), (axes[1], "elapsed_s", "wall time (s)")):
         if train:
             ax.plot([r[x_key] for r in train], [r["loss"] for r in train], color="#4c72b0", alpha=0.5, lw=1,
@@ -62,9 +61,7 @@ def loss_figure(run_dir: str | os.PathLike) -> Any:
             ax.plot([best[x_key]], [best["val_loss"]], "*", ms=14, color="#c44e52", label="best validation")
         ax.set_xlabel(label)
         ax.set_ylabel("loss")
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain())
-        ax.yaxis.set_minor_formatter(plain(labelOnlyBase=False))
+        log_scale_with_plain_labels(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if extra:
@@ -80,19 +77,21 @@ def loss_figure(run_dir: str | os.PathLike) -> Any:
     return fig
 
 
-def plain_log_formatter() -> type:
-    """A log axis's tick labels as plain numbers (0.06, 0.1, 2e-05), labelled where matplotlib's
-    default would label them. The default writes TeX-like text (6×10⁻²) that its math-text parser
-    reads label by label; a run's one plot paid for building that parser too (a first plot in a
-    process: 0.26 s with it, 0.22 s without; docs/benchmarks.md). `jaxtrain compare` labels its loss
-    axes alike."""
+def log_scale_with_plain_labels(ax: Any) -> None:
+    """Puts `ax`'s y axis on a log scale whose tick labels are plain numbers (0.06, 0.1, 2e-05),
+    labelled where matplotlib's default would label them. The default writes TeX-like text (6×10⁻²)
+    that its math-text parser reads label by label; a run's one plot paid for building that parser
+    too (a first plot in a process: 0.26 s with it, 0.22 s without; docs/benchmarks.md). `jaxtrain
+    compare` draws its loss axes alike."""
     from matplotlib.ticker import LogFormatter
 
     class PlainLog(LogFormatter):
         def __call__(self, x: float, pos: int | None = None) -> str:
             return f"{x:.3g}" if super().__call__(x, pos) else ""
 
-    return PlainLog
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(PlainLog())
+    ax.yaxis.set_minor_formatter(PlainLog(labelOnlyBase=False))
 
 
 def save_figure(fig: Any, path: Path, make_parent: bool = False) -> Path:

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.memory import format_bytes
-from jaxtrain._src.report.plots import plain_log_formatter, save_figure
+from jaxtrain._src.report.plots import log_scale_with_plain_labels, save_figure
 
 IGNORED_KEYS = ("run_dir",)  # where a run lives, not what it did: it differs between any two runs
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974",
@@ -256,7 +256,6 @@ def plot_comparison(comparison: Comparison, out: str | os.PathLike) -> Path:
     if not any(r.get("kind") in ("train", "epoch") for run in comparison.runs for r in run.records):
         raise ConfigError("none of the runs has recorded a loss yet (their metrics.jsonl hold no training rows)")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    plain = plain_log_formatter()
     for ax, x_key, label in ((axes[0], "step", "optimizer step"), (axes[1], "elapsed_s", "wall time (s)")):
         for i, run in enumerate(comparison.runs):
             color = COLORS[i % len(COLORS)]
@@ -275,9 +274,7 @@ def plot_comparison(comparison: Comparison, out: str | os.PathLike) -> Path:
                         label=f"{run.label} validation")
         ax.set_xlabel(label)
         ax.set_ylabel("loss")
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain())  # 0.06, as the runs' own curves.png, not 6×10⁻²
-        ax.yaxis.set_minor_formatter(plain(labelOnlyBase=False))
+        log_scale_with_plain_labels(ax)  # 0.06, as the runs' own curves.png, not 6×10⁻²
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[1].set_title("wall time includes compilation", fontsize=9)
