@@ -30,9 +30,8 @@ def test_quick_run_passes_each_setting_its_own_flags(tmp_path, capsys, monkeypat
     assert rows["ynn-off"]["ms_median"] > 0 and rows["ynn-off"]["verdict"] in ("faster", "slower",
                                                                                "no clear difference")
     assert rows["baseline"]["compile_s_median"] > 0 and rows["baseline"]["compile_ratio"] == 1.0
-    # The suite sets JAX_COMPILATION_CACHE_DIR for every process it starts; the settings' children drop it,
-    # so their compile seconds are compiles, not loads from the cache.
-    assert os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    # The suite sets JAX_COMPILATION_CACHE_DIR for every process it starts (unless told "" to compile
+    # everything); the settings' children drop it, so their compile seconds are compiles, not cache loads.
     assert [r["compilation_cache"] for r in results["runs"]] == [None, None]
     assert "compile ratio" in printed
 
