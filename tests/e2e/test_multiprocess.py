@@ -69,6 +69,9 @@ def epoch_rows(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+# XLA's own code generation: the jobs' 1e-5 agreement holds for the code users run. With the suite's LLVM
+# optimisation off, the Adam moments of a bias (a mean of gradients of either sign) differed by 1.7%.
+@pytest.mark.xla_defaults
 def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path):
     job, single = tmp_path / "job", tmp_path / "single"
     streamed, single_streamed = tmp_path / "streamed", tmp_path / "single-streamed"
