@@ -38,9 +38,12 @@ _FLAG = "--xla_force_host_platform_device_count"
 # Most of the suite's time is compiling small programs that then run a few steps. XLA:CPU's older
 # fusion emitters (jaxlib 0.10.2 compiles the suite's programs in about 0.7x the time with them, and
 # runs them as fast) and LLVM's optimisation off (XLA's HLO passes stay; the suite's CPU seconds
-# about 0.75x again) make the suite compile less; docs/benchmarks.md, "The test suite's time".
+# about 0.75x again) make the suite compile less, and so does one LLVM module per program instead of
+# XLA's parallel code generation (the two workers keep both cores busy already; about 0.92x);
+# docs/benchmarks.md, "The test suite's time".
 # jaxtrain's code is the same either way; numerics checks keep their tolerances.
-SUITE_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
+SUITE_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0 "
+                   "--xla_cpu_parallel_codegen_split_count=1")
 DEFAULTS_ENV = "JAXTRAIN_TEST_XLA_DEFAULTS"  # set (to anything but "") to run the whole suite with XLA's defaults
 
 
