@@ -33,14 +33,17 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    """`mlflow server` on a local SQLite store, started for these tests and stopped after them."""
+    """`mlflow server` on a local SQLite store, started for these tests and stopped after them. Without
+    the server's job execution (MLflow's GenAI jobs, which tracking does not use): it starts six
+    consumer processes, and the tracking test took 7.9 s with them and 3.0 s without (docs/benchmarks.md)."""
     pytest.importorskip("mlflow")
     root = tmp_path_factory.mktemp("mlflow")
     port = _free_port()
     mlflow = Path(sys.executable).with_name("mlflow")
     proc = subprocess.Popen([str(mlflow), "server", "--backend-store-uri", f"sqlite:///{root / 'store.db'}",
                              "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port",
-                             str(port), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             str(port), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
