@@ -27,7 +27,7 @@ demo: $(RUNTIME)
 
 # Both cores: one pytest worker per test file (module fixtures are built once), about 1.5x faster.
 # Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE=1): the suite
-# starts some 150 Python processes, and each would compile jaxtrain's source and rewrite the tests again.
+# starts about 130 Python processes, and each would compile jaxtrain's source and rewrite the tests again.
 test: $(STAMP)
 	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest -n 2 --dist loadfile tests
 
