@@ -340,6 +340,8 @@ def test_a_population_sweep_groups_trials_by_shape_and_each_trial_reproduces_alo
     assert again["best_val_loss"] == pytest.approx(best.value, rel=1e-6)
 
 
+# Optuna calls its heartbeat API experimental; the sweep uses it (and silences the warning) the same way
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_trials_asked_by_hand_beat_their_heartbeats_and_go_stale_when_their_worker_stops(tmp_path):
     import time
 
