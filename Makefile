@@ -26,10 +26,8 @@ demo: $(RUNTIME)
 	$(VENV)/bin/jaxtrain train mlp-regression
 
 # Both cores: one pytest worker per test file (module fixtures are built once), about 1.5x faster.
-# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE=1): the suite
-# starts about 130 Python processes, and each would compile jaxtrain's source and rewrite the tests again.
 test: $(STAMP)
-	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/python -m pytest -n 2 --dist loadfile tests
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile tests
 
 bench: $(STAMP)
 	$(VENV)/bin/jaxtrain bench overhead

@@ -1,6 +1,7 @@
 import io
 import os
 import shutil
+import sys
 import tempfile
 
 import jax
@@ -11,6 +12,13 @@ from flax import nnx
 from rich.console import Console
 
 from jaxtrain._src.models import MLP
+
+# Bytecode is written, also where the environment forbids it (PYTHONDONTWRITEBYTECODE=1, as on this
+# project's CI machine kind): otherwise each of the suite's Python processes (130 started by the tests in
+# one run) compiles jaxtrain's source again and each worker rewrites every test module's asserts again
+# (docs/benchmarks.md, "The test suite's time"). Set before the tests are collected; children inherit it.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def mse(model, batch, key):
