@@ -113,13 +113,17 @@ def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_
     change train to the end, and the first read after it raises, so no step and no checkpoint ever
     sees changed rows."""
     path = _aged(_write(tmp_path / "d.h5", regression_data(320), chunks=16))
-    changed_at, window_reads = [], []  # window_reads: True for a read of the whole file after the change
+    # window_reads: per read of the whole file, True when the change came before the read ended (a read
+    # in flight when the file changes sees it: the source checks the file after reading)
+    changed_at, window_reads = [], []
     original = HDF5Source.read_into  # what the stream reads a window with (and `read` too)
 
     def read_into(self, start, stop, out):
-        if (start, stop) == (0, 320):
-            window_reads.append(bool(changed_at))
-        return original(self, start, stop, out)
+        try:
+            return original(self, start, stop, out)
+        finally:
+            if (start, stop) == (0, 320):
+                window_reads.append(bool(changed_at))
 
     class RewriteMidEpoch(RunHook):  # sees the loop's position in the epoch
         def after_call(self, run, k, metrics):
@@ -135,7 +139,7 @@ def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_
                 hooks=[RewriteMidEpoch()], run_dir=tmp_path / "run", verbosity="summary",
                 session=Session(console=silent()))
     assert changed_at == [4]
-    read_before = window_reads.index(True)  # epochs whose rows were read before the change (1 or 2)
+    read_before = window_reads.index(True)  # epochs whose rows were read whole before the change (1 or 2)
     assert read_before >= 1 and window_reads[read_before:] == [True]  # one read after it: it raised
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"].startswith(f"failed: {path} changed while it was being read")
