@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -466,6 +467,7 @@ class CompiledCalls:
         self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
         self.longest = 0  # the most steps a call of the run ran
         self.wait_s = 0.0  # host seconds waiting for calls to finish: the device computing
+        self.overhead = CallOverhead()  # the profile's probe of a call's fixed cost, shared by whoever calls these
 
     @property
     def k(self) -> int:
@@ -805,6 +807,82 @@ def _flops(program: Any) -> float | None:
         return None
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost["flops"]) if cost and cost.get("flops", -1) > 0 else None
+
+
+PROBE_REPEATS = 15  # timed trivial calls of `CallOverhead`; the median counts
+
+
+class CallOverhead:
+    """What a call costs whatever it computes: (seconds to hand over, seconds round trip) of a trivial
+    jitted call that takes every buffer of a state, medians of `PROBE_REPEATS` calls; for the profile
+    of a run whose K was not measured on its own calls.
+
+    `prepare` compiles it on a thread beside the training, with XLA's counting rule
+    (`loop_body_counted_once`); `measure` times it once. `CompiledCalls` hold one, so the members of
+    a population, whose calls are one, share one probe and one measurement instead of one each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._probe: Any = None
+        self._measured: tuple[float, float] | None = None
+
+    def prepare(self, state: Any | None) -> None:
+        """Starts the thread, once: XLA's counting rule, and the probe for `state`'s shapes (None: no probe)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            shapes = None if state is None else jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+            self._thread = threading.Thread(target=self._compile, args=(shapes,), name="jaxtrain-profile-prepare",
+                                            daemon=True)
+            self._thread.start()
+
+    def _compile(self, shapes: Any) -> None:
+        loop_body_counted_once()
+        if shapes is not None:
+            try:
+                self._probe = _overhead_probe().lower(shapes).compile()
+            except Exception:  # noqa: BLE001 - `measure` compiles it instead
+                self._probe = None
+
+    def join(self) -> None:
+        """Waits for what `prepare` started (starting it without a probe if nothing did)."""
+        self.prepare(None)
+        self._thread.join()
+
+    def measure(self, state: Any) -> tuple[float, float]:
+        """The figures, timed on `state`'s buffers the first time they are asked for."""
+        self.join()
+        with self._lock:
+            if self._measured is None:
+                self._measured = _time_probe(state, self._probe)
+            return self._measured
+
+
+def _overhead_probe() -> Any:
+    """A trivial jitted function that takes every buffer of its argument."""
+    return jax.jit(lambda s: jnp.zeros((), jnp.float32), keep_unused=True)
+
+
+def _time_probe(state: Any, compiled: Any = None) -> tuple[float, float]:
+    """(seconds to hand over, seconds round trip) of the probe on `state`: medians of PROBE_REPEATS
+    calls. `compiled`: the probe compiled ahead for `state`'s shapes, if any."""
+    probe = compiled if compiled is not None else _overhead_probe()
+    try:
+        jax.block_until_ready(probe(state))
+    except (TypeError, ValueError):  # an ahead-of-time program that does not take these buffers
+        probe = _overhead_probe()
+        jax.block_until_ready(probe(state))
+    handed, round_trip = [], []
+    for _ in range(PROBE_REPEATS):
+        t0 = time.perf_counter()
+        out = probe(state)
+        t1 = time.perf_counter()
+        jax.block_until_ready(out)
+        handed.append(t1 - t0)
+        round_trip.append(time.perf_counter() - t0)
+    return statistics.median(handed), statistics.median(round_trip)
 
 
 @functools.cache

@@ -29,15 +29,11 @@ Loops inside the model (a scan over layers) still count once: the FLOPs are then
 from __future__ import annotations
 
 import os
-import statistics
-import threading
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from jaxtrain._src.calls import loop_body_counted_once
 from jaxtrain._src.errors import JaxtrainError
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.hooks.progress import FINISHED
@@ -46,8 +42,6 @@ from jaxtrain._src.report.blocks import device_description
 from jaxtrain._src.report.profile_report import build_profile
 
 __all__ = ["ProfileBudgetReached", "ProfileHook"]
-
-PROBE_REPEATS = 15  # timed trivial calls; the median counts
 
 
 class ProfileBudgetReached(JaxtrainError):
@@ -81,8 +75,7 @@ class ProfileHook(RunHook):
         self._calls = self._steps = 0
         self._open = self._tracing = False
         self._t0 = self._c0 = self._t_last = self._c_last = 0.0
-        self._counting: threading.Thread | None = None
-        self._probe: Any = None  # the call-overhead probe, compiled beside the training
+        self._prepared = False  # `CallOverhead.prepare` asked
 
     def on_start(self, run: Run) -> None:
         if not run.calls.measuring:
@@ -93,20 +86,10 @@ class ProfileHook(RunHook):
 
     def _prepare(self, run: Run) -> None:
         """XLA's counting rule and, when K was not measured, the call-overhead probe (small
-        compiles), prepared beside the training rather than after it; once the timed calls that
-        choose the form and K are over, so as not to disturb them."""
-        shapes = None if run.calls.chooser.fitted else _shapes(run.state)
-
-        def prepare() -> None:
-            loop_body_counted_once()
-            if shapes is not None:
-                try:
-                    self._probe = _overhead_probe().lower(shapes).compile()
-                except Exception:  # noqa: BLE001 - the end of the run compiles it instead
-                    self._probe = None
-
-        self._counting = threading.Thread(target=prepare, name="jaxtrain-profile-prepare", daemon=True)
-        self._counting.start()
+        compiles), prepared beside the training rather than after it (`CallOverhead`); once the
+        timed calls that choose the form and K are over, so as not to disturb them."""
+        run.calls.overhead.prepare(None if run.calls.chooser.fitted else run.state)
+        self._prepared = True
 
     def on_epoch_start(self, run: Run) -> None:
         self._open = True
@@ -114,7 +97,7 @@ class ProfileHook(RunHook):
         self._c0 = self._c_last = run.calls.compile_s
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
-        if self._counting is None and not run.calls.measuring:
+        if not self._prepared and not run.calls.measuring:
             self._prepare(run)
         self._calls, self._steps = self._calls + 1, self._steps + k
         self._t_last, self._c_last = time.perf_counter(), run.calls.compile_s
@@ -159,14 +142,14 @@ class ProfileHook(RunHook):
         for (name, event), seconds in run.hook_s.items():
             hook_s.setdefault(event, {})
             hook_s[event][name] = hook_s[event].get(name, 0.0) + seconds
-        if self._counting is None:  # a run that measured to its end
+        if not self._prepared:  # a run that measured to its end
             self._prepare(run)
-        self._counting.join()
+        calls.overhead.join()
         if calls.chooser.fitted:  # measured on the run's own calls: no probe needed
             dispatch_s = calls.dispatch_s / max(self._calls, 1)
             device_overhead_s = max(calls.chooser.fitted[1] - dispatch_s, 0.0)
         else:
-            dispatch_s, round_trip_s = _call_overhead(run.state, self._probe)
+            dispatch_s, round_trip_s = calls.overhead.measure(run.state)
             device_overhead_s = round_trip_s - dispatch_s
         k = calls.k if any(c.get("k") == calls.k for c in calls.compiles) else max(
             c["k"] for c in calls.compiles if "k" in c)
@@ -194,33 +177,3 @@ class ProfileHook(RunHook):
             "peak_flop_s": self.peak_flop_s or cached_matmul_rate(run.device),
             "budget_reached": self.budget_reached,
         }
-
-
-def _overhead_probe() -> Any:
-    """A trivial jitted function that takes every buffer of its argument."""
-    return jax.jit(lambda s: jnp.zeros((), jnp.float32), keep_unused=True)
-
-
-def _shapes(tree: Any) -> Any:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
-def _call_overhead(state: Any, compiled: Any = None) -> tuple[float, float]:
-    """(seconds to hand over, seconds round trip) of a trivial jitted call that takes every buffer
-    of `state`: the fixed cost of a call, whatever it computes (medians). `compiled`: the probe
-    compiled ahead for `state`'s shapes, if any."""
-    probe = compiled if compiled is not None else _overhead_probe()
-    try:
-        jax.block_until_ready(probe(state))
-    except (TypeError, ValueError):  # an ahead-of-time program that does not take these buffers
-        probe = _overhead_probe()
-        jax.block_until_ready(probe(state))
-    handed, round_trip = [], []
-    for _ in range(PROBE_REPEATS):
-        t0 = time.perf_counter()
-        out = probe(state)
-        t1 = time.perf_counter()
-        jax.block_until_ready(out)
-        handed.append(t1 - t0)
-        round_trip.append(time.perf_counter() - t0)
-    return statistics.median(handed), statistics.median(round_trip)
