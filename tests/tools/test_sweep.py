@@ -292,6 +292,23 @@ def test_a_trial_asked_past_the_end_is_not_run(tmp_path, capsys):
     assert "study s: 1 trials" in capsys.readouterr().out
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # the test asks as a worker would
+def test_a_population_asked_past_the_end_trains_only_the_trials_still_wanted(tmp_path):
+    """The population's trials share one read of the study: of three asked when one more is wanted
+    (another worker ran the rest), the first trains and the two after it are surplus, as they are
+    with a read per trial."""
+    job = _job(tmp_path, trials=2)
+    study = job.open()
+    done = study.ask()  # as another worker's trial, completed
+    study.tell(done, 1.0)
+    assert job.run_population(study, 3, sweep.Console(quiet=True), "") == 3
+    states = {t.number: (t.state, t.user_attrs.get("surplus")) for t in study.trials}
+    assert states == {0: (optuna.trial.TrialState.COMPLETE, None), 1: (optuna.trial.TrialState.COMPLETE, None),
+                      2: (optuna.trial.TrialState.FAIL, True), 3: (optuna.trial.TrialState.FAIL, True)}
+    assert (tmp_path / "trial-0001" / "summary.json").is_file()
+    assert not (tmp_path / "trial-0002").exists() and not (tmp_path / "trial-0003").exists()
+
+
 def test_two_workers_share_the_study_on_sqlite(tmp_path, capfd):
     out = tmp_path / "sweep"
     assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "4", "--workers", "2", "--out", str(out),

@@ -716,13 +716,15 @@ class _Job:
             raise optuna.TrialPruned()
         return value
 
-    def prepare(self, trial: Any, label: str) -> tuple[dict[str, Any], Any, Path, str] | None:
+    def prepare(self, trial: Any, label: str, others: list[Any] | None = None
+                ) -> tuple[dict[str, Any], Any, Path, str] | None:
         """A trial's values, config, run directory and printed name (its command saved with it);
-        None for a trial asked past the end (marked surplus)."""
+        None for a trial asked past the end (marked surplus). `others`: the study's trials read after
+        this one was asked (None: read here; a population's trials, asked together, share one read)."""
         import optuna
 
         trial.set_user_attr("worker", _owner())  # first: the sweep that ends this worker fails its trials
-        others = trial.study.get_trials(deepcopy=False)
+        others = trial.study.get_trials(deepcopy=False) if others is None else others
         taken = {optuna.trial.TrialState[n] for n in (*FINISHED, "RUNNING")}
         if sum(t.state in taken and t.number < trial.number for t in others) >= self.trials:
             trial.set_user_attr("surplus", True)
@@ -759,8 +761,11 @@ class _Job:
             trials = [study.ask() for _ in range(n)]
         with _Heartbeats(study, trials, self.heartbeat):
             groups: dict[str, list[tuple[Any, ...]]] = {}
+            # One read of the study for the n trials: a trial found surplus still reads as running for
+            # the ones after it, which are surplus too, so the decisions are those of a read per trial.
+            others = study.get_trials(deepcopy=False)
             for trial in trials:
-                prepared = self.prepare(trial, label)
+                prepared = self.prepare(trial, label, others)
                 if prepared is None:
                     study.tell(trial, state=optuna.trial.TrialState.FAIL)
                     continue
