@@ -847,9 +847,9 @@ class CallOverhead:
                 self._probe = None
 
     def join(self) -> None:
-        """Waits for what `prepare` started (starting it without a probe if nothing did)."""
-        self.prepare(None)
-        self._thread.join()
+        """Waits for what `prepare` started, if anything."""
+        if self._thread is not None:
+            self._thread.join()
 
     def measure(self, state: Any) -> tuple[float, float]:
         """The figures, timed on `state`'s buffers the first time they are asked for."""
