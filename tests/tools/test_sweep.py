@@ -316,9 +316,14 @@ def test_two_workers_share_the_study_on_sqlite(tmp_path, capfd):
     printed = capfd.readouterr().out  # the workers' lines, written by other processes
     assert "worker 1: trial" in printed and "worker 2: trial" in printed
     study = sweep.load_study(out)
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 4
+    # Both workers may count 3 finished and ask at once: the later trial is then surplus, failed unrun
+    # and left out of the report (test_a_trial_asked_past_the_end_is_not_run makes that race happen)
+    ran = [t for t in study.trials if not t.user_attrs.get("surplus")]
+    assert [t.state for t in ran] == [optuna.trial.TrialState.COMPLETE] * 4
+    assert all(t.state == optuna.trial.TrialState.FAIL and not t.params for t in study.trials if t not in ran)
     assert sorted(p.name for p in out.glob("trial-*")) == [f"trial-000{i}" for i in range(4)]
-    assert len({(t.params["optim.lr"], t.params["model.hidden"]) for t in study.trials}) == 4  # drawn apart
+    assert len({(t.params["optim.lr"], t.params["model.hidden"]) for t in ran}) == 4  # drawn apart
+    assert f"study {study.study_name}: 4 trials" in printed  # the report counts the trials that ran
 
 
 @pytest.mark.slow
