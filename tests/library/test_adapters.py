@@ -4,10 +4,8 @@ their own order, resume exactly (a Grain source without a stable repr() by skipp
 through their datasets so that a resume on changed data is refused, and every bad input is one line."""
 
 import itertools
-import os
 import re
 import shutil
-import signal
 import time
 
 import jax
@@ -362,16 +360,6 @@ class Ragged(Rows):
         return {**sample, "x": sample["x"][:5]} if i == self.bad else sample
 
 
-class Crashing(torch.utils.data.Dataset):
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        if i == 50:
-            raise ValueError("corrupt record 50")
-        return {k: torch.from_numpy(v[i]) for k, v in TRAIN.items()}
-
-
 def _one_line(excinfo) -> str:
     text = str(excinfo.value)
     assert "\n" not in text, text
@@ -423,22 +411,17 @@ def test_bad_inputs_are_one_line_each():
     assert "val_data is a one-shot iterator" in _one_line(e)
 
 
-class Dying(Crashing):
-    def __getitem__(self, i):
-        if i == 50:
-            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies (out of memory, a crash in native code)
-        return super().__getitem__(i - 1)
-
-
 @pytest.mark.slow  # worker processes
 def test_a_dataloader_worker_error_or_death_is_one_line_not_a_hang():
-    loader = torch.utils.data.DataLoader(Crashing(), batch_size=B, num_workers=1, multiprocessing_context="spawn")
+    from _worker_rows import Crashing, Dying  # light to unpickle in a spawned worker
+
+    loader = torch.utils.data.DataLoader(Crashing(TRAIN), batch_size=B, num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(DataError) as e:
         _fit(loader, epochs=1)
     line = _one_line(e)
     assert "train_data raised ValueError at batch 3 of epoch 1: ValueError in DataLoader worker process 0" in line
     assert line.endswith("ValueError: corrupt record 50")
-    loader = torch.utils.data.DataLoader(Dying(), batch_size=B, num_workers=1, multiprocessing_context="spawn")
+    loader = torch.utils.data.DataLoader(Dying(TRAIN), batch_size=B, num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(DataError) as e:
         _fit(loader, epochs=1)
     assert re.search(r"train_data raised (RuntimeError at batch \d+ of epoch 1: DataLoader worker \(pid\(s\) \d+\) "
@@ -451,7 +434,7 @@ def test_a_dataloader_worker_error_or_death_is_one_line_not_a_hang():
 
 @pytest.mark.slow  # a worker process
 def test_a_loader_with_workers_is_fingerprinted_in_a_worker_not_here():
-    from _lazy_rows import OpensOnFirstUse
+    from _worker_rows import OpensOnFirstUse
 
     here = BatchStream(torch.utils.data.DataLoader(OpensOnFirstUse(TRAIN), batch_size=B), "train_data")
     dataset = OpensOnFirstUse(TRAIN)
