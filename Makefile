@@ -37,7 +37,9 @@ demo: $(RUNTIME)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile tests
 
+# Benchmarks time whole processes, PyTorch's too: every file compiled first, as pip would have left them.
 bench: $(STAMP)
+	$(COMPILE) || true
 	$(VENV)/bin/jaxtrain bench overhead
 
 clean:
