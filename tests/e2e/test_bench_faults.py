@@ -1,5 +1,7 @@
 """`jaxtrain bench faults` in quick mode, and how it judges and reports a resumed run."""
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -8,49 +10,58 @@ import pytest
 from jaxtrain.tools.bench import faults
 
 
-@pytest.mark.slow
-def test_quick_faults_benchmark_handles_each_moment_against_one_reference_run(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory) -> tuple[int, str, dict]:
     """An async save killed, a bit flipped in the newest checkpoint, a full disk, the data changed before
-    the resume: four trials against one uninterrupted reference run (one process, not one per moment)."""
-    out = tmp_path / "faults.json"
-    moments = ("async-save", "bit-flip", "disk-full", "changed-data")
-    code = faults.main(faults.FaultsBenchConfig(quick=True, moments=moments, out=str(out)))
-    printed = capsys.readouterr().out.rstrip()
-    results = json.loads(out.read_text())
+    the resume: four trials against one uninterrupted reference run (one process, not one per moment),
+    every run keeping an average of its weights (`--ema`). Returns the exit code, what it printed and
+    its JSON."""
+    out = tmp_path_factory.mktemp("faults") / "faults.json"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = faults.main(faults.FaultsBenchConfig(quick=True, moments=MOMENTS, ema=0.99, out=str(out)))
+    return code, printed.getvalue().rstrip(), json.loads(out.read_text())
+
+
+MOMENTS = ("async-save", "bit-flip", "disk-full", "changed-data")
+ONE = {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1, "skipped": 0, "attempts": [1]}
+
+
+@pytest.mark.slow
+def test_a_run_with_an_average_of_its_weights_resumes_bit_for_bit_after_sigkill(quick):
+    """Killed mid-epoch (bit-flip: then one bit flipped in its newest checkpoint) or during an async save,
+    a run resumes to every train-state array of the uninterrupted run, the average's included."""
+    code, _, results = quick
+    assert code == 0 and results["command"][-2:] == ["--ema", "0.99"]
+    assert results["moments"]["async-save"] == results["moments"]["bit-flip"] == ONE
+
+
+@pytest.mark.slow
+def test_quick_faults_benchmark_handles_each_moment_against_one_reference_run(quick):
+    code, printed, results = quick
     trials = {t["moment"]: t for t in results["trials"]}
-    assert list(trials) == list(moments) and code == 0, [t["error"] for t in results["trials"]]
+    assert list(trials) == list(MOMENTS) and code == 0, [t["error"] for t in results["trials"]]
     assert "--resume until it exits 0" in printed  # the table's title
-    one = {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1, "skipped": 0, "attempts": [1]}
     # The quick run saves at steps 20, 40, 50 (epoch end), 70, 90, 100 (epoch end): six kill points.
     assert results["reference"] == {"step": 100, "counts": {**results["reference"]["counts"], "async-save": 6}}
-    assert results["moments"]["async-save"] == results["moments"]["bit-flip"] == one
+    assert results["moments"]["async-save"] == results["moments"]["bit-flip"] == ONE
     trial = trials["async-save"]
     assert trial["killed_at"].startswith(f"async-save #{trial['nth']}: the ") and "save returned" in trial["killed_at"]
     assert trial["completed"] and trial["equal"] and trial["error"] is None
     trial = trials["bit-flip"]
     assert trial["killed_at"].startswith(f"mid-epoch #{trial['nth']}: ") and "one bit flipped" in trial["killed_at"]
     # the refused resume, then the accepted one; not compared with the reference (other data)
-    assert results["moments"]["changed-data"] == {**one, "equal": None, "attempts": [2]}
+    assert results["moments"]["changed-data"] == {**ONE, "equal": None, "attempts": [2]}
     trial = trials["changed-data"]
     assert trial["killed_at"].endswith("the file regenerated with --seed 1") and trial["error"] is None
     if trials["disk-full"]["skipped"]:  # no tmpfs without root: the other three are checked
         assert printed.endswith("3/3 faults handled (1 skipped)\n2/2 resumed runs equal the uninterrupted run")
         pytest.skip(trials["disk-full"]["error"])
     assert printed.endswith("4/4 faults handled\n3/3 resumed runs equal the uninterrupted run")
-    assert results["moments"]["disk-full"] == one
+    assert results["moments"]["disk-full"] == ONE
     trial = trials["disk-full"]
     assert trial["killed_at"].startswith("disk full (") and "error: cannot write a checkpoint to " in trial["killed_at"]
     assert results["equal"] == 3 and results["handled"] == results["total"] == 4
-
-
-@pytest.mark.slow
-def test_a_run_with_an_average_of_its_weights_resumes_bit_for_bit_after_sigkill(tmp_path, capsys):
-    out = tmp_path / "faults.json"
-    assert faults.main(faults.FaultsBenchConfig(quick=True, moments=("mid-epoch",), ema=0.99, out=str(out))) == 0
-    assert capsys.readouterr().out.rstrip().endswith("1/1 resumed runs equal the uninterrupted run")
-    results = json.loads(out.read_text())
-    assert results["moments"]["mid-epoch"]["equal"] == 1  # every train-state array, the average's included
-    assert results["command"][-2:] == ["--ema", "0.99"]
 
 
 def test_a_failure_is_handled_only_as_exit_2_and_one_error_line_naming_the_file():
