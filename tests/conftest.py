@@ -109,17 +109,26 @@ def pytest_pyfunc_call(pyfuncitem):
     return _devices.pyfunc_call(pyfuncitem)
 
 
+# A pytest worker's memory above which its programs are dropped at the end of a test module.
+RELEASE_ABOVE_BYTES = int(1.2 * 2**30)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _programs_released_after_each_module():
-    """Drops what a test module compiled when it ends (JAX's caches cleared, the heap trimmed), so a
-    pytest worker does not carry every earlier module's programs. A worker's memory grew module by
-    module to about 2.5 GB through the suite; with this its peak is 1.2-1.6 GB, set by the largest
-    single test, and the suite is no slower: a program needed again comes from the persistent
-    compilation cache that the suite shares. No full garbage collection here: it cost 0.3-0.4 s a
-    module (about 35 CPU s a run) and freed nothing more than the collector's own runs do
-    (docs/benchmarks.md, "The test suite's time")."""
+    """Drops what the test modules compiled (JAX's caches cleared, the heap trimmed) when a module ends
+    with the worker above RELEASE_ABOVE_BYTES resident, so that a pytest worker does not carry every
+    earlier module's programs. A worker's memory grew module by module to about 2.5 GB through the
+    suite. Dropped after every module, its peak was 1.4 GB, and every module that used a program
+    again paid for tracing, lowering and loading it from the persistent cache the suite shares:
+    tests/library and tests/recipes took 168-173 s that way, against 159-164 s with nothing dropped
+    (peak 2.2 GB) and 159 s with this limit (peak 1.9 GB; docs/benchmarks.md, "The test suite's time").
+    No full garbage collection here: it cost 0.3-0.4 s a module (about 35 CPU s a run) and freed
+    nothing more than the collector's own runs do."""
     yield
-    from jaxtrain._src.memory import release_free_heap
+    from jaxtrain._src.memory import process_memory, release_free_heap
 
+    memory = process_memory()
+    if memory is not None and memory["rss"] < RELEASE_ABOVE_BYTES:
+        return
     jax.clear_caches()
     release_free_heap()
