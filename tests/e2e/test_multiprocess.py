@@ -21,11 +21,13 @@ import pytest
 
 from jaxtrain._src.checkpoint import Checkpointer
 
-# 50 steps per epoch (calls of 8 steps and a remainder of 2); a step checkpoint every 24 steps. A step of
-# two processes costs tens of ms (gloo all-reduces over TCP): after the first checkpoint the killed job
-# still has 76 steps to train, seconds in which process 1 is killed.
+# 25 steps of 64 rows per epoch (calls of 8 steps and a remainder of 1); a step checkpoint every 12 steps.
+# A step of two processes costs tens of ms (gloo all-reduces over TCP), whatever its batch: after the
+# first checkpoint the killed job still has 38 steps to train, more than a second in which process 1 is
+# killed (the test looks for the checkpoint every 0.1 s).
 ARGS = ["train", "mlp-regression", "--data.samples", "1900", "--data.val-samples", "300", "--epochs", "2",
-        "--steps-per-call", "8", "--log-every", "16", "--checkpoint.every-steps", "24", "--quiet", "--no-tensorboard"]
+        "--batch-size", "64", "--steps-per-call", "8", "--log-every", "16", "--checkpoint.every-steps", "12",
+        "--quiet", "--no-tensorboard"]
 TIMEOUT_S = 5  # --dist.timeout-s of the job that loses a process
 RTOL = 1e-5
 
