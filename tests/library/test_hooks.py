@@ -182,7 +182,10 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     one = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=1), verbosity="summary",
                   session=Session(console=silent()))
     console = silent()
-    everything = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=0), verbosity="summary",
+    # The fused loop's K is what is measured here: with step_form="auto" a busy machine can time the plain
+    # step faster than the loop, and a run dispatched step by step measures no K (CI saw it once).
+    fused = {"steps_per_call": 0, "step_form": "scan"}
+    everything = run_fit(small_mlp(), mse, data, None, _config(**fused), verbosity="summary",
                          session=Session(console=console, auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
                                                                                 overhead_target=1e-12,
                                                                                 short_run_calls=0)))
@@ -198,7 +201,7 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     # Data on the device: the timed calls of K_a=2 ran K_b=4's program, masked; no program of 2 was compiled.
     compiled = [c["k"] for c in everything.summary["profile"]["compiles"] if c.get("what") == "train call"]
     assert compiled[0] == 4 and (2 not in compiled or expected == 2), compiled
-    lenient = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=0), verbosity="summary",
+    lenient = run_fit(small_mlp(), mse, data, None, _config(**fused), verbosity="summary",
                       session=Session(console=silent(), auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
                                                                              overhead_target=1e9, short_run_calls=0)))
     assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a
