@@ -10,6 +10,10 @@ import pytest
 from jaxtrain.tools.bench import faults
 
 
+MOMENTS = ("async-save", "bit-flip", "disk-full", "changed-data")
+ONE = {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1, "skipped": 0, "attempts": [1]}
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory) -> tuple[int, str, dict]:
     """An async save killed, a bit flipped in the newest checkpoint, a full disk, the data changed before
@@ -21,10 +25,6 @@ def quick(tmp_path_factory) -> tuple[int, str, dict]:
     with contextlib.redirect_stdout(printed):
         code = faults.main(faults.FaultsBenchConfig(quick=True, moments=MOMENTS, ema=0.99, out=str(out)))
     return code, printed.getvalue().rstrip(), json.loads(out.read_text())
-
-
-MOMENTS = ("async-save", "bit-flip", "disk-full", "changed-data")
-ONE = {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1, "skipped": 0, "attempts": [1]}
 
 
 @pytest.mark.slow
