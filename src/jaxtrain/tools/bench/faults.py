@@ -612,7 +612,7 @@ def main(config: FaultsBenchConfig) -> int:
     print_report(trials, config.moments, console)
     if config.out:
         results = {"config": dataclasses.asdict(config), "command": ["jaxtrain", *args],
-                   "reference": {"step": reference.step, "counts": counts},
+                   "reference": {"step": reference.step, "counts": counts, "arrays": sorted(reference.state)},
                    "moments": summarize(trials, config.moments), "trials": [dataclasses.asdict(t) for t in trials],
                    "equal": sum(t.equal for t in trials), "handled": sum(t.handled for t in trials),
                    "skipped": sum(t.skipped for t in trials), "total": len(trials)}
