@@ -117,6 +117,44 @@ print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {JAX!r} if m in sy
     assert len(seen["codes"]) == 21 and seen["heavy"] == []
 
 
+# The command's process with `main` stood in for: what the cycle collector holds frozen when the command starts.
+ENTRY = """
+import gc, json, sys
+from jaxtrain.tools import cli
+seen = []
+def main():
+    seen.append({"args": sys.argv[1:], "frozen": gc.get_freeze_count(), "enabled": gc.isenabled(),
+                 "jax": "jax" in sys.modules and "flax" in sys.modules and "optax" in sys.modules})
+    print(json.dumps(seen), flush=True)  # `train` ends the process at once (os._exit)
+    return 0
+cli.main = main
+for args in (["predict", "--help"], ["recipes"], ["train", "mlp-regression"]):
+    sys.argv = ["jaxtrain", *args]
+    try:
+        cli.entry_point()
+    except SystemExit:
+        pass
+"""
+
+
+@pytest.mark.slow
+def test_a_compiling_command_starts_with_its_imports_frozen_and_help_with_nothing_frozen():
+    # A process-wide setting (gc.freeze), so a fresh interpreter: about 230,000 objects of JAX, Flax,
+    # Optax and jaxtrain are out of the collector's walks when the command starts, and it still collects.
+    proc = subprocess.run([sys.executable, "-c", ENTRY], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    help_, recipes, train = json.loads(proc.stdout.strip().splitlines()[-1])
+    for light in (help_, recipes):  # answered without JAX: nothing imported, nothing frozen
+        assert light["frozen"] == 0 and light["enabled"] and not light["jax"], light
+    assert train["args"] == ["train", "mlp-regression"] and train["jax"] and train["enabled"]
+    assert train["frozen"] > 100_000, train
+    # ... and a process whose collector was off keeps it off.
+    code = ("import gc; from jaxtrain._src.memory import imports_outside_gc; gc.disable()\n"
+            "with imports_outside_gc(): import json\nprint(gc.isenabled(), gc.get_freeze_count() > 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
 def test_summary_writer_import_leaves_torch_importable(monkeypatch):
     monkeypatch.delitem(sys.modules, "tensorboardX.writer", raising=False)
     assert _summary_writer_class().__name__ == "SummaryWriter"

@@ -255,13 +255,15 @@ def cold_cache_env(variant: str, directory: Path) -> dict[str, str | None]:
 def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     """One jaxtrain run in this (fresh) process: the recipe's workload through `jaxtrain.fit`, no run
     directory, as `runs.train` would call it."""
-    from rich.console import Console
+    from jaxtrain._src.memory import imports_outside_gc, limit_free_heap, release_compiled_programs
 
-    from jaxtrain._src.compile_cache import cache_totals, enable_compile_cache
-    from jaxtrain._src.config import from_dict
-    from jaxtrain._src.loop import Session, run_fit
-    from jaxtrain._src.memory import limit_free_heap, release_compiled_programs
-    from jaxtrain.tools.recipes import get_recipe
+    with imports_outside_gc():  # as the `jaxtrain` command's process does
+        from rich.console import Console
+
+        from jaxtrain._src.compile_cache import cache_totals, enable_compile_cache
+        from jaxtrain._src.config import from_dict
+        from jaxtrain._src.loop import Session, run_fit
+        from jaxtrain.tools.recipes import get_recipe
 
     cache_dir = enable_compile_cache()  # as the `jaxtrain` command does
     before = cache_totals()  # every thread's: programs also compile in the background
