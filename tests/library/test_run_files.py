@@ -84,6 +84,25 @@ def test_resuming_an_early_stopped_run_trains_nothing_every_time(tmp_path, capsy
     assert _fit(run_dir, config=more, resume=True).summary["steps"] == 12
 
 
+def test_a_run_stopped_by_a_hook_resumes_to_the_uninterrupted_result():
+    """A time budget (a hook's `run.stop`) splits a run over several jobs: the resume trains on, where a
+    run early stopping stopped has nothing to train (the test above)."""
+    import tempfile
+
+    from conftest import leaves_close
+
+    config = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, tensorboard=False)
+    budget = LambdaHook(on_epoch_end=lambda run, record: run.stop("time budget") if run.epoch == 1 else None)
+    with tempfile.TemporaryDirectory() as tmp:
+        full = _fit(Path(tmp) / "full", config=config)
+        stopped = _fit(Path(tmp) / "split", config=config, hooks=[budget])
+        assert stopped.summary["status"] == "stopped early" and stopped.summary["stop_reason"] == "time budget"
+        resumed = _fit(Path(tmp) / "split", config=config, resume=True)
+    assert resumed.summary["status"] == "completed" and len(resumed.history) == 3
+    assert [r["train_loss"] for r in resumed.history] == [r["train_loss"] for r in full.history]
+    assert leaves_close(resumed.state.params, full.state.params) == 0.0
+
+
 @pytest.mark.parametrize("damage", ["checkpoints off", "checkpoints is a file"])
 def test_a_resume_with_no_checkpoint_never_destroys_a_finished_run(tmp_path, damage):
     run_dir = tmp_path / "run"

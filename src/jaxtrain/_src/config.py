@@ -191,6 +191,11 @@ class CheckpointConfig:
                f"checkpoint.keep_best={self.keep_best!r} must be an integer >= 0")
 
 
+EARLY_STOPPING_REASON = "stopped early: "
+"""How the early-stopping hook's stop reason begins (summary.json's `stop_reason`); a run that another
+hook stopped (`RunView.stop`) gives that hook's reason, and a resume continues it."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EarlyStoppingConfig:
     """Stop training when an epoch metric stops improving (the `EarlyStopping` hook)."""

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from jaxtrain._src.config import flat_dict
+from jaxtrain._src.config import EARLY_STOPPING_REASON, flat_dict
 from jaxtrain._src.errors import ConfigError, argument, resume_advice, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.report.run_dir import refuse_links
@@ -132,8 +132,9 @@ class RunGuard:
     def finished(self, step: int, more_epochs: bool) -> dict[str, Any] | None:
         """The summary of the run a resume finds finished at the checkpoint `step`, else None:
         summary.json says it completed at that step and the new `epochs` asks for no more
-        (`more_epochs` False), or it stopped early there and early stopping is set as it was.
-        Such a resume trains, compiles and rewrites nothing (one note says so)."""
+        (`more_epochs` False), or early stopping stopped it there and is set as it was. Such a resume
+        trains, compiles and rewrites nothing (one note says so). A run that another hook stopped (a
+        time budget, a sweep's pruner: `RunView.stop`) is not finished: the resume continues it."""
         try:
             summary = json.loads((self.path / "summary.json").read_text())
         except (OSError, ValueError):
@@ -145,8 +146,9 @@ class RunGuard:
         saved = flat_dict(self._reference)  # the checkpoint's settings: config.json may be gone
         new = flat_dict(self.config)
         same_stopping = all(saved.get(k) == v for k, v in new.items() if k.startswith("early_stopping."))
-        if summary.get("status") == "stopped early" and same_stopping:
-            self._note(f"the run stopped early at step {step} ({summary.get('stop_reason', 'a hook stopped it')}); "
+        by_early_stopping = str(summary.get("stop_reason", "")).startswith(EARLY_STOPPING_REASON)
+        if summary.get("status") == "stopped early" and by_early_stopping and same_stopping:
+            self._note(f"the run stopped early at step {step} ({summary['stop_reason']}); "
                        f"nothing to train (change {setting('early_stopping.patience')} to train further)")
             return summary
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxtrain._src.config import EARLY_STOPPING_REASON
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks.base import Run, RunHook
 
@@ -45,7 +46,7 @@ class EarlyStopping(RunHook):
             return
         self.wait += 1
         if self.wait >= self.patience:
-            run.stop_reason = (f"stopped early: {self.metric} did not improve for {self.patience} epochs "
+            run.stop_reason = (f"{EARLY_STOPPING_REASON}{self.metric} did not improve for {self.patience} epochs "
                                f"(best {self.best:.6f} at epoch {self.best_epoch})")
 
     def state_dict(self) -> dict[str, Any]:
