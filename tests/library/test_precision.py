@@ -14,7 +14,7 @@ from jaxtrain import DataConfig, OptimConfig, TrainConfig
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.models import MLP
-from jaxtrain._src.precision import LossScaleState, Policy, loss_scaling
+from jaxtrain._src.precision import FLOAT32_SHARE_NOTED, LossScaleState, Policy, loss_scaling
 
 
 def _fit(train, model=None, **overrides):
@@ -90,6 +90,55 @@ def test_fp16_recovers_from_an_overflow(tmp_path):
     assert 2.0**30 / 2**skipped <= float(result.state.opt_state.scale) * 2  # halved once per overflow
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(result.state.params))
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(result.state.params))
+
+
+class _Tagger(nnx.Module):
+    """Tokens -> tag logits: an embedding, then two dense layers (a Flax model as users write them)."""
+
+    def __init__(self, embed_dtype=None, *, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(50, 32, dtype=embed_dtype, rngs=rngs)
+        self.hidden, self.out = nnx.Linear(32, 64, rngs=rngs), nnx.Linear(64, 5, rngs=rngs)
+
+    def __call__(self, tokens):
+        return self.out(jax.nn.relu(self.hidden(self.embed(tokens)))).mean(axis=1)  # (B, 5)
+
+
+def _tag_loss(model, batch, key):
+    logits = model(batch["tokens"]).astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), {}
+
+
+def test_a_bf16_run_whose_layers_stay_float32_says_so_in_one_note(capsys):
+    """nnx.Embed computes in the dtype its table had when built (float32) unless given `dtype`, so
+    everything after it runs in float32 under precision="bf16": one note names the share of the
+    products that stay float32 and the fix; none with the fix, under fp32, or for the recipes' models."""
+    from jaxtrain._src.models import CNN
+    from jaxtrain._src.models.gpt import GPT, GPTConfig
+    from jaxtrain._src.precision import float32_share
+
+    rng = np.random.default_rng(0)
+    data = {"tokens": rng.integers(0, 50, (64, 12)).astype(np.int32), "y": rng.integers(0, 5, 64).astype(np.int32)}
+    config = TrainConfig(epochs=1, batch_size=16, steps_per_call=2, precision="bf16")
+    for embed_dtype, noted in ((None, True), (jnp.bfloat16, False)):
+        run_fit(_Tagger(embed_dtype, rngs=nnx.Rngs(0)), _tag_loss, data, None, config, verbosity="summary",
+                session=Session(console=silent()))
+        err = capsys.readouterr().err
+        assert ("100% of the loss's matrix products (FLOPs) still run in float32" in err) == noted, err
+        assert err.count("note:") == noted and ("dtype=jnp.bfloat16" in err) == noted
+    run_fit(_Tagger(rngs=nnx.Rngs(0)), _tag_loss, data, None, TrainConfig(**{**config.__dict__, "precision": "fp32"}),
+            verbosity="summary", session=Session(console=silent()))
+    assert "still run in float32" not in capsys.readouterr().err
+    bf16 = Policy("bf16")
+    batch = {"x": jax.ShapeDtypeStruct((4, 28, 28, 1), jnp.float32), "y": jax.ShapeDtypeStruct((4,), jnp.int32)}
+    cnn_loss = lambda m, b, k: (m(b["x"]).astype(jnp.float32).mean(), {})  # noqa: E731
+    assert float32_share(cnn_loss, CNN(rngs=nnx.Rngs(0)), batch, bf16) < 0.01  # only the 10-way head: float32
+    gpt = GPT(65, GPTConfig(block_size=16, n_layer=2, n_head=2, n_embd=32), rngs=nnx.Rngs(0))
+    tokens = {"x": jax.ShapeDtypeStruct((4, 16), jnp.int32)}
+    share = float32_share(lambda m, b, k: (m(b["x"]).astype(jnp.float32).mean(), {}), gpt, tokens, bf16)
+    assert share < FLOAT32_SHARE_NOTED, share  # its float32 logits come from bf16 products, accumulated in float32
+    rnn = nnx.Sequential(nnx.RNN(nnx.LSTMCell(8, 32, rngs=nnx.Rngs(0))), lambda h: h[:, -1])  # its carry: float32
+    steps = {"x": jax.ShapeDtypeStruct((4, 20, 8), jnp.float32)}
+    assert float32_share(lambda m, b, k: (m(b["x"]).mean(), {}), rnn, steps, bf16) > FLOAT32_SHARE_NOTED
 
 
 def test_bf16_computes_in_bf16_and_keeps_float32_state():

@@ -16,13 +16,17 @@ checkpointed and resumed with it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+import math
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
+from jax.extend.core import jaxprs_in_params
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, setting
+from jaxtrain._src.report.notes import note
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 
@@ -64,6 +68,62 @@ class Policy:
     def wrap(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
         """`tx` with dynamic loss scaling around it (fp16), else `tx`."""
         return loss_scaling(tx, self.loss_scale_init, self.loss_scale_period) if self.scaled else tx
+
+
+FLOAT32_SHARE_NOTED = 0.5  # above this share of the products' FLOPs in float32, a mixed-precision run says so
+
+
+def float32_share(loss_fn: Callable[..., Any], model: nnx.Module, batch: Any, policy: Policy) -> float | None:
+    """The share of the loss's matrix-product FLOPs (`dot_general`, `conv_general_dilated`, forward
+    pass, counted in its jaxpr, scans times their length) whose operands are still float32 when the
+    parameters and the batch are cast to `policy`'s dtype, as the train step casts them; None for
+    fp32, a loss without products, or one that does not trace here. `batch`: abstract shapes suffice.
+
+    A layer that fixes its compute dtype when it is built undoes the cast for everything after it:
+    `nnx.Embed` computes in its table's dtype at build (float32) unless given `dtype`, and a float32
+    constant, carry or input mixed into a product promotes it to float32."""
+    if policy.name == "fp32":
+        return None
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    try:
+        jaxpr = jax.make_jaxpr(lambda p, r, b, k: loss_fn(nnx.merge(graphdef, policy.cast(p), r, copy=True),
+                                                          policy.cast(b), k))(params, rest, batch, jax.random.key(0))
+    except Exception:  # noqa: BLE001 - a loss that does not trace here fails with its own error in the step
+        return None
+    flops = {"float32": 0.0, "other": 0.0}
+    _count_products(jaxpr, 1.0, flops)
+    total = flops["float32"] + flops["other"]
+    return flops["float32"] / total if total else None
+
+
+def _count_products(jaxpr: Any, times: float, flops: dict[str, float]) -> None:
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        name = eqn.primitive.name
+        if name in ("dot_general", "conv_general_dilated"):
+            lhs, rhs, out = eqn.invars[0].aval, eqn.invars[1].aval, eqn.outvars[0].aval
+            if name == "dot_general":
+                (contracting, _), _ = eqn.params["dimension_numbers"]
+                inner = math.prod(lhs.shape[d] for d in contracting)
+            else:  # per output element: the kernel's input features (per group) times its window
+                inner = math.prod(rhs.shape[d] for d in eqn.params["dimension_numbers"].rhs_spec[1:])
+            kind = "float32" if lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32 else "other"
+            flops[kind] += 2.0 * times * math.prod(out.shape) * inner
+        inner_times = times * eqn.params.get("length", 1) if name == "scan" else times
+        for sub in jaxprs_in_params(eqn.params):
+            _count_products(sub, inner_times, flops)
+
+
+def note_float32_products(loss_fn: Callable[..., Any], model: nnx.Module, batch: Any, policy: Policy) -> float | None:
+    """Notes, in one line, a mixed-precision run whose products mostly stay float32 (`float32_share`
+    above `FLOAT32_SHARE_NOTED`): it would train as fp32 does while its header says bf16. Returns the share."""
+    share = float32_share(loss_fn, model, batch, policy)
+    if share is not None and share > FLOAT32_SHARE_NOTED:
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}[policy.name]
+        note(f"{setting('precision', policy.name)}: {share:.0%} of the loss's matrix products (FLOPs) still run in "
+             f"float32: a layer keeps the dtype it was built with (nnx.Embed does unless given dtype=jnp.{dtype}; "
+             f"so does a float32 carry or constant) and everything after it computes in float32; give such layers "
+             f"dtype=jnp.{dtype} (their parameters stay float32)")
+    return share
 
 
 def policy_of(config: Any) -> Policy:

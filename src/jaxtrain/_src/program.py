@@ -25,7 +25,7 @@ from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.memory import release_free_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
-from jaxtrain._src.precision import Policy, policy_of
+from jaxtrain._src.precision import Policy, note_float32_products, policy_of
 from jaxtrain._src.rewrite import rewrite_loss
 from jaxtrain._src.sharding import Layout, make_layout
 from jaxtrain._src.state import TrainState, eval_graphdef, in_mode, init_state
@@ -167,6 +167,10 @@ def build_program(
     batch = _one_batch(train_data, config) if train_data is not None and config.rewrite != "off" else None
     if batch is not None:  # XLA:CPU's slow ops, rewritten before differentiation
         loss_fn, rewrites, clean = rewrite_loss(loss_fn, in_mode(model, train=True), batch, config.rewrite)
+    if policy.name != "fp32" and not abstract:  # products the model keeps in float32 under bf16 or fp16
+        mixed_batch = batch if batch is not None else (_one_batch(train_data, config) if train_data is not None else None)
+        if mixed_batch is not None:
+            note_float32_products(loss_fn, in_mode(model, train=True), mixed_batch, policy)
     lr = learning_rate_fn(tx, state.params, schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)
