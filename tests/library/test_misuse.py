@@ -188,3 +188,33 @@ def test_a_list_of_row_dicts_is_one_short_line():
         _fit(train=rows)
     _one_line(excinfo, "train_data is a list of 64 dicts, one per sample", "np.stack")
     assert len(str(excinfo.value)) < 300
+
+
+class _EvalOnlyBug(nnx.Module):
+    """A model whose evaluation mode (its own `use_running_average`, which `Module.eval()` sets) takes
+    a path that fails: the training pass alone would not find it."""
+
+    def __init__(self, *, rngs: nnx.Rngs):
+        self.dense = nnx.Linear(8, 3, rngs=rngs)
+        self.shift = nnx.Variable(jnp.zeros(4))
+        self.use_running_average = False
+
+    def __call__(self, x):
+        return self.dense(x - self.shift[...] if self.use_running_average else x)  # (B, 8) - (4,): fails
+
+
+def test_a_model_that_fails_only_in_evaluation_mode_is_refused_before_training():
+    from jaxtrain import LambdaHook
+
+    calls = []
+    data = regression_data(64)
+    with pytest.raises(DataError, match=r"loss_fn failed on a validation batch of x: float32 \(16, 8\), "
+                                        r"y: float32 \(16, 3\) with the model in evaluation mode, as validation runs "
+                                        r"it: .*shapes"):
+        run_fit(_EvalOnlyBug(rngs=nnx.Rngs(0)), mse, data, data, TrainConfig(epochs=1, batch_size=16),
+                hooks=[LambdaHook(after_call=lambda run, *rest: calls.append(run.step))], verbosity="silent",
+                session=Session(console=silent()))
+    assert calls == []  # refused before the first training call
+    # Without validation data nothing runs it in evaluation mode: it trains.
+    run_fit(_EvalOnlyBug(rngs=nnx.Rngs(0)), mse, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+            session=Session(console=silent()))

@@ -60,9 +60,17 @@ def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_da
         check_same_rows(batch, abstract_batch(val_data, batch_size, "val_data"))
         check_finite_arrays(val_data, "val_data", allow_nan=allow_nan)
     classes = check_loss_fn(model, loss_fn, batch, preprocess, augment)
+    if val_data is not None and has_modes(model):  # evaluation runs the model in its other mode
+        check_loss_fn(model, loss_fn, abstract_batch(val_data, batch_size, "val_data"), preprocess, train=False)
     check_labels(train_data, classes, batch_size, "train_data")
     if val_data is not None:
         check_labels(val_data, classes, batch_size, "val_data")
+
+
+def has_modes(model: nnx.Module) -> bool:
+    """Whether a module of `model` computes otherwise in evaluation mode (it has `deterministic` or
+    `use_running_average`, the attributes `state.in_mode` sets)."""
+    return any(hasattr(m, "deterministic") or hasattr(m, "use_running_average") for _, m in nnx.iter_modules(model))
 
 
 def abstract_batch(data: Any, batch_size: int, name: str = "data") -> Batch:
@@ -167,9 +175,10 @@ def check_same_rows(train: Batch, val: Batch) -> None:
 
 
 def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: Preprocess | None = None,
-                  augment: Augment | None = None) -> dict[str, tuple[int, tuple, tuple]]:
+                  augment: Augment | None = None, train: bool = True) -> dict[str, tuple[int, tuple, tuple]]:
     """Traces one step's forward pass on the abstract `batch` with `jax.eval_shape` and checks
     that `loss_fn` returns `(loss, metrics)`: a float scalar and a dict of scalar batch means.
+    `train` False: evaluation's pass instead (the model in evaluation mode, a validation batch).
 
     Returns:
       The class labels the trace found (see the module docstring): `{path: (C, logits shape,
@@ -179,7 +188,7 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
       DataError: a missing batch key, or a shape mismatch inside preprocess, augment or the model.
       ConfigError: what `loss_fn` returned cannot be trained on or logged.
     """
-    graphdef, params, model_state = nnx.split(in_mode(model, train=True), nnx.Param, ...)
+    graphdef, params, model_state = nnx.split(in_mode(model, train=train), nnx.Param, ...)
     seen: dict[str, Any] = {"outputs": []}  # what the trace saw, as shapes: no tracer leaves it
     candidates = _label_candidates(batch)
 
@@ -206,7 +215,8 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
         raise
     except (KeyError, IndexError, TypeError, ValueError) as e:
         if "stage" in seen:  # raised by preprocess, augment or loss_fn
-            _raise_misuse(e, seen["stage"], seen["batch"], transformed=preprocess is not None or augment is not None)
+            _raise_misuse(e, seen["stage"], seen["batch"], transformed=preprocess is not None or augment is not None,
+                          train=train)
         raise
     _check_outputs(seen["out"], jax.tree.leaves(batch)[0].shape[0])
     return _classes(seen["labels"], seen["outputs"])
@@ -345,23 +355,26 @@ def _check_outputs(out: Any, batch_size: int) -> None:
                               "such as jnp.mean(...)")
 
 
-def _raise_misuse(e: Exception, stage: str, batch: Any, transformed: bool) -> None:
+def _raise_misuse(e: Exception, stage: str, batch: Any, transformed: bool, train: bool = True) -> None:
     """Raises DataError for an error of the user's code that plainly comes from the batch; returns otherwise."""
     after = " (after preprocess/augment)" if transformed and stage == "loss_fn" else ""
+    kind = "training" if train else "validation"
+    if not train:
+        after += " with the model in evaluation mode, as validation runs it"
     if isinstance(e, KeyError) and isinstance(batch, Mapping) and e.args and e.args[0] not in batch:
-        raise DataError(f"{stage} asked a training batch for key {e.args[0]!r} but its keys are "
+        raise DataError(f"{stage} asked a {kind} batch for key {e.args[0]!r} but its keys are "
                         f"{list(batch)}{after}; name the data's arrays as {stage} expects") from e
     sequence = isinstance(batch, (tuple, list))
     if sequence and isinstance(e, TypeError) and "indices must be integers" in str(e):
-        raise DataError(f"{stage} indexes a training batch by name but training batches are a "
+        raise DataError(f"{stage} indexes a {kind} batch by name but {kind} batches are a "
                         f"{type(batch).__name__} of {len(batch)} arrays{after}; pass a dict of arrays") from e
     if sequence and isinstance(e, IndexError) and "out of range" in str(e):
-        raise DataError(f"{stage} indexes past the end of a training batch, a {type(batch).__name__} of "
+        raise DataError(f"{stage} indexes past the end of a {kind} batch, a {type(batch).__name__} of "
                         f"{len(batch)} arrays{after}") from e
     if isinstance(e, (TypeError, ValueError)) and not isinstance(e, jax.errors.JAXTypeError) and \
             _SHAPE_ERROR.search(str(e)):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"{stage} failed on a training batch of {_describe(batch)}{after}: {first}") from e
+        raise DataError(f"{stage} failed on a {kind} batch of {_describe(batch)}{after}: {first}") from e
 
 
 def _shapes(tree: Any) -> Any:
