@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jax
 
-__all__ = ["ENV", "cache_hits", "enable_compile_cache"]
+__all__ = ["ENV", "cache_hits", "command_cache_dir", "enable_compile_cache"]
 
 ENV = "JAXTRAIN_COMPILE_CACHE"
 MAX_BYTES = 2 << 30
@@ -30,6 +30,17 @@ def default_dir() -> Path:
     """`$XDG_CACHE_HOME/jaxtrain/xla`, else `~/.cache/jaxtrain/xla`."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "jaxtrain" / "xla"
+
+
+def command_cache_dir() -> Path | None:
+    """The directory the `jaxtrain` command's runs keep compiled programs in (`enable_compile_cache`
+    with no path, without turning anything on): the user's JAX cache, `JAXTRAIN_COMPILE_CACHE`, or
+    `default_dir()`; None when `JAXTRAIN_COMPILE_CACHE` is off."""
+    setting = os.environ.get(ENV, "").strip()
+    if setting.lower() in _OFF:
+        return None
+    own = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return Path(own or setting or default_dir())
 
 
 def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int = MAX_BYTES) -> Path | None:
@@ -51,7 +62,7 @@ def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int =
     own = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
     if own:
         return Path(own)
-    directory = Path(path or setting or default_dir())
+    directory = Path(path or command_cache_dir())
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:

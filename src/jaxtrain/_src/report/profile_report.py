@@ -180,7 +180,8 @@ def _notes(p: dict[str, Any], m: dict[str, Any]) -> list[str]:
                      "measures the steady state")
     if p["shares"]["compile"] >= COMPILE_NOTE_SHARE:
         notes.append(f"compilation is {p['shares']['compile']:.0%} of this run: paid once, it shrinks as the run "
-                     "grows (and cached programs skip it: JAX_COMPILATION_CACHE_DIR)")
+                     "grows (and programs in the persistent cache skip it: the jaxtrain command keeps one; "
+                     "jaxtrain.enable_compile_cache() from Python)")
     k, spe = p["steps_per_call"], p["steps_per_epoch"]
     short = sorted({c["k"] for c in p["recompilations"] if c["why"].startswith("last call of the epoch")})
     if short:

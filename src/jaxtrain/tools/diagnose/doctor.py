@@ -354,7 +354,7 @@ def check_config() -> Check:
             values[name] = os.environ[name]
     cache = values["jax_compilation_cache_dir"]
     value = (f"x64 {'on' if values['jax_enable_x64'] else 'off'}, matmul precision "
-             f"{values['jax_default_matmul_precision'] or 'default'}, compilation cache {cache or 'off'}, "
+             f"{values['jax_default_matmul_precision'] or 'default'}, JAX's compilation cache {cache or 'unset'}, "
              f"XLA_FLAGS {values['XLA_FLAGS'] or '(unset)'}")
     warnings = []
     if values["jax_enable_x64"]:
@@ -370,7 +370,12 @@ def check_config() -> Check:
         return Check("jax config", "warn", value, "; ".join(warnings), values)
     detail = "jaxtrain sets none of these (only a multi-process job: gloo CPU collectives)"
     if not cache:
-        detail += "; no cache: each process compiles afresh (JAX_COMPILATION_CACHE_DIR=DIR keeps programs)"
+        from jaxtrain._src.compile_cache import ENV, command_cache_dir
+
+        kept = command_cache_dir()
+        detail += (f"; the jaxtrain command keeps compiled programs in {kept} ({ENV}=off: none), your own "
+                   "scripts only after jaxtrain.enable_compile_cache()" if kept is not None else
+                   f"; {ENV}=off: the jaxtrain command compiles every program afresh")
     return Check("jax config", "ok", value, detail, values)
 
 
