@@ -155,6 +155,35 @@ def test_a_compiling_command_starts_with_its_imports_frozen_and_help_with_nothin
     assert out.stdout.split() == ["False", "True"]
 
 
+# The command's process, its heavy import made to fail as Ctrl-C (or a broken install) would make it.
+FAILED_IMPORT = """
+import sys
+class Finder:
+    def find_spec(self, name, path=None, target=None):
+        if name == "jaxtrain._src.loop":
+            raise {error}
+sys.meta_path.insert(0, Finder())
+sys.argv = ["jaxtrain", "train", "mlp-regression"]
+from jaxtrain.tools.cli import entry_point
+entry_point()
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_command_imports_is_one_line_and_a_closed_pipe_is_quiet():
+    run = lambda code, **kw: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # noqa: E731
+                                            timeout=60, **kw)
+    interrupted = run(FAILED_IMPORT.format(error="KeyboardInterrupt"))
+    assert (interrupted.returncode, interrupted.stderr) == (130, "interrupted\n")
+    broken = run(FAILED_IMPORT.format(error="ImportError('a broken install')"))  # not Ctrl-C: the error as it is
+    assert broken.returncode == 1 and "ImportError: a broken install" in broken.stderr
+    # `jaxtrain ... | head`: the reader leaves; the command ends as SIGPIPE would end it, without a traceback.
+    proc = subprocess.Popen([sys.executable, "-m", "jaxtrain", "train", "mlp-regression", "--help"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141 and proc.stderr.read() == ""
+
+
 def test_summary_writer_import_leaves_torch_importable(monkeypatch):
     monkeypatch.delitem(sys.modules, "tensorboardX.writer", raising=False)
     assert _summary_writer_class().__name__ == "SummaryWriter"

@@ -936,13 +936,33 @@ def _compiles(command: str, rest: Sequence[str]) -> bool:
 def entry_point() -> None:
     """The `jaxtrain` command's process: `main`, with a compiling command's imports kept out of the
     cycle collector's walks (`imports_outside_gc`: about 0.25 s of a short run's 2.9 CPU seconds),
-    and the interpreter's teardown skipped after `train`."""
-    if sys.argv[1:2] and _compiles(sys.argv[1], sys.argv[2:]):
-        from jaxtrain._src.memory import imports_outside_gc
+    and the interpreter's teardown skipped after `train`. Ctrl-C while it imports ends it with
+    `main`'s one line and exit code; a reader that stops reading (`jaxtrain ... | head`) ends it
+    quietly, exit code 141 as for SIGPIPE."""
+    seen: list[int] = []  # Ctrl-C while importing: jaxlib's extension reports it as an ImportError of its own
 
-        with imports_outside_gc():
-            import jaxtrain._src.loop  # noqa: F401 - JAX, Flax, Optax and jaxtrain: what every compiling command loads
-    code = main()
+    def interrupt(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        if sys.argv[1:2] and _compiles(sys.argv[1], sys.argv[2:]):
+            from jaxtrain._src.memory import imports_outside_gc
+
+            previous = signal.signal(signal.SIGINT, interrupt)
+            with imports_outside_gc():
+                import jaxtrain._src.loop  # noqa: F401 - JAX, Flax, Optax and jaxtrain: what every compiling command loads
+            signal.signal(signal.SIGINT, previous)
+        code = main()
+    except (KeyboardInterrupt, ImportError):  # before `main` took over (it says the same); nothing written yet
+        if not seen and not isinstance(sys.exception(), KeyboardInterrupt):
+            raise
+        print("interrupted", file=sys.stderr, flush=True)
+        os._exit(130)  # not the interpreter's teardown of modules the signal left half imported
+    except BrokenPipeError:
+        # Whatever is still buffered for the closed pipe goes nowhere, so that the exit does not fail on it.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     if sys.argv[1:2] == ["train"] and _nothing_left_running():
         # The run's files are closed and its threads done: skip the interpreter's teardown of JAX,
         # Orbax and every imported module (about 1 s of a 2-core machine; docs/benchmarks.md).
