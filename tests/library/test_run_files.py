@@ -266,3 +266,20 @@ def test_a_silent_run_with_checkpoints_says_nothing_and_resumes_saying_nothing(t
     fit(small_mlp(0), mse, regression_data(192), None, config, run_dir=tmp_path / "no-val", verbosity="silent")
     assert capfd.readouterr() == ("", "")
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_best_metric_the_epoch_record_lacks_is_refused_after_the_first_evaluation(tmp_path):
+    """A typo in the metric that ranks checkpoints would leave "best" meaningless: the first epoch with
+    an evaluation says so in one line (as early stopping's metric is checked), and the run starts again."""
+    data = regression_data(96)
+    config = TrainConfig(epochs=2, batch_size=16, tensorboard=False,
+                         checkpoint=CheckpointConfig(best_metric="val_accuracy", best_mode="max"))
+    with pytest.raises(ConfigError, match=r"CheckpointConfig\(best_metric=\"val_accuracy\"\) is not in the epoch record, so no "
+                                          r"checkpoint could be ranked; choose one of: train_loss, .*val_loss, val_mae, and start the run again"):
+        run_fit(small_mlp(), mse, data, data, config, run_dir=tmp_path / "run", verbosity="silent",
+                session=Session(console=silent()))
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"].startswith("failed")
+    fixed = TrainConfig(epochs=2, batch_size=16, tensorboard=False, checkpoint=CheckpointConfig(best_metric="val_mae"))
+    again = run_fit(small_mlp(), mse, data, data, fixed, run_dir=tmp_path / "run", resume="overwrite",
+                    verbosity="silent", session=Session(console=silent()))
+    assert again.summary["status"] == "completed" and again.summary["steps"] == 12
