@@ -34,6 +34,15 @@ def test_quiet_prints_the_final_result_and_nothing_else(tmp_path, capsys):
     assert (run_dir / "curves.png").is_file()  # drawn all the same, not announced
 
 
+def test_quiet_wins_over_a_verbosity_that_prints_more_a_resumes_kept_one_included(tmp_path, capsys):
+    run_dir, small = tmp_path / "run", [a for a in SMALL if a != "--checkpoint.no-enabled"]
+    assert main(["train", "mlp-regression", *small, "--verbosity", "summary", "--quiet", "--run-dir", str(run_dir)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 4
+    assert main(["train", "mlp-regression", "--resume", str(run_dir), "--epochs", "2", "--quiet"]) == 0  # kept: summary
+    out, err = capsys.readouterr()
+    assert err == "" and len(out.splitlines()) == 4 and out.startswith("mlp-regression completed: 2 epochs"), out
+
+
 def test_quiet_sweep_prints_its_result_not_a_line_per_trial(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert main(["sweep", "mlp-regression", *SMALL, "--space", "optim.lr=loguniform:1e-3:1e-2", "--trials", "1",
