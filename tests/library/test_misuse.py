@@ -1,5 +1,7 @@
 """Misuse of `fit` is one clear line (ConfigError or DataError) before anything is compiled or written."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -217,4 +219,17 @@ def test_a_model_that_fails_only_in_evaluation_mode_is_refused_before_training()
     assert calls == []  # refused before the first training call
     # Without validation data nothing runs it in evaluation mode: it trains.
     run_fit(_EvalOnlyBug(rngs=nnx.Rngs(0)), mse, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+            session=Session(console=silent()))
+
+
+def test_a_loss_fn_that_cannot_take_model_batch_and_key_is_one_line():
+    data = regression_data(32)
+    for loss_fn, takes in ((lambda model, batch: (jnp.zeros(()), {}), "(model, batch)"),
+                           (lambda model: (jnp.zeros(()), {}), "(model)")):
+        with pytest.raises(ConfigError, match=rf"loss_fn must take \(model, batch, key\) and return \(loss, metrics\); "
+                                              rf"it takes {re.escape(takes)}: add the arguments it lacks"):
+            run_fit(small_mlp(), loss_fn, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+                    session=Session(console=silent()))
+    keyed = lambda model, batch, key=None, *rest: mse(model, batch, key)  # noqa: E731 - extra optional ones are fine
+    run_fit(small_mlp(), keyed, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
             session=Session(console=silent()))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import re
 import threading
@@ -188,6 +189,7 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
       DataError: a missing batch key, or a shape mismatch inside preprocess, augment or the model.
       ConfigError: what `loss_fn` returned cannot be trained on or logged.
     """
+    _check_signature(loss_fn)
     graphdef, params, model_state = nnx.split(in_mode(model, train=train), nnx.Param, ...)
     seen: dict[str, Any] = {"outputs": []}  # what the trace saw, as shapes: no tracer leaves it
     candidates = _label_candidates(batch)
@@ -220,6 +222,19 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
         raise
     _check_outputs(seen["out"], jax.tree.leaves(batch)[0].shape[0])
     return _classes(seen["labels"], seen["outputs"])
+
+
+def _check_signature(loss_fn: LossFn) -> None:
+    """Raises ConfigError when `loss_fn` cannot be called as `loss_fn(model, batch, key)`."""
+    try:
+        signature = inspect.signature(loss_fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin, some callables): the trace will tell
+        return
+    try:
+        signature.bind(None, None, None)
+    except TypeError:
+        raise ConfigError(f"loss_fn must take (model, batch, key) and return (loss, metrics); it takes {signature}: "
+                          "add the arguments it lacks (an unused key included)") from None
 
 
 def _label_candidates(batch: Batch) -> set[str]:
