@@ -207,6 +207,8 @@ def _train(args: Sequence[str]) -> int:
         if (Path(run_dir) / "config.json").is_file():
             _, saved = runs.load_config(run_dir, recipe.name)
             saved = dataclasses.replace(saved, mesh="auto", dist=type(saved.dist)())  # where it runs is not the run
+            if "--quiet" in rest and "--verbosity" not in rest:  # not the kept --verbosity: this command's --quiet
+                saved = dataclasses.replace(saved, verbosity=recipe.config.verbosity)
             config = parse_config(type(recipe.config), saved, rest, prog)
         else:  # killed before it wrote its config: the command's settings start it from the beginning
             config = parse_config(type(recipe.config), recipe.config, rest, prog)

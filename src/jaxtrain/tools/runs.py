@@ -71,8 +71,7 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
         release_compiled_programs()
         _first_run = False
     try:
-        # --quiet wins over a --verbosity that prints more (a resume's, kept from the run it continues)
-        verbosity = "result" if config.quiet and config.verbosity != "silent" else config.verbosity
+        verbosity = "result" if config.quiet and config.verbosity == "progress" else config.verbosity
         return run_fit(w.model, w.loss_fn, w.train, w.val, config,
                        hooks=[_save_info(recipe, w, run_dir), *w.hooks, *hooks], preprocess=w.preprocess,
                        augment=w.augment, run_dir=run_dir,

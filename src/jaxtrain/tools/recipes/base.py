@@ -22,7 +22,7 @@ class RecipeConfig(TrainConfig):
     """Directory for config.json, metrics.jsonl, summary.json and checkpoints/; default runs/<recipe>-<timestamp>."""
     quiet: bool = False
     """Shorthand for --verbosity result: the final result (best and final metrics, the run directory)
-    and errors, nothing else; over any --verbosity that prints more."""
+    and errors, nothing else (a --verbosity given beside it wins)."""
     verbosity: Literal["progress", "summary", "result", "silent"] = "progress"
     """progress: header, a progress bar per epoch (one plain line per log interval when the output is
     not a terminal), summaries; summary: no progress; result: the final result alone; silent: nothing
