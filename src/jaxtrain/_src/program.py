@@ -164,13 +164,11 @@ def build_program(
         announce("state initialised")
     policy = policy_of(config)
     rewrites, clean = None, False
-    batch = _one_batch(train_data, config) if train_data is not None and config.rewrite != "off" else None
+    batch = _one_batch(train_data, config) if train_data is not None else None
     if batch is not None:  # XLA:CPU's slow ops, rewritten before differentiation
         loss_fn, rewrites, clean = rewrite_loss(loss_fn, in_mode(model, train=True), batch, config.rewrite)
-    if policy.name != "fp32" and not abstract:  # products the model keeps in float32 under bf16 or fp16
-        mixed_batch = batch if batch is not None else (_one_batch(train_data, config) if train_data is not None else None)
-        if mixed_batch is not None:
-            note_float32_products(loss_fn, in_mode(model, train=True), mixed_batch, policy)
+        if policy.name != "fp32" and not abstract:  # products the model keeps in float32 under bf16 or fp16
+            note_float32_products(loss_fn, in_mode(model, train=True), batch, policy)
     lr = learning_rate_fn(tx, state.params, schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)
