@@ -143,3 +143,21 @@ def test_the_library_never_imports_the_tools():
     imports = re.compile(r"^\s*(from|import)\s+jaxtrain\.tools", re.M)
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if imports.search(p.read_text())]
     assert offenders == []
+
+
+def test_the_config_check_names_the_cache_the_command_keeps_where_jax_has_none(monkeypatch, tmp_path):
+    """This process's JAX has no compilation cache (as `jaxtrain doctor`'s own has not), yet the `jaxtrain`
+    command keeps one: the check says where, or that JAXTRAIN_COMPILE_CACHE=off turned it off."""
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    suites = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    try:
+        monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", str(tmp_path / "xla"))
+        kept = doctor.check_config()
+        monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", "off")
+        off = doctor.check_config()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", suites)
+    assert "JAX's compilation cache unset" in kept.value
+    assert f"the jaxtrain command keeps compiled programs in {tmp_path / 'xla'} (JAXTRAIN_COMPILE_CACHE=off" in kept.detail
+    assert "JAXTRAIN_COMPILE_CACHE=off: the jaxtrain command compiles every program afresh" in off.detail

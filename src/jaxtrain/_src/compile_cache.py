@@ -39,8 +39,12 @@ def command_cache_dir() -> Path | None:
     setting = os.environ.get(ENV, "").strip()
     if setting.lower() in _OFF:
         return None
-    own = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    return Path(own or setting or default_dir())
+    return Path(_users_cache() or setting or default_dir())
+
+
+def _users_cache() -> str | None:
+    """The cache the user configured for JAX (`jax.config`, `JAX_COMPILATION_CACHE_DIR`), if any."""
+    return jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
 
 
 def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int = MAX_BYTES) -> Path | None:
@@ -56,13 +60,10 @@ def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int =
       The directory in use: the user's own when JAX already has one; None when
       `JAXTRAIN_COMPILE_CACHE` is off or the directory cannot be made (the run goes on compiling).
     """
-    setting = os.environ.get(ENV, "").strip()
-    if setting.lower() in _OFF:
-        return None
-    own = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if own:
-        return Path(own)
-    directory = Path(path or command_cache_dir())
+    directory = command_cache_dir()
+    if directory is None or _users_cache():  # off, or the user's own: left as it is
+        return directory
+    directory = Path(path) if path else directory
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:

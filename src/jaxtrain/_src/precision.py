@@ -113,9 +113,9 @@ def _count_products(jaxpr: Any, times: float, flops: dict[str, float]) -> None:
             _count_products(sub, inner_times, flops)
 
 
-def note_float32_products(loss_fn: Callable[..., Any], model: nnx.Module, batch: Any, policy: Policy) -> float | None:
+def note_float32_products(loss_fn: Callable[..., Any], model: nnx.Module, batch: Any, policy: Policy) -> None:
     """Notes, in one line, a mixed-precision run whose products mostly stay float32 (`float32_share`
-    above `FLOAT32_SHARE_NOTED`): it would train as fp32 does while its header says bf16. Returns the share."""
+    above `FLOAT32_SHARE_NOTED`): it would train as fp32 does while its header says bf16."""
     share = float32_share(loss_fn, model, batch, policy)
     if share is not None and share > FLOAT32_SHARE_NOTED:
         dtype = {"bf16": "bfloat16", "fp16": "float16"}[policy.name]
@@ -123,7 +123,6 @@ def note_float32_products(loss_fn: Callable[..., Any], model: nnx.Module, batch:
              f"float32: a layer keeps the dtype it was built with (nnx.Embed does unless given dtype=jnp.{dtype}; "
              f"so does a float32 carry or constant) and everything after it computes in float32; give such layers "
              f"dtype=jnp.{dtype} (their parameters stay float32)")
-    return share
 
 
 def policy_of(config: Any) -> Policy:

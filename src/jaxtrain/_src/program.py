@@ -166,9 +166,10 @@ def build_program(
     rewrites, clean = None, False
     batch = _one_batch(train_data, config) if train_data is not None else None
     if batch is not None:  # XLA:CPU's slow ops, rewritten before differentiation
-        loss_fn, rewrites, clean = rewrite_loss(loss_fn, in_mode(model, train=True), batch, config.rewrite)
+        training = in_mode(model, train=True)
+        loss_fn, rewrites, clean = rewrite_loss(loss_fn, training, batch, config.rewrite)
         if policy.name != "fp32" and not abstract:  # products the model keeps in float32 under bf16 or fp16
-            note_float32_products(loss_fn, in_mode(model, train=True), batch, policy)
+            note_float32_products(loss_fn, training, batch, policy)
     lr = learning_rate_fn(tx, state.params, schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)

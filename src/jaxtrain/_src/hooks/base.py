@@ -50,6 +50,15 @@ if TYPE_CHECKING:  # the run's parts, for their types only (hooks do not build t
     from jaxtrain._src.sharding import Layout
 
 
+def missing_metric(metric: str, record: dict[str, Any]) -> str | None:
+    """The epoch metrics `record` holds ("train_loss, val_loss, ..."), when `metric` should be among them
+    and is not (a typo, a metric the loss does not return); None when it is there, or when it is a
+    validation metric and the epoch evaluated nothing (`eval_every`, no validation data)."""
+    if metric in record or not ("val_loss" in record or not metric.startswith("val_")):
+        return None
+    return ", ".join(k for k in record if k.startswith(("train_", "val_")) and not k.endswith("_s"))
+
+
 class Hook:
     """Base class of hooks: every event is a no-op until overridden; events receive a `RunView`."""
 

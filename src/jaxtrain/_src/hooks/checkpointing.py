@@ -29,7 +29,7 @@ from jaxtrain._src.checkpoint import (
 from jaxtrain._src.config import CheckpointConfig
 from jaxtrain._src.data.fingerprint import data_change, describe, unchecked
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument, render, resume_advice, setting
-from jaxtrain._src.hooks.base import Run, RunHook
+from jaxtrain._src.hooks.base import Run, RunHook, missing_metric
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import fresh_skip_counters, restore_values, toggle_skip, without_values
@@ -156,8 +156,8 @@ class CheckpointHook(RunHook):
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         metric = self.config.best_metric
         self._save(run, {metric: record.get(metric)}, "epoch")
-        if self.config.keep_best and metric not in record and ("val_loss" in record or not metric.startswith("val_")):
-            known = ", ".join(k for k in record if k.startswith(("train_", "val_")) and not k.endswith("_s"))
+        known = missing_metric(metric, record) if self.config.keep_best else None
+        if known is not None:
             overwrite = argument("overwrite", True, python='resume="overwrite"')
             raise ConfigError(f"{setting('checkpoint.best_metric', metric)} is not in the epoch record, so no "
                               f"checkpoint could be ranked; choose one of: {known}, and start the run again with "

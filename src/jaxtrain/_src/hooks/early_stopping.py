@@ -6,7 +6,7 @@ from typing import Any
 
 from jaxtrain._src.config import EARLY_STOPPING_REASON
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.hooks.base import Run, RunHook
+from jaxtrain._src.hooks.base import Run, RunHook, missing_metric
 
 
 class EarlyStopping(RunHook):
@@ -33,11 +33,11 @@ class EarlyStopping(RunHook):
         self.wait = 0
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        if self.metric not in record:
-            if "val_loss" in record or not self.metric.startswith("val_"):
-                known = ", ".join(k for k in record if k.startswith(("train_", "val_")) and not k.endswith("_s"))
-                raise ConfigError(f"early stopping metric {self.metric!r} is not in the epoch record; choose one of: "
-                                  f"{known}")
+        known = missing_metric(self.metric, record)
+        if known is not None:
+            raise ConfigError(f"early stopping metric {self.metric!r} is not in the epoch record; choose one of: "
+                              f"{known}")
+        if self.metric not in record:  # no evaluation this epoch
             return
         value = record[self.metric]
         sign = 1.0 if self.mode == "min" else -1.0
