@@ -81,6 +81,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
         (["train", "mlp-regression", "--epochs", "0"], "error: epochs=0 must be an integer >= 1"),
         (["train", "mlp-regression", "--epochs", "many"], "error: Error parsing --epochs"),
         (["train", "mlp-regression", "--no-such-flag", "1"], "error: Unrecognized options: --no-such-flag"),
+        (["train", "mlp-regression", "--epoch", "1"],  # tyro's guesses, flags alone
+         "error: Unrecognized options: --epoch, 1 (did you mean --epochs or --steps-per-epoch?); see "),
         (["train", "mlp-regression", "--optim.name", "lion"],
          "error: invalid choice 'lion' for argument '--optim.name'"),
         (["train", "mlp-regression", "--data.samples", "100", "--data.val-samples", "10", "--batch-size", "500"],
@@ -106,6 +108,24 @@ def test_help_lists_every_field_with_its_default(capsys):
                  "--data.placement", "--run-dir", "--quiet", "--model.hidden"):
         assert flag in out, flag
     assert "default: 32" in out
+
+
+def test_a_recipes_help_lists_the_flags_that_are_not_config_fields(capsys):
+    # --preset, --resume and --overwrite are taken out before tyro parses the config, so tyro cannot list them.
+    def help_of(*args: str) -> str:
+        with pytest.raises(SystemExit) as info:
+            main(list(args))
+        assert info.value.code == 0
+        return capsys.readouterr().out
+
+    out = help_of("train", "char-gpt", "--preset", "seed", "--help")
+    assert out.index("char-gpt: a GPT decoder") < out.index("--preset NAME") < out.index("--epochs")
+    assert "presets (baby, seed, long)" in out
+    assert "--resume [RUN_DIR]" in out and "--overwrite" in out
+    out = help_of("train", "mlp-regression", "--help")  # no presets: no --preset line
+    assert "--preset" not in out and "--resume [RUN_DIR]" in out
+    out = help_of("summary", "char-gpt", "--help")  # not train's: --preset only
+    assert "--preset NAME" in out and "--resume" not in out and "--overwrite" not in out
 
 
 def test_recipes_lists_mlp_regression(capsys):

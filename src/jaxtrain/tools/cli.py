@@ -108,16 +108,16 @@ examples:
 COMPILING = ("train", "eval", "predict", "export", "summary", "sample", "profile", "tune", "sweep")
 
 
-def parse_config(cls: type, default: Any, args: Sequence[str], prog: str) -> Any:
+def parse_config(cls: type, default: Any, args: Sequence[str], prog: str, description: str | None = None) -> Any:
     """Parses `args` into `cls` (starting from `default`) with tyro.
 
     Parse errors become a one-line ConfigError instead of tyro's multi-line panel; `--help`
-    prints tyro's help and exits 0.
+    prints tyro's help (headed by `description` when given, else by `cls`'s docstring) and exits 0.
     """
     import tyro
 
     if "-h" in args or "--help" in args:
-        return tyro.cli(cls, default=default, args=list(args), prog=prog)
+        return tyro.cli(cls, default=default, args=list(args), prog=prog, description=description)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
@@ -139,6 +139,11 @@ def _panel_message(text: str) -> str:
             sections[-1].append(body)
     parts = sections[1] if len(sections) > 1 and sections[1] else sections[0]
     message = " ".join(parts).rstrip(".") or "invalid arguments"
+    # tyro's suggestions for a mistyped flag, as flags alone: `--epoch 1` -> "did you mean --epochs?"
+    guesses = [m.group(1) for part in sections[2:] if part[:1] == ["Perhaps you meant:"]
+               for line in part[1:] if (m := re.match(r"(--[\w.-]+)", line))]
+    if guesses:
+        message += f" (did you mean {' or '.join(dict.fromkeys(guesses[:3]))}?)"
     return re.sub(r"^Error parsing [\w.]+: ", "", message)  # our own ConfigError, wrapped by tyro
 
 
@@ -161,15 +166,34 @@ def _aliased(recipe: Any, args: Sequence[str]) -> list[str]:
     return out
 
 
-def _preset_config(recipe: Any, rest: list[str], prog: str) -> tuple[Any, str | None]:
+def _preset_config(recipe: Any, rest: list[str], prog: str, flags: Sequence[str] = ()) -> tuple[Any, str | None]:
     """`(config, preset)`: the recipe's config from `--preset NAME` (taken out of `rest`; None when
-    absent) and the other flags in `rest`."""
+    absent) and the other flags in `rest`. `flags`: the help's lines for the command's other flags
+    that are not config fields."""
     has_preset, preset = _pop_option(rest, "--preset")
+    known = ", ".join(recipe.presets) if recipe.presets else "none"
     if has_preset and preset not in recipe.presets:
-        known = ", ".join(recipe.presets) if recipe.presets else "none"
         raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
     default = recipe.presets[preset] if has_preset else recipe.config
-    return parse_config(type(recipe.config), default, rest, prog), preset
+    return parse_config(type(recipe.config), default, rest, prog, _recipe_help(recipe, flags)), preset
+
+
+def _recipe_help(recipe: Any, flags: Sequence[str]) -> str | None:
+    """The head of a recipe command's `--help`: the recipe's docstring, then the command's flags that
+    tyro cannot list (they are not fields of the config), `--preset` first where the recipe has presets.
+    None (tyro's own head, the docstring) when there are none."""
+    import inspect
+
+    presets = [f"  --preset NAME        start from one of the recipe's presets ({', '.join(recipe.presets)})"]
+    lines = [*(presets if recipe.presets else []), *flags]
+    if not lines:
+        return None
+    return f"{inspect.getdoc(type(recipe.config)) or recipe.name}\n\nbesides the options below:\n" + "\n".join(lines)
+
+
+# `jaxtrain train RECIPE --help`: the flags `_train` takes out before the config is parsed.
+TRAIN_FLAGS = ("  --resume [RUN_DIR]   continue a run from its newest checkpoint (default: the recipe's newest run)",
+               "  --overwrite          with --run-dir DIR: start again in a directory that holds a run")
 
 
 def _option_value(args: Sequence[str], flag: str) -> str | None:
@@ -214,7 +238,7 @@ def _train(args: Sequence[str]) -> int:
         else:  # killed before it wrote its config: the command's settings start it from the beginning
             config = parse_config(type(recipe.config), recipe.config, rest, prog)
     else:
-        config, _ = _preset_config(recipe, rest, prog)  # --help prints here, before JAX is imported
+        config, _ = _preset_config(recipe, rest, prog, TRAIN_FLAGS)  # --help prints here, before JAX is imported
     from jaxtrain.tools import runs
 
     runs.train(recipe, config, run_dir or config.run_dir, resume=resume, overwrite=overwrite)
