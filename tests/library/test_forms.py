@@ -146,6 +146,7 @@ def test_a_resumed_run_keeps_the_form_it_began_with(tmp_path, by_form):
     resumed = run_fit(small_mlp(), mse, DATA, VAL, longer, optimizer=OPTIMIZER, run_dir=tmp_path / "run", resume=True,
                       verbosity="silent", session=session)
     assert resumed.summary["step_form"]["form"] == "step" and not resumed.summary["step_form"]["ms_per_step"]
+    assert resumed.summary["step_form"]["why"] == "the form the run began with"  # not "set": this config says auto
     assert leaves_close(resumed.state.params, by_form["step"].state.params) == 0.0  # as the run never stopped
 
 

@@ -180,6 +180,16 @@ def test_a_run_directory_whose_files_are_links_is_refused(tmp_path, name):
     assert victim.read_text() == "precious\n" and sorted(p.name for p in run_dir.iterdir()) == sorted({".lock", name})
 
 
+@pytest.mark.parametrize("where, why", [("", "it is a file, not a folder"), ("run", "a folder on its path is a file")])
+def test_a_run_directory_that_is_a_file_is_refused_in_words(tmp_path, where, why):
+    file = tmp_path / "notes.txt"
+    file.write_text("precious\n")
+    with pytest.raises(ConfigError) as e:
+        _fit(file / where if where else file)
+    assert _one_line(e) == f"cannot use run directory {file / where if where else file}: {why}; choose another run_dir"
+    assert file.read_text() == "precious\n"
+
+
 def test_a_link_made_during_a_run_is_not_followed(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious\n")

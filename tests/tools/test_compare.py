@@ -69,6 +69,16 @@ def test_comparison_rows_come_from_the_summaries(two_runs):
     assert rows["steps"][0] == [f"{s['steps']:,}" for s in summaries]
 
 
+def test_how_much_a_run_printed_is_not_a_difference(two_runs, tmp_path):
+    loud = tmp_path / "loud"  # the fast run, as if it had run with --verbosity summary and without --quiet
+    loud.mkdir()
+    config = json.loads((two_runs[1] / "config.json").read_text())
+    assert config["quiet"] is True
+    config.update(quiet=False, verbosity="summary")
+    (loud / "config.json").write_text(json.dumps(config))
+    assert [key for key, _ in compare_runs([two_runs[0], loud]).differences] == ["optim.lr"]
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda p: p / "missing", "does not exist"),
     (lambda p: p, "not a jaxtrain run directory (no config.json)"),

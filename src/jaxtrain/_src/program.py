@@ -79,6 +79,8 @@ class Program:
         per_epoch = getattr(source, "steps_per_epoch", None) or max(steps_per_call, 1)
         chooser = StepsPerCall(steps_per_call, per_epoch, auto, self.total_steps - _step_of(self.state))
         step_form = StepForm(form or self.config.step_form, auto)
+        if step_form.fixed and self.config.step_form == "auto":  # a resume computes as its run did
+            step_form.why = "the form the run began with"
         if step_form.dispatched:  # a dispatched call's cost is its steps': no K to measure
             chooser.stop()
         return CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,

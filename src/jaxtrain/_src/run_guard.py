@@ -215,7 +215,9 @@ def lock_directory(path: Path, what: str, flag: str, holder: str, **facts: Any) 
         path.mkdir(parents=True, exist_ok=True)
         fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        why = f"{path / LOCK} is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        why = (f"{path / LOCK} is a symbolic link" if e.errno == errno.ELOOP
+               else "it is a file, not a folder" if path.is_file()
+               else "a folder on its path is a file" if e.errno == errno.ENOTDIR else e.strerror)
         raise ConfigError(f"cannot use {what} {path}: {why}; choose another {flag}", **facts) from None
     f = os.fdopen(fd, "r+", encoding="utf-8")
     try:

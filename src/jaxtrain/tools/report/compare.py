@@ -19,7 +19,8 @@ from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.memory import format_bytes
 from jaxtrain._src.report.plots import log_scale_with_plain_labels, save_figure
 
-IGNORED_KEYS = ("run_dir",)  # where a run lives, not what it did: it differs between any two runs
+# Where a run lives (it differs between any two runs) and how much it printed: not what it did.
+IGNORED_KEYS = ("run_dir", "quiet", "verbosity")
 COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974",
           "#64b5cd")
 _MISSING = object()
