@@ -63,6 +63,16 @@ def test_sweep_runs_trials_as_run_directories_continues_and_reproduces_the_best(
     assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "4", "--out", str(out)]) == 0
     assert len(sweep.load_study(out).trials) == 4 and len(list(out.glob("trial-*"))) == 4
     assert len({t.params["optim.lr"] for t in sweep.load_study(out).trials}) == 4  # no values drawn twice
+    # what a trial prints and keeps may change; what it trains may not: its objective would not compare
+    assert sweep.load_study(out).user_attrs["settings"]["epochs"] == 3
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--quiet", "--checkpoint.no-enabled", "--trials", "4",
+                     "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["sweep", "mlp-regression", *FLAGS, "--epochs", "2", "--optim.name", "sgd", *SPACE,
+                     "--trials", "5", "--out", str(out)]) == 2
+    assert ("trained its trials with --epochs 3, --optim.name adam, not --epochs 2, --optim.name sgd: their "
+            "val_loss would not compare;") in _one_line(capsys)
+    assert len(sweep.load_study(out).trials) == 4
     best = sweep.load_study(out).best_trial
     summary = json.loads((out / f"trial-{best.number:04d}" / "summary.json").read_text())
     assert summary["best_val_loss"] == pytest.approx(best.value, rel=1e-9)

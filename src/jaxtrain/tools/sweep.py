@@ -60,8 +60,8 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain import Hook, TrainingStopped
-from jaxtrain._src.config import MAX_SEED
-from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError, argument
+from jaxtrain._src.config import MAX_SEED, flat_dict, to_dict
+from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError, argument, setting
 from jaxtrain._src.memory import format_bytes
 from jaxtrain._src.report.run_dir import refuse_links
 from jaxtrain._src.run_guard import lock_directory
@@ -334,7 +334,8 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         range the config refuses), trials, workers, heartbeat or population < 1 or more than the
         machine holds, a seed out of range, an unknown sampler, pruner or direction, a sweep folder in
         use or holding symbolic links, a storage that cannot be opened, a study of another direction
-        or whose fields were drawn from other kinds of distribution.
+        whose fields were drawn from other kinds of distribution, or whose trials trained with other
+        settings (besides those in `FREE`: where a trial runs, what it prints and keeps).
       SweepStopped: SIGTERM or Ctrl-C stopped it (workers), or stopped `fit` in a trial.
       JaxtrainError: workers failed before the study held `trials` finished trials.
     """
@@ -362,6 +363,8 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         study_obj = job.open()
         _check_study(study_obj, job)
         study_obj.set_user_attr("objective", objective)  # for `sweep report`
+        if "settings" not in study_obj.user_attrs:
+            study_obj.set_user_attr("settings", _settings(job))
         if workers == 1:
             job.work(study_obj, console, "")
         else:
@@ -532,7 +535,8 @@ def _first_line(e: Any) -> str:
 
 def _check_study(study: Any, job: "_Job") -> None:
     """Refuses a study this sweep cannot continue: another direction (Optuna would keep the study's
-    silently), or a field its trials drew from another kind of distribution (the sampler would fail)."""
+    silently), a field its trials drew from another kind of distribution (the sampler would fail),
+    or settings other than those its trials trained with (`_check_settings`)."""
     import optuna
 
     if study.direction.name.lower() != job.direction:
@@ -550,6 +554,39 @@ def _check_study(study: Any, job: "_Job") -> None:
                                       f"as {_spec(name, drawn)}; keep that kind, or start another study "
                                       f"({argument('study', placeholder='NAME')}, or another {argument('out')})"
                                       ) from None
+    _check_settings(study, job)
+
+
+# Settings a study's trials may differ in: where and how they run, what they print and keep. The
+# others are the study's own: with another value, a trial's objective would not compare with theirs.
+FREE = ("run_dir", "quiet", "verbosity", "log_every", "steps_per_call", "step_form", "eval_batch_size", "tensorboard",
+        "track", "mesh", "dist", "checkpoint.enabled", "checkpoint.every_steps", "checkpoint.keep_last",
+        "checkpoint.keep_best", "data.prefetch")
+
+
+def _settings(job: "_Job") -> dict[str, Any]:
+    """What the sweep trains every trial with besides the values it draws (JSON, as the study keeps it)."""
+    import json
+
+    searched = {space.name for space in job.spaces}
+    values = {k: v for k, v in flat_dict(to_dict(job.config)).items()
+              if k not in searched and not any(k == p or k.startswith(p + ".") for p in FREE)}
+    return json.loads(json.dumps(values, default=str))
+
+
+def _check_settings(study: Any, job: "_Job") -> None:
+    """Refuses to continue a study whose trials trained with other settings (a field searched in
+    either sweep, or that only one of them knows, is not compared)."""
+    kept, ours = study.user_attrs.get("settings"), _settings(job)
+    if not isinstance(kept, dict):
+        return  # a study of an earlier version, or made by hand: nothing to compare with
+    changed = [k for k in sorted(kept.keys() & ours.keys()) if kept[k] != ours[k]]
+    if changed:
+        theirs = ", ".join(setting(k, kept[k]) for k in changed[:3]) + (", ..." if len(changed) > 3 else "")
+        given = ", ".join(setting(k, ours[k]) for k in changed[:3]) + (", ..." if len(changed) > 3 else "")
+        raise ConfigError(f"study {study.study_name} in {job.where} trained its trials with {theirs}, not {given}: "
+                          f"their {job.objective} would not compare; give the study's settings, or start another "
+                          f"study ({argument('study', placeholder='NAME')}, or another {argument('out')})")
 
 
 def _spec(name: str, d: Any) -> str:
