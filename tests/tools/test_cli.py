@@ -262,3 +262,24 @@ def test_resume_with_another_run_dir_is_one_line_and_records_nothing(tmp_path, c
 def test_sample_on_a_run_that_is_not_a_text_model_is_one_line_error(tmp_path, capsys):
     assert main(["sample", str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.strip() == f"error: run directory {tmp_path / 'nope'} does not exist"
+
+
+def test_resume_without_a_folder_finds_the_recipes_newest_run_whatever_its_name(tmp_path):
+    import os
+
+    from jaxtrain._src.errors import ConfigError
+    from jaxtrain.tools.runs import latest_run
+
+    for age, name, recipe in ((3, "mlp-regression-20261128-101500", "mlp-regression"), (2, "wide", "mlp-regression"),
+                              (1, "gpt", "char-gpt"), (0, "notes", None)):
+        run = tmp_path / name
+        run.mkdir()
+        if recipe is not None:
+            (run / "config.json").write_text(json.dumps({"recipe": recipe, "epochs": 1}))
+        os.utime(run, (1e9 - age, 1e9 - age))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{oops")
+    assert latest_run("mlp-regression", tmp_path) == tmp_path / "wide"  # named by --run-dir, newer than the default
+    assert latest_run("char-gpt", tmp_path) == tmp_path / "gpt"
+    with pytest.raises(ConfigError, match="no run of mnist-cnn under"):
+        latest_run("mnist-cnn", tmp_path)

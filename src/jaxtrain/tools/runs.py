@@ -176,8 +176,16 @@ def _import_in_background(module: str) -> None:
 
 
 def latest_run(recipe: str, root: str | os.PathLike = "runs") -> Path:
-    """The most recently modified `root/<recipe>-*` directory that has a config.json."""
-    runs = [p for p in Path(root).glob(f"{recipe}-*") if (p / "config.json").is_file()]
+    """The most recently modified directory under `root` whose config.json is a run of `recipe`,
+    whatever its name (`--run-dir runs/wide` as well as the default `runs/<recipe>-<time>`)."""
+
+    def of_recipe(path: Path) -> bool:
+        try:
+            return json.loads((path / "config.json").read_text()).get("recipe") == recipe
+        except (OSError, ValueError, AttributeError):  # not a run, or not one this can read
+            return False
+
+    runs = [p for p in Path(root).glob("*") if of_recipe(p)]
     if not runs:
         raise ConfigError(f"no run of {recipe} under {root}/ to resume; pass the run directory: --resume RUN_DIR")
     return max(runs, key=lambda p: p.stat().st_mtime)
