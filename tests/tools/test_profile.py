@@ -142,12 +142,15 @@ def test_hooks_that_sync_every_call_are_host_sync_bound():
          "precision": "fp32", "placement": "device", "platform": "gpu", "device": "gpu: test", "devices": 1,
          "compile_s": 1.0, "compiles": [], "epoch_compile_s": 0.0, "setup_copy_s": 0.1, "input_wait_s": 0.0,
          "background_copy_s": 0.0, "device_wait_s": 3.0, "dispatch_s": 0.1, "device_overhead_per_call_s": 1e-5,
-         "after_call_hooks_s": {"MyHook": 4.5, "MetricsHook": 0.1}, "epoch_hooks_s": 0.2, "flops_per_step": None,
-         "peak_flop_s": None, "budget_reached": False}
+         "after_call_hooks_s": {"MyHook": 4.5, "MetricsHook": 0.1}, "epoch_hooks_s": 0.2,
+         "user_hooks": ["MyHook"], "flops_per_step": None, "peak_flop_s": None, "budget_reached": False}
     p = build_profile(m)
     _check(p)
     assert p["verdict"] == "host-sync-bound" and "MyHook" in p["reason"]
     assert p["advice"][0]["flag"] is None and "MyHook" in p["advice"][0]["text"]
+    # The library's own hooks (the loss curves' background import) are not the user's to change.
+    library = build_profile({**m, "after_call_hooks_s": {"PlotHook": 4.5, "MetricsHook": 0.1}, "user_hooks": []})
+    assert library["advice"] and not [a for a in library["advice"] if "PlotHook" in a["text"]]
     assert p["mfu"] is None
 
 

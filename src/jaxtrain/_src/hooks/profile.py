@@ -171,6 +171,7 @@ class ProfileHook(RunHook):
             "device_wait_s": calls.wait_s + timing.get("device_wait_s", 0.0), "dispatch_s": calls.dispatch_s,
             "device_overhead_per_call_s": device_overhead_s,
             "after_call_hooks_s": hook_s.get("after_call", {}),
+            "user_hooks": sorted({type(h).__name__ for h in run.hooks if not isinstance(h, RunHook)}),
             "epoch_hooks_s": sum(hook_s.get("on_epoch_start", {}).values())
             + sum(hook_s.get("on_epoch_end", {}).values()),
             "flops_per_step": None if flops is None else flops / k,

@@ -151,7 +151,7 @@ def _advice(p: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
         if name == "MetricsHook":
             out.append(_item("host-sync-bound", setting("log_every", 10 * m["log_every"]), 0.9 * share,
                              "metrics are fetched from the device every log_every steps; each fetch waits for it"))
-        elif name not in ("ProfileHook", "ProgressHook"):
+        elif name in m.get("user_hooks", ()):  # the library's own hooks are not the user's to change
             out.append(_item("host-sync-bound", None, share, f"{name} works after every call: read device values "
                              "in `on_log` rows or every N calls, not after each call"))
     if m["platform"] != "cpu" and m["precision"] == "fp32":
