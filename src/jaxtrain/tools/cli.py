@@ -454,6 +454,15 @@ def train_command(recipe: str, flags: Sequence[str], replaced: Sequence[str]) ->
 
 
 TUNE_MAX_BATCH = 2**16  # `tune.MAX_BATCH`, written here so that the help imports no JAX (a test checks they agree)
+# `tune batch-size`'s own flags, in its help and (with the recipe's options) in `tune batch-size RECIPE --help`
+TUNE_FLAGS = (
+    "  --max-memory-gb G    cap of one training step (parameters + optimizer state + batch + temporaries), GiB;\n"
+    "                       default: the device's memory (a CPU's: the host's available RAM) less the data fit keeps "
+    "on it",
+    f"  --max-batch N        the largest batch tried (default {TUNE_MAX_BATCH}; at most half the training set)",
+    "  --seconds S          timed training per batch size (default 1)",
+    "  --no-throughput      train only the largest batch that fits (the trial), not every power of two up to it",
+    "  --out FILE.png       the plot (default runs/tune-RECIPE-batch-size.png)")
 
 
 def _tune(args: Sequence[str]) -> int:
@@ -462,15 +471,13 @@ def _tune(args: Sequence[str]) -> int:
     if args[:1] == ["lr"]:
         return _tune_lr(list(args[1:]))
     if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
+        flags = "\n".join(TUNE_FLAGS)
         print(f"""{usage}
 
-  --max-memory-gb G   cap of one training step (parameters + optimizer state + batch + temporaries), GiB;
-                      default: the device's memory (a CPU's: the host's available RAM) less the data fit keeps on it
-  --max-batch N       the largest batch tried (default {TUNE_MAX_BATCH}; at most half the training set)
-  --seconds S         timed training per batch size (default 1)
-  --no-throughput     train only the largest batch that fits (the trial), not every power of two up to it
-  --out FILE.png      the plot (default runs/tune-RECIPE-batch-size.png)
-  --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
+{flags}
+  --preset, OPTIONS    the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)
+
+the learning-rate range test: `jaxtrain tune lr --help` ({LR_USAGE.removeprefix("usage: ")})""")
         return 0
     if not args or args[0] != "batch-size":
         given = f" {args[0]!r}" if args else ""
@@ -489,7 +496,7 @@ def _tune(args: Sequence[str]) -> int:
     rest = [a for a in rest if a != "--no-throughput"]
     _, out = _pop_option(rest, "--out")
     flags = list(rest)
-    config, _ = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}")  # --help: no JAX
+    config, _ = _preset_config(recipe, rest, f"jaxtrain tune batch-size {recipe.name}", TUNE_FLAGS)  # --help: no JAX
     # the recommendation trains with the settings measured here: the recipe's flags, less those it sets
     command = train_command(recipe.name, flags, ["batch_size", "optim.lr", "optim.min_lr"])
     from jaxtrain.tools import tune
