@@ -184,5 +184,7 @@ def test_profile_command_stops_at_its_time_budget(capsys, tmp_path, monkeypatch)
 def test_profile_command_errors_are_one_line(capsys):
     assert main(["profile"]) == 2
     assert main(["profile", "mlp-regression", "--seconds", "0"]) == 2
+    assert main(["profile", "mlp-regression", "--run-dir", "runs/p"]) == 2  # accepted and ignored, before
     err = capsys.readouterr().err
     assert "missing recipe" in err and "--seconds 0 must be > 0" in err
+    assert "error: jaxtrain profile writes no run directory (nothing of the run is kept); drop --run-dir" in err

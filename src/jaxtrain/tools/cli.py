@@ -711,6 +711,9 @@ def _profile(args: Sequence[str]) -> int:
     has_trace, trace = _pop_option(rest, "--trace")
     if has_trace and trace is None:
         raise ConfigError(f"--trace needs a directory; {PROFILE_USAGE}")
+    if _option_value(rest, "--run-dir") is not None:
+        raise ConfigError("jaxtrain profile writes no run directory (nothing of the run is kept); drop --run-dir, or "
+                          "train with `jaxtrain train`: every run's summary.json holds the same profile")
     config, _ = _preset_config(recipe, rest, f"jaxtrain profile {recipe.name}")
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"profiling {recipe.name}: one epoch or {seconds:g} s of training, no validation ...")
