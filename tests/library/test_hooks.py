@@ -134,6 +134,16 @@ def test_early_stopping_stops_and_says_so(tmp_path):
     assert "stopped early: val_loss" in console.file.getvalue()
 
 
+def test_early_stopping_settings_without_patience_get_a_note_that_it_is_off(capsys):
+    data = regression_data(64)
+    for stopping, noted in ((EarlyStoppingConfig(metric="val_mae", mode="min"), True), (EarlyStoppingConfig(), False)):
+        run_fit(small_mlp(), mse, data, None, _config(epochs=1, early_stopping=stopping), verbosity="silent",
+                session=Session(console=silent()))
+        err = capsys.readouterr().err
+        assert ('note: EarlyStoppingConfig(metric="val_mae"): early stopping is off, so this has no effect; set '
+                "EarlyStoppingConfig(patience=N) to stop after N epochs without improvement" in err) == noted, err
+
+
 def test_early_stopping_hook_with_max_mode_and_min_delta():
     hook = EarlyStopping("val_accuracy", patience=2, mode="max", min_delta=0.01)
 

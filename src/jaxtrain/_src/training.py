@@ -27,8 +27,8 @@ from jax.experimental import multihost_utils
 
 from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.checks import abstract_batch
-from jaxtrain._src.config import TrainConfig
-from jaxtrain._src.errors import JaxtrainError, NonFiniteLossError
+from jaxtrain._src.config import EarlyStoppingConfig, TrainConfig
+from jaxtrain._src.errors import JaxtrainError, NonFiniteLossError, setting
 from jaxtrain._src.hooks import (
     EarlyStopping,
     Hook,
@@ -45,6 +45,7 @@ from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
 from jaxtrain._src.report import build_summary
 from jaxtrain._src.report.model_summary import model_summary
+from jaxtrain._src.report.notes import note
 from jaxtrain._src.state import in_mode
 from jaxtrain._src.step import LossFn, Preprocess
 
@@ -274,6 +275,7 @@ def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | Non
     files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
     plots (unless not `plots`), TensorBoard, the trackers of `config.track`, progress; each
     restored from `loop` when it has saved state."""
+    _note_idle_early_stopping(config.early_stopping)
     ordered = [
         MetricsHook(config.log_every, config.on_nan),
         *([evaluation] if evaluation else []),
@@ -291,6 +293,17 @@ def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | Non
         if hook.name in loop.hooks:
             hook.load_state_dict(loop.hooks[hook.name])
     return ordered
+
+
+def _note_idle_early_stopping(stopping: EarlyStoppingConfig) -> None:
+    """A note when early stopping's settings are given while it is off (patience 0, the default):
+    a Keras user sets the metric to watch and expects it watched."""
+    given = [f.name for f in dataclasses.fields(stopping)
+             if f.name != "patience" and getattr(stopping, f.name) != f.default]
+    if given and not stopping.patience:
+        names = ", ".join(setting(f"early_stopping.{name}", getattr(stopping, name)) for name in given)
+        note(f"{names}: early stopping is off, so this has no effect; set "
+             f"{setting('early_stopping.patience', placeholder='N')} to stop after N epochs without improvement")
 
 
 def summarise_model(model: nnx.Module, loss_fn: LossFn, train_data: Any, preprocess: Preprocess | None,
