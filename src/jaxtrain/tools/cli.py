@@ -171,8 +171,8 @@ def _preset_config(recipe: Any, rest: list[str], prog: str, flags: Sequence[str]
     absent) and the other flags in `rest`. `flags`: the help's lines for the command's other flags
     that are not config fields."""
     has_preset, preset = _pop_option(rest, "--preset")
-    known = ", ".join(recipe.presets) if recipe.presets else "none"
     if has_preset and preset not in recipe.presets:
+        known = ", ".join(recipe.presets) if recipe.presets else "none"
         raise ConfigError(f"unknown preset {preset!r} for {recipe.name}; presets: {known}")
     default = recipe.presets[preset] if has_preset else recipe.config
     return parse_config(type(recipe.config), default, rest, prog, _recipe_help(recipe, flags)), preset
