@@ -96,6 +96,16 @@ def test_predict_reproduces_the_runs_validation_loss_from_raw_inputs(trained, tm
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
 
 
+def test_a_recipe_runs_predictions_from_python_take_its_preprocessing(trained):
+    import jaxtrain
+
+    run = trained["mlp"]
+    raw = np.load(run / "raw.npy")
+    y = jaxtrain.predict(runs.load(run), raw, preprocess=runs.preprocess_of(run))
+    np.testing.assert_allclose(y, _reference("mlp", run, raw), rtol=1e-5, atol=1e-6)
+    assert runs.preprocess_of(trained["seq"]) is None  # its model takes the raw token rows as they are
+
+
 def test_predict_takes_inputs_from_hdf5_and_npz_named_as_the_model_input(trained, tmp_path):
     run = trained["mlp"]
     raw = np.load(run / "raw.npy")

@@ -251,10 +251,29 @@ def load(run_dir: str | os.PathLike, checkpoint: str = "best", model: nnx.Module
         `nnx.eval_shape(lambda: MyModel(..., rngs=nnx.Rngs(0)))` (no memory is spent on its
         initial weights); recipe runs need none.
 
+    The model alone: a recipe run's preprocessing (its inputs' normalisation) is not inside it.
+    Predict with both: `jaxtrain.predict(model, x, preprocess=runs.preprocess_of(run_dir))`.
+
     Example:
       >>> model = jaxtrain.load("runs/mine", model=nnx.eval_shape(lambda: MLP((8, 16, 3), rngs=nnx.Rngs(0))))
     """
     return restore_model(run_dir, checkpoint, model, weights)[0]
+
+
+def preprocess_of(run_dir: str | os.PathLike) -> Any:
+    """The preprocessing a recipe run trained with (from its predict.json), for `jaxtrain.predict`'s
+    `preprocess`; None when the run's model takes its raw inputs as they are.
+
+    Raises:
+      ConfigError: the run has no predict.json (see `read_predict_info`).
+
+    Example:
+      >>> y = jaxtrain.predict(runs.load("runs/mlp"), x_raw, preprocess=runs.preprocess_of("runs/mlp"))
+    """
+    from jaxtrain._src.data.transforms import from_spec
+
+    spec = read_predict_info(run_dir).get("preprocess")
+    return from_spec(spec) if spec else None
 
 
 def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, Any]:
@@ -339,13 +358,10 @@ def read_predict_info(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 def _saved_model(run_dir: str | os.PathLike, checkpoint: str, weights: str) -> tuple[Any, ...]:
     """`(recipe, config, model, preprocess, info, step)` of a recipe run, for prediction and export."""
-    from jaxtrain._src.data.transforms import from_spec
-
     info = read_predict_info(run_dir)
     recipe, config = load_config(run_dir)
     model, step = restore_model(run_dir, checkpoint, weights=weights)
-    preprocess = from_spec(info["preprocess"]) if info.get("preprocess") else None
-    return recipe, config, model, preprocess, info, step
+    return recipe, config, model, preprocess_of(run_dir), info, step
 
 
 def run_forward(run_dir: str | os.PathLike, checkpoint: str = "best", weights: str = "raw"
