@@ -181,8 +181,8 @@ def latest_run(recipe: str, root: str | os.PathLike = "runs") -> Path:
 
     def of_recipe(path: Path) -> bool:
         try:
-            return json.loads((path / "config.json").read_text()).get("recipe") == recipe
-        except (OSError, ValueError, AttributeError):  # not a run, or not one this can read
+            return read_config(path).get("recipe") == recipe
+        except (ConfigError, OSError, AttributeError):  # not a run, or not one this can read
             return False
 
     runs = [p for p in Path(root).glob("*") if of_recipe(p)]
@@ -270,10 +270,14 @@ def preprocess_of(run_dir: str | os.PathLike) -> Any:
     Example:
       >>> y = jaxtrain.predict(runs.load("runs/mlp"), x_raw, preprocess=runs.preprocess_of("runs/mlp"))
     """
+    return _preprocess(read_predict_info(run_dir))
+
+
+def _preprocess(info: dict[str, Any]) -> Any:
+    """The preprocessing a run's predict.json (`info`) describes, or None."""
     from jaxtrain._src.data.transforms import from_spec
 
-    spec = read_predict_info(run_dir).get("preprocess")
-    return from_spec(spec) if spec else None
+    return from_spec(info["preprocess"]) if info.get("preprocess") else None
 
 
 def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, Any]:
@@ -361,7 +365,7 @@ def _saved_model(run_dir: str | os.PathLike, checkpoint: str, weights: str) -> t
     info = read_predict_info(run_dir)
     recipe, config = load_config(run_dir)
     model, step = restore_model(run_dir, checkpoint, weights=weights)
-    return recipe, config, model, preprocess_of(run_dir), info, step
+    return recipe, config, model, _preprocess(info), info, step
 
 
 def run_forward(run_dir: str | os.PathLike, checkpoint: str = "best", weights: str = "raw"

@@ -582,11 +582,13 @@ def _check_settings(study: Any, job: "_Job") -> None:
         return  # a study of an earlier version, or made by hand: nothing to compare with
     changed = [k for k in sorted(kept.keys() & ours.keys()) if kept[k] != ours[k]]
     if changed:
-        theirs = ", ".join(setting(k, kept[k]) for k in changed[:3]) + (", ..." if len(changed) > 3 else "")
-        given = ", ".join(setting(k, ours[k]) for k in changed[:3]) + (", ..." if len(changed) > 3 else "")
-        raise ConfigError(f"study {study.study_name} in {job.where} trained its trials with {theirs}, not {given}: "
-                          f"their {job.objective} would not compare; give the study's settings, or start another "
-                          f"study ({argument('study', placeholder='NAME')}, or another {argument('out')})")
+        def listed(values: dict[str, Any]) -> str:
+            return ", ".join(setting(k, values[k]) for k in changed[:3]) + (", ..." if len(changed) > 3 else "")
+
+        another = f"({argument('study', placeholder='NAME')}, or another {argument('out')})"
+        raise ConfigError(f"study {study.study_name} in {job.where} trained its trials with {listed(kept)}, not "
+                          f"{listed(ours)}: their {job.objective} would not compare; give the study's settings, "
+                          f"or start another study {another}")
 
 
 def _spec(name: str, d: Any) -> str:
