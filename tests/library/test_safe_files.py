@@ -188,6 +188,24 @@ def test_weights_carry_their_checksum_and_a_flipped_bit_is_refused(tmp_path):
     assert "is damaged: its tensors' SHA-256 is" in _one_line(e)
 
 
+@pytest.mark.parametrize("edit", [(b'"dtype":"F32"', b'"dtype":"I32"'),  # the same bytes read as other numbers
+                                  (b'"format":"jaxtrain"', b'"format":"jaxtrainx"')])
+def test_weights_whose_header_was_edited_are_refused(tmp_path, edit):
+    path = save_weights(_model(), tmp_path / "w.safetensors")
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8: 8 + n])
+    assert header["__metadata__"]["header_sha256"]  # what the edit must match, and cannot
+    old, new = edit
+    assert data.count(old) >= 1
+    edited = data[8: 8 + n].replace(old, new, 1)
+    edited += b" " * (-len(edited) % 8)
+    path.write_bytes(struct.pack("<Q", len(edited)) + edited + data[8 + n:])
+    with pytest.raises(ConfigError) as e:
+        load_weights(_model(), path)
+    assert "is damaged: its header (names, dtypes, shapes, byte ranges) does not match" in _one_line(e)
+
+
 def test_weights_written_before_the_checksum_still_load(tmp_path):
     safetensors = pytest.importorskip("safetensors.numpy")
     model = _model()

@@ -9,9 +9,12 @@ The format (https://huggingface.co/docs/safetensors): an 8-byte little-endian he
 JSON header giving each tensor's dtype, shape and byte range, then the tensors' bytes, C order.
 It is written here (a few lines) rather than through the `safetensors` package, which the tests
 use as the independent reader. The header's `__metadata__` records each name's variable type
-(`Param`, `BatchStat`, ...) and `sha256`, the SHA-256 of the tensors' bytes (everything after the
-header), which reading checks: a file damaged on the disk or in transfer is refused in one line
-(a file written before the checksum was kept reads as before). PRNG keys are stored as their raw
+(`Param`, `BatchStat`, ...), `sha256`, the SHA-256 of the tensors' bytes (everything after the
+header), and `header_sha256`, the SHA-256 of the header itself (its canonical JSON without that
+entry: the names, dtypes, shapes, byte ranges and metadata that say how to read the bytes). Reading
+checks both: a file damaged on the disk or in transfer, or whose header was edited (a dtype changed
+from F32 to I32 reads the same bytes as other numbers), is refused in one line (a file written
+before a checksum was kept reads as before). PRNG keys are stored as their raw
 key data. Files are written whole or not at all (`jaxtrain._src.safe_files`).
 """
 
@@ -42,12 +45,21 @@ _DTYPES = {
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 _KEY = "key:"  # the metadata kind of a PRNG key stored as its key data: "key:<impl>"
 SHA256 = "sha256"  # the metadata entry holding the SHA-256 of the tensors' bytes
+HEADER_SHA256 = "header_sha256"  # the one holding the SHA-256 of the header without this entry
+
+
+def _header_digest(header: dict[str, Any]) -> str:
+    """SHA-256 of `header` (tensor entries and `__metadata__`, without HEADER_SHA256) as canonical JSON:
+    the same for the header written and the header read back, whatever its key order or spacing."""
+    metadata = {k: v for k, v in header.get("__metadata__", {}).items() if k != HEADER_SHA256}
+    canonical = json.dumps({**header, "__metadata__": metadata}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> str:
     """Writes `tensors` to `path` in the safetensors format, whole or not at all, with the SHA-256
-    of their bytes in the metadata (`sha256`); returns that checksum."""
+    of their bytes (`sha256`) and of the header (`header_sha256`) in the metadata; returns the first."""
     header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
     offset = 0
     arrays = []
@@ -63,6 +75,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
         digest.update(data)
         arrays.append(data)
     header["__metadata__"][SHA256] = digest.hexdigest()
+    header["__metadata__"][HEADER_SHA256] = _header_digest(header)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the tensors' bytes start 8-byte aligned
     with atomic_write(path, advice="write the weights elsewhere") as f:
@@ -93,9 +106,12 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
         header = json.loads(data[8: 8 + n])
         if not isinstance(header, dict):
             raise ValueError(f"its header is {type(header).__name__}, not a JSON object")
-        metadata = header.pop("__metadata__", {}) or {}
+        metadata = header.get("__metadata__", {}) or {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise ValueError("its __metadata__ is not an object of strings")
+        if HEADER_SHA256 in metadata and _header_digest(header) != metadata[HEADER_SHA256]:
+            raise _EditedHeader
+        header.pop("__metadata__", None)
         body = memoryview(data)[8 + n:]
         tensors = {}
         for name, t in header.items():
@@ -104,6 +120,9 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
             if not 0 <= begin <= end <= len(body) or end - begin != dtype.itemsize * int(np.prod(t["shape"])):
                 raise ValueError(f"{name}: byte range {begin}-{end} does not hold its shape {t['shape']}")
             tensors[name] = np.frombuffer(body[begin:end], dtype).reshape(t["shape"]).copy()
+    except _EditedHeader:
+        raise ConfigError(f"{path} is damaged: its header (names, dtypes, shapes, byte ranges) does not match the "
+                          "SHA-256 it records; copy or export the weights again") from None
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path} is not a safetensors file ({str(e).splitlines()[0][:200]})") from None
     if SHA256 in metadata:
@@ -112,6 +131,10 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
             raise ConfigError(f"{path} is damaged: its tensors' SHA-256 is {found[:12]}..., its header records "
                               f"{metadata[SHA256][:12]}...; copy or export the weights again")
     return tensors, metadata
+
+
+class _EditedHeader(Exception):
+    """A header whose recorded SHA-256 does not match it (raised and caught inside read_safetensors)."""
 
 
 def _name(path: tuple) -> str:
