@@ -56,3 +56,60 @@ def test_off_and_a_users_own_cache_are_respected(monkeypatch):
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/somewhere/theirs")
     assert str(enable_compile_cache()) == (own or "/somewhere/theirs")  # kept, not replaced
     assert jax.config.jax_compilation_cache_dir == own
+
+
+@pytest.fixture
+def no_jax_cache(monkeypatch):
+    """No cache configured for JAX (the suite configures its own): enable_compile_cache picks its own
+    directory; JAX's settings are put back afterwards."""
+    import jax
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_compilation_cache_max_size")
+    saved = {name: getattr(jax.config, name) for name in names}
+    jax.config.update("jax_compilation_cache_dir", None)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+
+
+def test_the_cache_is_made_private_whatever_the_umask(tmp_path, monkeypatch, no_jax_cache):
+    from jaxtrain import enable_compile_cache
+
+    monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", str(tmp_path / "xla"))
+    umask = os.umask(0)
+    try:
+        assert enable_compile_cache() == tmp_path / "xla"
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "xla").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775])
+def test_a_cache_others_may_write_to_is_not_used(tmp_path, monkeypatch, capsys, no_jax_cache, mode):
+    import jax
+
+    from jaxtrain import enable_compile_cache
+
+    shared = tmp_path / "xla"
+    shared.mkdir()
+    shared.chmod(mode)
+    monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", str(shared))
+    assert enable_compile_cache() is None and jax.config.jax_compilation_cache_dir is None
+    err = capsys.readouterr().err.strip()
+    assert err == (f"note: the compile cache {shared} is not used: others may write to it (mode {mode:o}), and its "
+                   "programs are native code this process would run; give JAXTRAIN_COMPILE_CACHE a directory of "
+                   "your own (or JAXTRAIN_COMPILE_CACHE=off)")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving a folder away needs root")
+def test_a_cache_another_user_owns_is_not_used(tmp_path, monkeypatch, capsys, no_jax_cache):
+    from jaxtrain import enable_compile_cache
+
+    theirs = tmp_path / "xla"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 4242, -1)
+    monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", str(theirs))
+    assert enable_compile_cache() is None
+    assert "it belongs to user id 4242, not to this user (0)" in capsys.readouterr().err

@@ -9,15 +9,23 @@ compile. `JAXTRAIN_COMPILE_CACHE=off` turns it off; `JAXTRAIN_COMPILE_CACHE=DIR`
 the user configured for JAX (`JAX_COMPILATION_CACHE_DIR`, `jax.config`) is left as it is. From
 Python, `jaxtrain.enable_compile_cache()` does the same (the library changes no global setting by
 itself).
+
+Its entries are native code that XLA loads and runs, so the directory must be the user's alone: it is
+made private (0700, whatever the umask), and one that another user owns, or that others may write to
+(world- or group-writable, sticky or not, as /tmp is) is not used: a one-line note says why, and the run
+compiles instead.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 
 import jax
+
+from jaxtrain._src.report.notes import note
 
 __all__ = ["ENV", "cache_hits", "command_cache_dir", "enable_compile_cache"]
 
@@ -58,20 +66,36 @@ def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int =
 
     Returns:
       The directory in use: the user's own when JAX already has one; None when
-      `JAXTRAIN_COMPILE_CACHE` is off or the directory cannot be made (the run goes on compiling).
+      `JAXTRAIN_COMPILE_CACHE` is off, or the directory cannot be made or is not this user's alone
+      (the run goes on compiling).
     """
     directory = command_cache_dir()
     if directory is None or _users_cache():  # off, or the user's own: left as it is
         return directory
     directory = Path(path) if path else directory
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # private under any umask (it only clears bits)
+        unsafe = _unsafe(directory)
     except OSError:
+        return None
+    if unsafe:
+        note(f"the compile cache {directory} is not used: {unsafe}, and its programs are native code this process "
+             f"would run; give {ENV} a directory of your own (or {ENV}=off)")
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program: small ones too
     jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
     return directory
+
+
+def _unsafe(directory: Path) -> str | None:
+    """Why another user could plant programs in `directory`, or None when only this user can write there."""
+    info = directory.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"it belongs to user id {info.st_uid}, not to this user ({os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"others may write to it (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
 
 
 # JAX's monitoring events: a program loaded from the persistent cache; one compiled (and written to it)
