@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from flax import nnx
 
 from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
 from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.safe_files import read_json_object
 
 __all__ = ["load", "load_with_step", "read_config"]
 
@@ -20,17 +20,14 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     """A run directory's config.json as a dict.
 
     Raises:
-      ConfigError: the directory or its config.json is missing or not JSON.
+      ConfigError: the directory or its config.json is missing, or config.json is not a JSON object.
     """
-    path = run_dir / "config.json"
     if not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} does not exist")
-    if not path.is_file():
+    config = read_json_object(run_dir / "config.json")
+    if config is None:
         raise ConfigError(f"{run_dir} is not a jaxtrain run directory (no config.json)")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    return config
 
 
 def load_with_step(run_dir: str | os.PathLike, model: nnx.Module, checkpoint: str = "best",

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -29,6 +30,7 @@ from jaxtrain._src.config import EARLY_STOPPING_REASON, flat_dict
 from jaxtrain._src.errors import ConfigError, argument, resume_advice, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.report.run_dir import refuse_links
+from jaxtrain._src.safe_files import read_json_object
 
 LOCK = ".lock"
 # What a run writes into its directory: all of it goes when a run overwrites it, nothing else does.
@@ -136,10 +138,10 @@ class RunGuard:
         trains, compiles and rewrites nothing (one note says so). A run that another hook stopped (a
         time budget, a sweep's pruner: `RunView.stop`) is not finished: the resume continues it."""
         try:
-            summary = json.loads((self.path / "summary.json").read_text())
-        except (OSError, ValueError):
+            summary = read_json_object(self.path / "summary.json")
+        except ConfigError:  # not the summary a run wrote: nothing says it finished
             return None
-        if not isinstance(summary, dict) or summary.get("steps") != step:
+        if summary is None or summary.get("steps") != step:
             return None
         if summary.get("status") == "completed" and not more_epochs:
             return summary  # the checkpoint's restore noted that there is nothing to train
@@ -177,7 +179,8 @@ class RunGuard:
 
     def _move_aside(self) -> None:
         """Moves the files of an unfinished run with nothing to resume to `RUN/previous-N/`."""
-        aside = next(p for p in (self.path / f"previous-{n}" for n in range(1, 10_000)) if not p.exists())
+        aside = next(p for p in (self.path / f"previous-{n}" for n in range(1, 10_000))
+                     if not os.path.lexists(p))  # a dangling link is in the way too
         aside.mkdir()
         for name in RUN_FILES + RUN_DIRS:
             if (self.path / name).exists():
@@ -213,12 +216,18 @@ def lock_directory(path: Path, what: str, flag: str, holder: str, **facts: Any) 
     """
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # O_NONBLOCK: a FIFO planted as .lock must not hang the open; it is refused below
+        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as e:
         why = (f"{path / LOCK} is a symbolic link" if e.errno == errno.ELOOP
                else "it is a file, not a folder" if path.is_file()
                else "a folder on its path is a file" if e.errno == errno.ENOTDIR else e.strerror)
         raise ConfigError(f"cannot use {what} {path}: {why}; choose another {flag}", **facts) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"cannot use {what} {path}: {path / LOCK} is not a file; remove it, or choose another "
+                          f"{flag}", **facts)
+    os.set_blocking(fd, True)
     f = os.fdopen(fd, "r+", encoding="utf-8")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -287,19 +296,14 @@ def check_resumable(saved: dict[str, Any], new: dict[str, Any], note: Callable[[
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    return read_json_object(path) or {}
 
 
 def _finished_status(path: Path) -> str | None:
     """summary.json's status when it says the run finished (completed, stopped early), else None."""
     try:
-        status = json.loads((path / "summary.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
+        status = (read_json_object(path / "summary.json") or {}).get("status")
+    except ConfigError:
         return None
     return status if isinstance(status, str) and status.startswith(FINISHED) else None
 

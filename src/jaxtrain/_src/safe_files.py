@@ -14,12 +14,17 @@ cleanup, with the disk's errors left for them to say.
 
 Errors a user can cause (a full or read-only disk, a missing folder, a link in the way) are
 `ConfigError`s of one line naming the file.
+
+`read_json_object(path)` is the one reader of the JSON files a run keeps (config.json, summary.json,
+...): whatever was put in their place (a JSON list, a FIFO, a folder, bytes that are not text) is one
+`ConfigError` line, never a traceback and never a read that blocks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import secrets
 import shutil
@@ -28,12 +33,12 @@ import socket
 import stat
 import threading
 from pathlib import Path
-from typing import BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
 from jaxtrain._src.errors import ConfigError
 
 __all__ = ["atomic_write", "check_target", "open_nofollow", "partial_file", "partial_folder", "probe_writable",
-           "refuse_link", "refuse_same_file", "remove_partials", "write_bytes", "write_text"]
+           "read_json_object", "refuse_link", "refuse_same_file", "remove_partials", "write_bytes", "write_text"]
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 ADVICE = "write it elsewhere"  # what a message says to do instead; callers name their own option
@@ -302,3 +307,32 @@ def probe_writable(folder: str | os.PathLike) -> None:
     fd, tmp = _temporary(Path(folder) / ".write-test")
     os.close(fd)
     os.unlink(tmp)
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The JSON object in the file `path`, or None when there is no file there.
+
+    Raises:
+      ConfigError: `path` is not a regular file (a folder, a FIFO: never opened, so never blocks), cannot
+        be read, is not JSON text, or holds another JSON value than an object; one line naming the file.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None  # a dangling link too
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{path} is not a file; move it away, or give another run directory")
+    try:
+        value = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ConfigError(f"{path} cannot be read ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        where = f" at line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise ConfigError(f"{path} is not valid JSON ({getattr(e, 'msg', 'not text')}{where})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} holds a JSON {type(value).__name__}, not the object jaxtrain wrote; "
+                          "it was changed or replaced: restore it, or give another run directory")
+    return value
