@@ -38,7 +38,7 @@ from jaxtrain._src.state import in_mode
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
 __all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_labels", "check_loss_fn",
-           "check_path_length", "check_same_rows"]
+           "check_numbers", "check_parameters", "check_path_length", "check_same_rows"]
 
 FINITE_CHECK_ELEMENTS = 1 << 26  # elements of one array checked whole for NaN/Inf; larger arrays are sampled
 _SHAPE_ERROR = re.compile(r"shape|dimension", re.IGNORECASE)  # how JAX's shape mismatches read
@@ -55,6 +55,10 @@ def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_da
         class labels outside the model's classes.
       ConfigError: `loss_fn` does not return a float scalar loss and a dict of scalar metrics.
     """
+    check_parameters(model)
+    check_numbers(train_data, "train_data")
+    if val_data is not None:
+        check_numbers(val_data, "val_data")
     batch = abstract_batch(train_data, batch_size, "train_data")
     check_finite_arrays(train_data, "train_data", allow_nan=allow_nan)
     if val_data is not None:
@@ -66,6 +70,34 @@ def check_fit_inputs(model: nnx.Module, loss_fn: LossFn, train_data: Any, val_da
     check_labels(train_data, classes, batch_size, "train_data")
     if val_data is not None:
         check_labels(val_data, classes, batch_size, "val_data")
+
+
+def check_parameters(model: nnx.Module) -> None:
+    """Raises ConfigError when `model` has no `nnx.Param` to train, or one whose dtype is not a float
+    (gradients need floating-point parameters: JAX's own error would come from inside the trace)."""
+    params = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    if not len(params):
+        raise ConfigError(f"the model ({type(model).__name__}) has no nnx.Param to train; create its weights as "
+                          "nnx.Param (nnx.Linear, nnx.Conv, ... do)")
+    for path, variable in params:
+        dtype = np.dtype(variable.get_value().dtype)
+        if not jnp.issubdtype(dtype, jnp.inexact):
+            name = ".".join(map(str, path))
+            raise ConfigError(f"model parameter {name} is {dtype}: gradients need floating-point parameters; "
+                              "create it as a float array, or keep it out of training as an nnx.Variable")
+
+
+def check_numbers(data: Any, name: str = "data") -> None:
+    """Raises DataError where an array of the pytree `data` holds strings or Python objects (NumPy's
+    dtypes U, S and O): JAX takes numbers only."""
+    if hasattr(data, "abstract_batch") or data_lib.is_source(data):
+        return  # sources check their rows as they read them
+    for path, x in jax.tree.flatten_with_path(data)[0]:
+        dtype = _dtype(x)
+        if dtype.kind in "USO":
+            what = "Python objects (ragged rows, or mixed types)" if dtype.kind == "O" else "strings"
+            raise DataError(f"{name}{jax.tree_util.keystr(path)} holds {what} ({dtype}); turn it into numbers "
+                            "first (tokenize text, encode labels, pad rows to one length)")
 
 
 def has_modes(model: nnx.Module) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 import typing
 from typing import Any, Literal, get_args
@@ -32,6 +33,22 @@ MAX_SEED = 2**32 - 1  # jax.random.key keeps the low 32 bits: 2**32 would be see
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def _plain_numbers(config: Any) -> None:
+    """Numbers as Python's own: a NumPy integer or float in an `int` or `float` field becomes an int or a
+    float (they come from arrays and sweeps; the JSON of config.json takes no NumPy scalars), and a bool
+    in a number field is refused (True is an int to Python: batch_size=True would train as batch 1)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.type not in ("int", "float"):
+            continue
+        kind = "an integer" if field.type == "int" else "a number"
+        _check(not isinstance(value, bool), f"{field.name}={value!r} must be {kind}, not True or False")
+        if isinstance(value, numbers.Integral) and not isinstance(value, int):
+            object.__setattr__(config, field.name, int(value))
+        elif field.type == "float" and isinstance(value, numbers.Real) and not isinstance(value, (int, float)):
+            object.__setattr__(config, field.name, float(value))
 
 
 def _check_choice(field: str, value: str, choices: type) -> None:
@@ -113,6 +130,7 @@ class OptimConfig:
     """Clip gradients to this global L2 norm before the update; 0 disables clipping."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         _check_choice("optim.name", self.name, Optimizer)
         _check_choice("optim.schedule", self.schedule, Schedule)
         _check_positive("optim.lr", self.lr)
@@ -156,6 +174,7 @@ class DataConfig:
     ogbg_molpcba example stores them); Inf is still refused, and so is NaN read from files."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         _check_choice("data.placement", self.placement, Placement)
         _check_choice("data.last_batch", self.last_batch, LastBatch)
         _check_non_negative("data.memory_budget_gb", self.memory_budget_gb)
@@ -182,6 +201,7 @@ class CheckpointConfig:
     """Whether lower (min) or higher (max) `best_metric` is better."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         _check_choice("checkpoint.best_mode", self.best_mode, BestMode)
         _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
                f"checkpoint.every_steps={self.every_steps!r} must be an integer >= 0")
@@ -210,6 +230,7 @@ class EarlyStoppingConfig:
     """Smallest change that counts as an improvement."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         _check_choice("early_stopping.mode", self.mode, BestMode)
         _check(isinstance(self.patience, int) and self.patience >= 0,
                f"early_stopping.patience={self.patience!r} must be an integer >= 0")
@@ -232,6 +253,7 @@ class DistConfig:
     stops with a message rather than waiting forever."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         _check_positive("dist.timeout_s", self.timeout_s)
         if not self.coordinator:
             _check(self.num_processes == 0 and self.process_id == -1,
@@ -313,6 +335,7 @@ class TrainConfig:
     export when they are asked for the averaged weights."""
 
     def __post_init__(self) -> None:
+        _plain_numbers(self)
         parse_mesh(self.mesh)
         _check_choice("on_nan", self.on_nan, OnNaN)
         _check_choice("precision", self.precision, Precision)

@@ -822,6 +822,8 @@ def adapt(data: Any, name: str = "data", seed: int = 0, allow_nan: bool = False)
                         "jaxtrain.data.NpySource(folder) for .npy/.npz shards")
     if _is_arrays(data) or np.isscalar(data):
         return data
+    if isinstance(data, Mapping) and data and all(isinstance(v, (list, tuple)) for v in data.values()):
+        return {k: np.asarray(v) for k, v in data.items()}  # columns as Python lists (Keras takes them too)
     if type(data).__name__ == "BatchMapDataset":  # a Grain MapDataset after .batch(n): its elements are batches
         return BatchStream(data, name, seed, allow_nan)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__") and not hasattr(data, "keys"):

@@ -1,0 +1,72 @@
+"""Inputs to `fit` from Python that JAX would refuse deep inside a trace, or that would train wrongly,
+are checked by their kind before anything is compiled or written (issue 63's probe): parameters that are
+not floats or absent, strings and objects among the arrays, bools and NumPy scalars as config numbers,
+and columns given as Python lists."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mse, regression_data, small_mlp
+from flax import nnx
+
+import jaxtrain
+from jaxtrain import ConfigError, DataError, OptimConfig, TrainConfig
+
+DATA = regression_data(64)
+CONFIG = TrainConfig(epochs=1, batch_size=16, steps_per_call=2, tensorboard=False)
+
+
+class _IntWeights(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.ones((8, 3), jnp.int32))
+
+    def __call__(self, x):
+        return x @ self.w
+
+
+class _NoWeights(nnx.Module):
+    def __call__(self, x):
+        return x[:, :3]
+
+
+def _one_line(e: pytest.ExceptionInfo) -> str:
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("model, message", [
+    (_IntWeights, "model parameter w is int32: gradients need floating-point parameters"),
+    (_NoWeights, "the model (_NoWeights) has no nnx.Param to train"),
+])
+def test_parameters_that_cannot_train_are_one_line_before_the_run_directory(tmp_path, model, message):
+    with pytest.raises(ConfigError) as e:
+        jaxtrain.fit(model(), mse, DATA, config=CONFIG, run_dir=tmp_path / "run", verbosity="silent")
+    assert message in _one_line(e)
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("dtype, what", [(object, "Python objects"), (str, "strings (<U")])
+def test_string_and_object_arrays_are_one_line(dtype, what):
+    for data, val, name in [({**DATA, "x": DATA["x"].astype(dtype)}, None, "train_data['x']"),
+                            (DATA, {**DATA, "y": DATA["y"].astype(dtype)}, "val_data['y']")]:
+        with pytest.raises(DataError) as e:
+            jaxtrain.fit(small_mlp(), mse, data, val, config=CONFIG, verbosity="silent")
+        assert f"{name} holds {what}" in _one_line(e) and "turn it into numbers first" in _one_line(e)
+
+
+def test_columns_given_as_python_lists_train_like_their_arrays():
+    lists = {k: v.tolist() for k, v in DATA.items()}
+    by_lists = jaxtrain.fit(small_mlp(), mse, lists, config=CONFIG, verbosity="silent")
+    by_arrays = jaxtrain.fit(small_mlp(), mse, DATA, config=CONFIG, verbosity="silent")
+    assert by_lists.final_train_loss == by_arrays.final_train_loss
+
+
+def test_config_numbers_take_numpy_scalars_and_refuse_bools():
+    config = TrainConfig(epochs=np.int64(3), batch_size=np.int32(16), optim=OptimConfig(lr=np.float32(0.01)))
+    assert (type(config.epochs), type(config.batch_size), type(config.optim.lr)) == (int, int, float)
+    assert config.optim.lr == pytest.approx(0.01)
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(batch_size=True)  # would train as batch 1
+    assert "batch_size=True must be an integer, not True or False" in _one_line(e)
+    with pytest.raises(ConfigError, match="weight_decay=False must be a number, not True or False"):
+        OptimConfig(weight_decay=False)
