@@ -113,3 +113,41 @@ def test_a_cache_another_user_owns_is_not_used(tmp_path, monkeypatch, capsys, no
     monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", str(theirs))
     assert enable_compile_cache() is None
     assert "it belongs to user id 4242, not to this user (0)" in capsys.readouterr().err
+
+
+def test_a_cache_on_a_read_only_disk_is_one_note(tmp_path, monkeypatch, capsys, no_jax_cache):
+    import errno
+
+    from jaxtrain import enable_compile_cache
+    from jaxtrain._src import compile_cache
+
+    def read_only(folder):  # what a write meets on a read-only mount (root writes through mode bits alone)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(compile_cache, "probe_writable", read_only)
+    monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", str(tmp_path / "xla"))
+    assert enable_compile_cache() is None
+    assert capsys.readouterr().err.strip() == (
+        f"note: the compile cache {tmp_path / 'xla'} is not used: it cannot be written (Read-only file system); "
+        "programs are compiled afresh (give JAXTRAIN_COMPILE_CACHE another directory, or JAXTRAIN_COMPILE_CACHE=off)")
+
+
+def test_a_full_disk_under_the_cache_warns_nothing(tmp_path, monkeypatch, no_jax_cache):
+    import errno
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxtrain import enable_compile_cache
+
+    def full(*args, **kwargs):  # what writing an entry meets once the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setenv("JAXTRAIN_COMPILE_CACHE", str(tmp_path / "xla"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert enable_compile_cache() == tmp_path / "xla"
+        monkeypatch.setattr("jax._src.compilation_cache.put_executable_and_time", full)
+        jax.jit(lambda x: x * 3.0 + 1.0)(jnp.arange(7.0)).block_until_ready()
+    assert not [w for w in caught if "compilation cache" in str(w.message)]

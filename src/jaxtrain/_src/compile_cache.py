@@ -13,7 +13,9 @@ itself).
 Its entries are native code that XLA loads and runs, so the directory must be the user's alone: it is
 made private (0700, whatever the umask), and one that another user owns, or that others may write to
 (world- or group-writable, sticky or not, as /tmp is) is not used: a one-line note says why, and the run
-compiles instead.
+compiles instead. A folder this process cannot write to (a read-only disk) is not used either (one
+note); a disk that fills up during the run stops the cache growing without JAX's warning per program
+(the programs compile as they would without it, nothing else changes).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import warnings
 from pathlib import Path
 
 import jax
 
 from jaxtrain._src.report.notes import note
+from jaxtrain._src.safe_files import probe_writable
 
 __all__ = ["ENV", "cache_hits", "command_cache_dir", "enable_compile_cache"]
 
@@ -82,9 +86,17 @@ def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int =
         note(f"the compile cache {directory} is not used: {unsafe}, and its programs are native code this process "
              f"would run; give {ENV} a directory of your own (or {ENV}=off)")
         return None
+    try:
+        probe_writable(directory)
+    except OSError as e:
+        note(f"the compile cache {directory} is not used: it cannot be written ({e.strerror or e}); programs are "
+             f"compiled afresh (give {ENV} another directory, or {ENV}=off)")
+        return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program: small ones too
     jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
+    # A full disk: JAX warns for each program it then cannot write (several lines each); the run is unharmed
+    warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
     return directory
 
 
