@@ -9,7 +9,8 @@ blocks), and the next batch is handed to the device while the current one comput
 holds a few batches whatever the size of the inputs; `predict_batches` yields the outputs batch
 by batch for callers that write them out as they come (`jaxtrain predict`). Input rows holding NaN
 or Inf are refused by default, naming them (their outputs would be NaN): `allow_nonfinite=True`
-predicts them anyway.
+predicts them anyway. Finite inputs whose outputs are not (values far outside the training data's
+range, 3e38, overflow the model) are predicted, with one note counting those rows.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flax import nnx
 
 from jaxtrain._src.data.arrays import is_source, num_rows
 from jaxtrain._src.errors import ConfigError, DataError, argument
+from jaxtrain._src.report.notes import note
 from jaxtrain._src.sharding import Layout, make_layout
 from jaxtrain._src.state import eval_graphdef
 from jaxtrain._src.step import Preprocess
@@ -160,12 +162,36 @@ def predict_batches(model: nnx.Module | Forward, data: Any, *, batch_size: int |
     size = min(batch_size or DEFAULT_BATCH_SIZE, n)
     size = -(-size // devices) * devices  # a multiple of the data axis: each device takes equal rows
     pending: collections.deque = collections.deque()
+    overflowed = _Overflow()
     for block, valid in _batches(data, size, allow_nonfinite):
         pending.append((forward(block), valid))
         if len(pending) > 1:
-            yield _host(*pending.popleft())
+            yield overflowed.count(_host(*pending.popleft()))
     while pending:
-        yield _host(*pending.popleft())
+        yield overflowed.count(_host(*pending.popleft()))
+    if overflowed.rows and not allow_nonfinite:  # finite inputs (checked above), outputs that are not
+        note(f"the outputs of {overflowed.rows:,} of {n:,} rows are NaN or Inf (first: row {overflowed.first:,}) "
+             "although their inputs are finite: values far outside the training data's range overflow the "
+             "model; check the inputs' scale and preprocessing")
+
+
+class _Overflow:
+    """Counts the rows whose floating outputs are not finite, batch by batch."""
+
+    def __init__(self) -> None:
+        self.rows, self.seen, self.first = 0, 0, -1
+
+    def count(self, outputs: Any) -> Any:
+        bad = None
+        for y in jax.tree.leaves(outputs):
+            if y.dtype.kind in "fc" and y.ndim:
+                rows = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+                bad = rows if bad is None else bad | rows
+        if bad is not None and bad.any():
+            self.first = self.first if self.rows else self.seen + int(np.argmax(bad))
+            self.rows += int(bad.sum())
+        self.seen += len(jax.tree.leaves(outputs)[0]) if jax.tree.leaves(outputs) else 0
+        return outputs
 
 
 def _host(outputs: Any, valid: int) -> Any:

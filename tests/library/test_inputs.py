@@ -1,7 +1,7 @@
 """Inputs to `fit` from Python that JAX would refuse deep inside a trace, or that would train wrongly,
 are checked by their kind before anything is compiled or written (issue 63's probe): parameters that are
 not floats or absent, strings and objects among the arrays, bools and NumPy scalars as config numbers,
-and columns given as Python lists."""
+and columns given as Python lists. Inputs to `predict` so large that the outputs overflow get a note."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -70,3 +70,16 @@ def test_config_numbers_take_numpy_scalars_and_refuse_bools():
     assert "batch_size=True must be an integer, not True or False" in _one_line(e)
     with pytest.raises(ConfigError, match="weight_decay=False must be a number, not True or False"):
         OptimConfig(weight_decay=False)
+
+
+def test_predict_notes_rows_whose_finite_inputs_overflow(capsys):
+    model = small_mlp()
+    x = DATA["x"][:10].copy()
+    x[[3, 7]] = 3e38  # finite, and far outside anything trained on
+    y = jaxtrain.predict(model, x, batch_size=4)
+    assert np.isfinite(y[[0, 1, 2, 4, 5, 6, 8, 9]]).all() and not np.isfinite(y[[3, 7]]).all(axis=1).any()
+    assert capsys.readouterr().err.strip() == (
+        "note: the outputs of 2 of 10 rows are NaN or Inf (first: row 3) although their inputs are finite: values "
+        "far outside the training data's range overflow the model; check the inputs' scale and preprocessing")
+    jaxtrain.predict(model, DATA["x"][:10])
+    assert capsys.readouterr().err == ""  # nothing to say
