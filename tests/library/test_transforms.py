@@ -30,3 +30,15 @@ def test_compose_applies_in_order_with_separate_keys():
     np.testing.assert_allclose(compose(shift, double)({"x": jnp.ones(3)})["x"], 4.0)
     out = compose(gaussian_noise("x", 1.0), gaussian_noise("x", 1.0))({"x": jnp.zeros(1000)}, jax.random.key(0))
     assert float(jnp.std(out["x"])) == pytest.approx(np.sqrt(2), rel=0.1)
+
+
+def test_standardize_images_adds_a_channel_axis_only_where_there_is_none():
+    from jaxtrain.data import standardize_images
+
+    fn = standardize_images("x", mean=0.5, std=0.25)
+    gray = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)  # (B, H, W)
+    rgb = np.arange(2 * 3 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3, 3)  # (B, H, W, C)
+    for pixels, shape in [(gray, (2, 3, 3, 1)), (rgb, (2, 3, 3, 3))]:
+        out = np.asarray(fn({"x": pixels})["x"])
+        assert out.shape == shape and out.dtype == np.float32
+        np.testing.assert_allclose(out.reshape(pixels.shape), (pixels / 255.0 - 0.5) / 0.25, rtol=1e-6)

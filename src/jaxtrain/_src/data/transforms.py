@@ -59,7 +59,7 @@ class StandardizeImages:
 
     def __call__(self, batch: dict) -> dict:
         image = (batch[self.field].astype(jnp.float32) / self.max_value - self.mean) / self.std
-        return {**batch, self.field: image[..., None]}
+        return {**batch, self.field: image if image.ndim >= 4 else image[..., None]}  # (B, H, W, C) has its C
 
     def spec(self) -> dict[str, Any]:
         return {"kind": "standardize_images", "field": self.field, "mean": self.mean, "std": self.std,
@@ -98,7 +98,8 @@ def normalize(field: str, mean: Any, std: Any, eps: float = 1e-6) -> Normalize:
 
 def standardize_images(field: str, mean: float, std: float, max_value: float = 255.0) -> StandardizeImages:
     """`batch[field] <- (batch[field] / max_value - mean) / std` as float32, with a trailing channel
-    axis: (B, H, W) integer pixels become (B, H, W, 1). Saved with a run.
+    axis where there is none: (B, H, W) integer pixels become (B, H, W, 1); (B, H, W, C) images keep
+    their shape. Saved with a run.
 
     Args:
       field: key of the images in a dict batch.
