@@ -83,3 +83,22 @@ def test_predict_notes_rows_whose_finite_inputs_overflow(capsys):
         "far outside the training data's range overflow the model; check the inputs' scale and preprocessing")
     jaxtrain.predict(model, DATA["x"][:10])
     assert capsys.readouterr().err == ""  # nothing to say
+
+
+class _Divides(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.ones((8, 3)))
+
+    def __call__(self, x):
+        scale = 1 / (x.shape[1] - 8)  # a bug in the user's own model: ZeroDivisionError for 8 features
+        return x @ self.w * scale
+
+
+def test_any_exception_the_users_model_raises_in_the_pre_check_is_one_line_naming_it(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        jaxtrain.fit(_Divides(), mse, DATA, config=CONFIG, run_dir=tmp_path / "run", verbosity="silent")
+    line = _one_line(e)
+    assert line.startswith("loss_fn raised ZeroDivisionError at test_inputs.py:")
+    assert "(in __call__) on a training batch of " in line and ": division by zero (one step is traced" in line
+    assert isinstance(e.value.__cause__, ZeroDivisionError)  # the whole traceback, for whoever wants it
+    assert not (tmp_path / "run").exists()

@@ -23,6 +23,7 @@ import inspect
 import os
 import re
 import threading
+import traceback
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -247,11 +248,14 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
         jax.eval_shape(forward, params, model_state, batch)
     except JaxtrainError:
         raise
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        if "stage" in seen:  # raised by preprocess, augment or loss_fn
-            _raise_misuse(e, seen["stage"], seen["batch"], transformed=preprocess is not None or augment is not None,
-                          train=train)
-        raise
+    except Exception as e:  # the user's code may raise anything: each becomes one line
+        if "stage" not in seen:
+            raise
+        # raised by preprocess, augment or loss_fn (the model runs inside it)
+        transformed = preprocess is not None or augment is not None
+        if isinstance(e, (KeyError, IndexError, TypeError, ValueError)):
+            _raise_misuse(e, seen["stage"], seen["batch"], transformed=transformed, train=train)
+        _raise_theirs(e, seen["stage"], seen["batch"], train)
     _check_outputs(seen["out"], jax.tree.leaves(batch)[0].shape[0])
     return _classes(seen["labels"], seen["outputs"])
 
@@ -422,6 +426,18 @@ def _raise_misuse(e: Exception, stage: str, batch: Any, transformed: bool, train
             _SHAPE_ERROR.search(str(e)):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"{stage} failed on a {kind} batch of {_describe(batch)}{after}: {first}") from e
+
+
+def _raise_theirs(e: Exception, stage: str, batch: Any, train: bool) -> None:
+    """Raises ConfigError naming what the user's code raised and where (its innermost frame outside JAX and
+    Flax), the original exception chained to it (`__cause__`) with its whole traceback."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not re.search(r"[/\\](jax|jaxlib|flax|jaxtrain)[/\\]", f.filename)]
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} (in {frames[-1].name})" if frames else ""
+    message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    raise ConfigError(f"{stage} raised {type(e).__name__}{where} on a {'training' if train else 'validation'} batch "
+                      f"of {_describe(batch)}{': ' + message if message else ''} (one step is traced before training; "
+                      "its traceback is chained to this error)") from e
 
 
 def _shapes(tree: Any) -> Any:
