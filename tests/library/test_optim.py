@@ -102,3 +102,29 @@ def test_exponential_schedule_rises_from_min_lr_to_lr_by_one_factor_a_step():
     assert values == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ConfigError, match="rises from optim.min_lr, which must be > 0"):
         OptimConfig(schedule="exponential", lr=1.0)
+
+
+def test_transforms_that_take_the_loss_as_value_work_inside_fit():
+    """`optax.contrib.reduce_on_plateau` needs the loss (`value=`) in its update: fit passes each step's
+    loss; the reference is the same transform fed the losses fit logged (one step per epoch)."""
+    import jax
+    import optax
+    from conftest import mse, regression_data, small_mlp
+
+    import jaxtrain
+
+    def plateau():
+        return optax.contrib.reduce_on_plateau(factor=0.5, patience=1, rtol=0.05, accumulation_size=1)
+
+    data = regression_data(32)
+    config = jaxtrain.TrainConfig(epochs=8, batch_size=32, steps_per_call=1, tensorboard=False)
+    result = jaxtrain.fit(small_mlp(), mse, data, config=config, verbosity="silent",
+                          optimizer=optax.chain(optax.sgd(0.02), plateau()))
+    state = [s for s in jax.tree.leaves(result.state.opt_state, is_leaf=lambda s: hasattr(s, "plateau_count"))
+             if hasattr(s, "plateau_count")]
+    assert len(state) == 1
+    reference = plateau()
+    expected = reference.init(None)
+    for row in result.history:  # one step an epoch: the epoch's loss is the step's
+        _, expected = reference.update(None, expected, value=jnp.float32(row["train_loss"]))
+    assert float(state[0].scale) == float(expected.scale) < 1.0  # the plateau was seen, as by optax alone

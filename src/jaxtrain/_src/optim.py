@@ -126,13 +126,13 @@ def with_values(config: OptimConfig, total_steps: int, names: tuple[str, ...] = 
         return ValuesState(jnp.zeros([], jnp.int32), values, jnp.asarray(config.lr, jnp.float32),
                            build_optimizer(config, total_steps, values=values).init(params))
 
-    def update(updates: optax.Updates, state: ValuesState, params: optax.Params | None = None):
-        tx = build_optimizer(config, total_steps, values=state.values)
+    def update(updates: optax.Updates, state: ValuesState, params: optax.Params | None = None, **extra_args: Any):
+        tx = build_optimizer(config, total_steps, values=state.values)  # built from the config: no extra args
         updates, inner = tx.update(updates, state.inner, params)
         lr = jnp.asarray(build_schedule(config, total_steps, state.values)(state.count), jnp.float32)
         return updates, ValuesState(optax.safe_int32_increment(state.count), state.values, lr, inner)
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def without_values(opt_state: optax.OptState) -> optax.OptState:
@@ -198,18 +198,20 @@ def with_ema(tx: optax.GradientTransformation, decay: float) -> optax.GradientTr
     initial parameters (no bias correction, as Keras' `use_ema` and timm's ModelEmaV2). The average
     lives in the optimizer state, so checkpoints save and resume it; `ema_params` reads it."""
 
-    def init(params: optax.Params) -> EmaState:
-        return EmaState(jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params), tx.init(params))
+    inner_tx = optax.with_extra_args_support(tx)
 
-    def update(updates: optax.Updates, state: EmaState, params: optax.Params | None = None):
+    def init(params: optax.Params) -> EmaState:
+        return EmaState(jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params), inner_tx.init(params))
+
+    def update(updates: optax.Updates, state: EmaState, params: optax.Params | None = None, **extra_args: Any):
         if params is None:
             raise ValueError("with_ema needs the parameters in update()")
-        updates, inner = tx.update(updates, state.inner, params)
+        updates, inner = inner_tx.update(updates, state.inner, params, **extra_args)
         new = optax.apply_updates(params, updates)
         average = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p.astype(jnp.float32), state.average, new)
         return updates, EmaState(average, inner)
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def ema_params(opt_state: optax.OptState) -> optax.Params | None:

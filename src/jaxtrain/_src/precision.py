@@ -156,14 +156,17 @@ def loss_scaling(tx: optax.GradientTransformation, init: float, period: int,
     is multiplied by `factor` after `period` finite steps in a row.
     """
 
+    inner_tx = optax.with_extra_args_support(tx)
+
     def init_fn(params: optax.Params) -> LossScaleState:
         return LossScaleState(jnp.asarray(init, jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
-                              tx.init(params))
+                              inner_tx.init(params))
 
-    def update_fn(grads: optax.Updates, state: LossScaleState, params: optax.Params | None = None):
+    def update_fn(grads: optax.Updates, state: LossScaleState, params: optax.Params | None = None,
+                  **extra_args: Any):
         finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
         safe = jax.tree.map(lambda g: jnp.where(finite, g, 0), grads)  # no NaN enters the inner update
-        updates, inner = tx.update(safe, state.inner, params)
+        updates, inner = inner_tx.update(safe, state.inner, params, **extra_args)
         updates = jax.tree.map(lambda u: jnp.where(finite, u, 0), updates)
         inner = jax.tree.map(lambda new, old: jnp.where(finite, new, old), inner, state.inner)
         grow = finite & (state.good_steps + 1 >= period)
@@ -173,7 +176,7 @@ def loss_scaling(tx: optax.GradientTransformation, init: float, period: int,
         skipped = state.skipped + (~finite).astype(jnp.int32)
         return updates, LossScaleState(scale, good, skipped, inner)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def current_scale(opt_state: optax.OptState) -> jax.Array | None:

@@ -53,7 +53,11 @@ def make_train_step(
     N micro-batches (rows j, j+N, j+2N, ... form micro-batch j, so a batch split over devices
     stays split); their gradients and metrics are averaged by a scan, so memory is one micro-batch's.
     Micro-batch j's key is `fold_in(step key, j)`.
+
+    The update gets the step's loss as `value` (optax's extra arguments), so that transforms which
+    need it, such as `optax.contrib.reduce_on_plateau`, work inside `tx`; others ignore it.
     """
+    tx = optax.with_extra_args_support(tx)
 
     def micro_step(params: nnx.State, model_state: nnx.State, batch: Batch, key: jax.Array, scale: jax.Array):
         """Gradients of one (micro-)batch: `((loss, metrics), model_state, grads)`, grads scaled."""
@@ -106,7 +110,7 @@ def make_train_step(
             grads = jax.tree.map(lambda g: g / scale, grads)
         if split_grads is not None:
             grads = split_grads(grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params, value=loss)
         params = optax.apply_updates(state.params, updates)
         new_state = TrainState(state.step + 1, params, model_state, opt_state, state.rng)
         if learning_rate is not None:
