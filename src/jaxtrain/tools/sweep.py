@@ -42,6 +42,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import fcntl
 import math
 import multiprocessing
 import os
@@ -490,6 +491,27 @@ def _sqlalchemy_error(e: BaseException) -> str | None:
 
 
 @contextlib.contextmanager
+def _one_creator(url: str) -> Iterator[None]:
+    """While a new SQLite study database is opened, no other worker opens it: SQLite has no CREATE TABLE
+    that waits for another, so two workers creating one database at the same instant met "table ...
+    already exists" or a second schema version row. An exclusive `flock` on the database file (SQLite's own
+    locks are `fcntl` ones, which `flock` does not touch) orders them; the second finds the tables made.
+    Other storages, or a file that cannot be opened (SQLAlchemy says why), go unlocked."""
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644) if path and path != ":memory:" else None
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
 def _storage_errors(where: str, flag: str, opening: bool = False) -> Iterator[None]:
     """The study's storage failing as one line naming it (`where`, chosen by `flag`): a URL
     SQLAlchemy cannot open, a server that does not answer, a missing folder, a damaged or locked
@@ -672,9 +694,11 @@ class _Job:
             engine = None
         with _storage_errors(self.where, self.flag, opening=True), warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
-            storage = optuna.storages.RDBStorage(
-                self.url, engine_kwargs=engine, heartbeat_interval=self.heartbeat, grace_period=3 * self.heartbeat,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
+            with _one_creator(self.url):
+                storage = optuna.storages.RDBStorage(
+                    self.url, engine_kwargs=engine, heartbeat_interval=self.heartbeat,
+                    grace_period=3 * self.heartbeat,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
             if self.url.startswith("sqlite"):
                 _immediate_transactions(storage.engine)
             # each trial reseeds the sampler (`prepare`): this seed draws nothing
