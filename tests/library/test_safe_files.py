@@ -276,3 +276,13 @@ def test_a_partial_folder_replaces_its_folder_whole_and_a_killed_writers_folder_
             assert not tmp.exists()
             raise KeyboardInterrupt
     assert [p.name for p in out.iterdir()] == ["b"] and _partials(tmp_path) == []
+
+
+def test_a_name_longer_than_the_filesystem_allows_is_one_line(tmp_path):
+    from jaxtrain._src.safe_files import check_target
+
+    with pytest.raises(ConfigError) as e:
+        check_target(tmp_path / ("y" * 300 + ".npy"), "--output", "write the outputs elsewhere")
+    assert _one_line(e).startswith("cannot write --output yyyyyyyyyyyyyyyyyyyyyyyy…: its name is 304 bytes, and the "
+                                   "filesystem allows 255: choose a shorter name, or write the outputs elsewhere")
+    assert list(tmp_path.iterdir()) == []

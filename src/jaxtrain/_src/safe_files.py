@@ -114,10 +114,24 @@ def refuse_link(path: str | os.PathLike, what: str = "", advice: str = ADVICE) -
     return path
 
 
+def _refuse_long_name(path: Path, what: str, advice: str) -> None:
+    """Refuses a `path` whose file name is longer than its folder's filesystem allows (255 bytes on most),
+    which every look-up of it would otherwise meet as an OSError."""
+    try:
+        limit = os.pathconf(path.parent if path.parent.is_dir() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    size = len(os.fsencode(path.name))
+    if size > limit:
+        raise ConfigError(f"cannot write {what or 'the file'} {path.name[:24]}…: its name is {size:,} bytes, and the "
+                          f"filesystem allows {limit}: choose a shorter name, or {advice}", path=path)
+
+
 def check_target(path: str | os.PathLike, what: str = "", advice: str = ADVICE) -> Path:
     """Refuses a `path` that cannot become a file of ours: a symbolic link (`refuse_link`), a
     directory, or one in a folder that does not exist. Returns it as a Path. `what` names it in the
     message (the command line passes its flag); `advice` says what to do instead."""
+    _refuse_long_name(Path(path), what, advice)
     path = refuse_link(path, what, advice)
     name = _name(path, what)
     if path.is_dir():
