@@ -14,7 +14,7 @@ from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import ConfigError, DataConfig, TrainConfig, fit
-from jaxtrain._src.calls import AutoSteps, StepForm
+from jaxtrain._src.choosers import AutoSteps, StepForm
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.report.profile_report import profile_lines
 

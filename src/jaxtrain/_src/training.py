@@ -176,7 +176,9 @@ def train(run: Run, crew: Crew, signals: StopSignals) -> None:
             while loop.position < feed.steps_per_epoch and crew.training:
                 k = calls.next_length(feed.steps_per_epoch - loop.position)
                 args = feed.next_args(k, previous=running)
-                run.state, metrics = calls(k, run.state, args)
+                # calibration: the run's first calls choose the form (timed on a copy of the state), then K
+                call = calls.calibrate if calls.calibrating else calls  # (timed as they train)
+                run.state, metrics = call(k, run.state, args)
                 if running is not None:  # wait for the previous call: one call stays queued
                     calls.wait(running)
                 running = metrics

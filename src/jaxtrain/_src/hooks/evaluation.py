@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxtrain._src import data as data_lib
-from jaxtrain._src.calls import shapes_of
+from jaxtrain._src.compiling import shapes_of
 from jaxtrain._src.data.adapters import BatchStream
 from jaxtrain._src.data.stream import BackgroundIterator
 from jaxtrain._src.feeds import stream_blocks
