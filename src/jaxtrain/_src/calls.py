@@ -21,6 +21,7 @@ kept out of epoch times, some in the background) and cached (`compiling.TrainPro
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
@@ -135,7 +136,7 @@ class CompiledCalls:
         program = programs.scan(k, lambda: self.chooser.why(k))
         if new:  # the K chooser's other timed length, when it needs a program: in the background
             for other in {self.program_length(n) for n in self.chooser.planned()}:
-                programs.scan(other, lambda other=other: self.chooser.why(other), background=True)
+                programs.scan(other, functools.partial(self.chooser.why, other), background=True)
         return program
 
     def _program(self, unrolled: int, k: int, background: bool = False) -> Callable:
@@ -316,7 +317,7 @@ class CompiledCalls:
                 n = form.segment(probe, k)
             seconds = run(probe, n)
             if probe == "scan":
-                seconds = max(seconds - form.call_s, 1e-9)  # steps too cheap to tell from noise: ~0
+                seconds = max(seconds - (form.call_s or 0.0), 1e-9)  # steps too cheap to tell from noise: ~0
             if message := form.record(probe, n, seconds):
                 if form.loop_slower:  # say which of the step's ops a loop body makes slow
                     message = form.blame(self._slow_ops(k))
@@ -332,7 +333,8 @@ class CompiledCalls:
         if form == "scan":
             state, metrics = self.get(self.program_length(k))(state, *args, np.int32(first), np.int32(n))
             return state, jax.tree.map(lambda m: m[:n], metrics)
-        parts, end, leaves = [], first + n, self.programs.treedef.flatten_up_to(state)
+        leaves = self.programs.treedef.flatten_up_to(state)  # type: ignore[attr-defined]  # (not in jax's stubs)
+        parts, end = [], first + n
         unrolled = self.form.unroll if form == "unroll" else 1
         while first < end:
             u = unrolled if end - first >= unrolled else 1
@@ -356,8 +358,8 @@ class CompiledCalls:
         programs = self.programs
         if self.form.dispatched and not self.form.measuring and programs.dispatched:
             unrolled = self.form.unroll if self.form.form == "unroll" else 1
-            ready = [p for (u, _), p in programs.dispatched.items() if u == unrolled and not isinstance(p, Compiling)]
-            flops = flops_of(ready[0]) if ready else None
+            done = [p for (u, _), p in programs.dispatched.items() if u == unrolled and not isinstance(p, Compiling)]
+            flops = flops_of(done[0]) if done else None
             return None if flops is None else flops * accum / unrolled
         if k is None:
             ready = [n for n in programs.calls if programs.ready(n)]

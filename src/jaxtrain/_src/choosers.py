@@ -176,7 +176,7 @@ class StepsPerCall:
 
     def why_slowed(self) -> str:
         """What K_b's program was for, once its first call's time switched K to K_a (`check`)."""
-        steps, seconds = self.slowed
+        steps, seconds = self.slowed or (0, 0.0)  # set by `check`, which this follows
         return (f"a short run's K_b, until its first call ({steps} steps) took {seconds:.1f} s; K={self.k} from then "
                 "on")
 
@@ -317,7 +317,7 @@ class StepForm:
     def _call_ms(self) -> float:
         """The loop's fixed time per call in ms, as recorded: the message shows this number, not the
         unrounded one (0.68650 and 0.686504 round to different third digits)."""
-        return round(self.call_s * 1e3, 4)
+        return round((self.call_s or 0.0) * 1e3, 4)
 
 
 

@@ -55,7 +55,7 @@ def masked_call(source: "CallSource", train_step: Callable, k: int) -> Callable:
     step took 0.98-0.99x the time."""
 
     def call(state: TrainState, *args: Any) -> tuple[TrainState, Metrics]:
-        *args, first, valid = args
+        *inputs, first, valid = args
         limit = state.step + valid
         traced: dict[str, Any] = {}  # the metrics' shapes, from tracing the training branch
 
@@ -72,7 +72,7 @@ def masked_call(source: "CallSource", train_step: Callable, k: int) -> Callable:
         def step(state: TrainState, batch: Any) -> tuple[TrainState, Metrics]:
             return jax.lax.cond(state.step < limit, train, skip, state, batch)
 
-        return fuse_steps(source.make_step(step), k)(state, *args, first)
+        return fuse_steps(source.make_step(step), k)(state, *inputs, first)
 
     return call
 
