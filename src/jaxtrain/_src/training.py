@@ -154,7 +154,8 @@ class Alone:
 
 def train(run: Run, crew: Crew, signals: StopSignals) -> None:
     """Trains from `run.loop`'s epoch and position to the last epoch: the feed's batches through
-    `run.calls`, every call's outputs and every epoch's record to `crew`; one call stays queued
+    `run.calls` (the run's first through `calls.calibrate`, which times them to choose the calls'
+    form and K), every call's outputs and every epoch's record to `crew`; one call stays queued
     while the host hands the previous one on. Whatever ends it (the last epoch, early stopping, a
     signal, an error), the feed is closed and `crew.end` writes the runs' ends; errors are raised
     after that, with the status they gave the summaries."""
