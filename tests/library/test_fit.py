@@ -157,7 +157,7 @@ def test_run_dir_files(tmp_path):
 
 
 def test_steps_per_call_choice_from_two_timed_lengths():
-    from jaxtrain._src.calls import AutoSteps, StepsPerCall
+    from jaxtrain._src.choosers import AutoSteps, StepsPerCall
 
     chooser = StepsPerCall(0, 1000)
     lengths = []
@@ -204,7 +204,7 @@ def test_steps_per_call_choice_from_two_timed_lengths():
 
 
 def test_a_short_run_with_slow_calls_runs_k_a_on_k_bs_program():
-    from jaxtrain._src.calls import AutoSteps
+    from jaxtrain._src.choosers import AutoSteps
 
     data = regression_data(640)  # 40 steps per epoch of 16, 2 epochs: a short run, K_b = 40
     config = TrainConfig(epochs=2, batch_size=16, steps_per_call=0)

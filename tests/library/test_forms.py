@@ -1,4 +1,4 @@
-"""The form of a call (`calls.StepForm`): the scan, programs of unrolled steps and the plain step
+"""The form of a call (`choosers.StepForm`): the scan, programs of unrolled steps and the plain step
 train to the same weights (1e-6: XLA fuses a loop body and straight-line code apart), on device
 data and streamed, with the user's optimizer and with accumulated micro-batches; evaluation follows
 the form; the chooser keeps the scan unless a dispatched form is clearly faster; a resumed run keeps
@@ -14,7 +14,7 @@ from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import ConfigError, DataConfig, TrainConfig, fit
-from jaxtrain._src.calls import AutoSteps, StepForm
+from jaxtrain._src.choosers import AutoSteps, StepForm
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.report.profile_report import profile_lines
 
@@ -193,3 +193,22 @@ def test_a_dispatched_run_works_out_its_programs_argument_shapes_once_not_at_eve
                      session=Session(console=silent(), plots=False))
     assert result.summary["step_form"]["form"] == "step" and result.summary["steps"] > 20
     assert len(asked) < 10, asked  # building the programs asks a few times; each step's dispatch asked before
+
+
+def test_the_run_calibrates_on_its_first_calls_then_dispatches_them_untimed(monkeypatch):
+    from types import SimpleNamespace
+
+    from jaxtrain._src.calls import CompiledCalls
+
+    seen, calibrate = [], CompiledCalls.calibrate  # what was still being chosen as each call came in
+    monkeypatch.setattr(CompiledCalls, "calibrate", lambda self, k, *rest: seen.append(
+        (k, self.form.measuring, self.chooser.measuring)) or calibrate(self, k, *rest))
+    auto_steps = AutoSteps(short_run_calls=0, probe_lengths=(2, 4), repeats=1)  # 20 steps: K timed at 2 and 4
+    result = run_fit(small_mlp(), mse, DATA, None, TrainConfig(epochs=1, batch_size=16), optimizer=OPTIMIZER,
+                     verbosity="silent", session=Session(console=silent(), auto_steps=auto_steps, plots=False))
+    form = result.summary["step_form"]["form"]
+    assert seen[0] == (2, True, True)  # the first call: the form timed on a copy of the state, then K's first timing
+    assert seen[1:] == ([(4, False, True)] if form == "scan" else [])  # a dispatched form has no K to time
+    assert result.summary["steps"] == 20  # the timed calls trained: none twice, none lost
+    with pytest.raises(RuntimeError, match="goes through `calibrate`"):  # no call skips the calibration
+        CompiledCalls.__call__(SimpleNamespace(form=StepForm("auto")), 1, None, ())

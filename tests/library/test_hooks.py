@@ -12,7 +12,7 @@ import pytest
 from conftest import leaves_close, mse, regression_data, silent, small_mlp
 
 from jaxtrain import DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig
-from jaxtrain._src.calls import AutoSteps
+from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
 from jaxtrain._src.loop import Session, run_fit

@@ -21,7 +21,7 @@ BUILDERS = {"make_train_step", "init_state", "build_optimizer", "build_train_opt
 BUILDER_HOME = {"jaxtrain._src.program"}
 # where a builder is defined, or a compiled call is made of its parts (the builder's own helpers)
 DEFINED_IN = {"jaxtrain._src.step", "jaxtrain._src.state", "jaxtrain._src.optim", "jaxtrain._src.calls",
-              "jaxtrain._src.feeds", "jaxtrain._src.rl.replay"}
+              "jaxtrain._src.compiling", "jaxtrain._src.feeds", "jaxtrain._src.rl.replay"}
 
 
 def _modules() -> dict[str, Path]:

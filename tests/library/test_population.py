@@ -16,7 +16,7 @@ from flax import nnx
 
 import jaxtrain
 from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
-from jaxtrain._src import calls, checkpoint
+from jaxtrain._src import checkpoint, probes
 from jaxtrain._src.optim import without_values
 from jaxtrain._src.report.run_dir import read_jsonl
 from jaxtrain._src.training import TrainingStopped
@@ -53,11 +53,11 @@ def _counting_transfers(monkeypatch) -> list[int]:
 def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of_their_own(tmp_path, monkeypatch):
     members = [Member(small_mlp(i), config(lr), run_dir=tmp_path / f"m{i}") for i, lr in enumerate(LRS)]
     transfers = _counting_transfers(monkeypatch)
-    probes, timed = [], []  # the profile's call-overhead probe (K was set, not measured: the probe is needed)
-    monkeypatch.setattr(calls, "_overhead_probe", lambda f=calls._overhead_probe: probes.append(1) or f())
-    monkeypatch.setattr(calls, "_time_probe", lambda *a, f=calls._time_probe: timed.append(1) or f(*a))
+    compiled, timed = [], []  # the profile's call-overhead probe (K was set, not measured: the probe is needed)
+    monkeypatch.setattr(probes, "_overhead_probe", lambda f=probes._overhead_probe: compiled.append(1) or f())
+    monkeypatch.setattr(probes, "_time_probe", lambda *a, f=probes._time_probe: timed.append(1) or f(*a))
     results = fit_population(members, mse, DATA, VAL, formulation="tuple", verbosity="silent")
-    assert len(probes) == len(timed) == 1  # one probe compiled and timed for the population, not one per member
+    assert len(compiled) == len(timed) == 1  # one probe compiled and timed for the population, not one per member
     population_transfers, transfers[0] = transfers[0], 0
     for i, lr in enumerate(LRS):
         lone = fit(small_mlp(i), mse, DATA, VAL, config(lr), run_dir=tmp_path / f"lone{i}", verbosity="silent")

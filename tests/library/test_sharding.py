@@ -119,7 +119,8 @@ def test_char_gpt_on_meshes_matches_one_device():
 def test_every_mesh_and_placement_visits_the_same_batches():
     """A fake step returns a fingerprint of each batch (its ids weighted by position), so equal
     metrics mean equal rows in the same order, step by step."""
-    from jaxtrain._src.calls import CompiledCalls, StepsPerCall
+    from jaxtrain._src.calls import CompiledCalls
+    from jaxtrain._src.choosers import StepsPerCall
     from jaxtrain._src.data import Placement
     from jaxtrain._src.feeds import DeviceFeed, StreamFeed, as_source
     from jaxtrain._src.state import TrainState

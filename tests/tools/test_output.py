@@ -9,7 +9,7 @@ import pytest
 from conftest import mse, regression_data, silent, small_mlp
 
 from jaxtrain import DataConfig, TrainConfig
-from jaxtrain._src.calls import AutoSteps
+from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.report.profile_report import profile_lines

@@ -22,7 +22,7 @@ class LoopState:
       epoch: the epoch in progress (1-based).
       position: steps of that epoch already taken.
       steps_per_call: the K in use (0 before it is chosen).
-      step_form: the calls' form in use (`calls.StepForm`; "" before it is chosen): a resumed run
+      step_form: the calls' form in use (`choosers.StepForm`; "" before it is chosen): a resumed run
         keeps it, so its steps compute as the uninterrupted run's.
       feed: the feed's state (`Feed.get_state()`: placement, data key or seed).
       train_time_s: training time so far, compilation excluded.

@@ -17,8 +17,10 @@ import jax
 import optax
 from flax import nnx
 
-from jaxtrain._src.calls import AutoSteps, CallSource, CompiledCalls, StepForm, StepsPerCall
+from jaxtrain._src.calls import CompiledCalls
 from jaxtrain._src.checks import abstract_batch
+from jaxtrain._src.choosers import AutoSteps, StepForm, StepsPerCall
+from jaxtrain._src.compiling import CallSource
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.feeds import Feed, make_feed
 from jaxtrain._src.loop_state import LoopState

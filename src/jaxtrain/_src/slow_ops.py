@@ -1,6 +1,6 @@
 """The ops of a step that XLA:CPU runs slowly inside a loop body, named for the run's reports.
 
-When the form measurement (`calls.StepForm`) finds a step slower inside the `lax.scan` loop than
+When the form measurement (`choosers.StepForm`) finds a step slower inside the `lax.scan` loop than
 as a plain program, the reports say which of the step's ops are the known cause: convolutions
 (`conv_general_dilated`, forward and both gradients; jax#12868) and the max-pool gradient
 (`select_and_scatter_add`), counted in the step's jaxpr, sub-jaxprs included.

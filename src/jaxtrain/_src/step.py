@@ -256,7 +256,7 @@ def make_batch_sums(
 ) -> Callable[[TrainState, Batch, jax.Array, Metrics], Metrics]:
     """`batch_sums(state, data, i, sums) -> sums`: `sums` plus each metric summed over the rows of
     batch i of `data` (full batches only): evaluation dispatched batch by batch, with no loop body
-    (see `calls.StepForm`); `sums` is donated between the dispatches."""
+    (see `choosers.StepForm`); `sums` is donated between the dispatches."""
     place = constrain or (lambda batch: batch)
 
     def batch_sums(state: TrainState, data: Batch, i: jax.Array, sums: Metrics) -> Metrics:

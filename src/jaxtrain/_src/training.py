@@ -154,7 +154,8 @@ class Alone:
 
 def train(run: Run, crew: Crew, signals: StopSignals) -> None:
     """Trains from `run.loop`'s epoch and position to the last epoch: the feed's batches through
-    `run.calls`, every call's outputs and every epoch's record to `crew`; one call stays queued
+    `run.calls` (the run's first through `calls.calibrate`, which times them to choose the calls'
+    form and K), every call's outputs and every epoch's record to `crew`; one call stays queued
     while the host hands the previous one on. Whatever ends it (the last epoch, early stopping, a
     signal, an error), the feed is closed and `crew.end` writes the runs' ends; errors are raised
     after that, with the status they gave the summaries."""
@@ -176,7 +177,9 @@ def train(run: Run, crew: Crew, signals: StopSignals) -> None:
             while loop.position < feed.steps_per_epoch and crew.training:
                 k = calls.next_length(feed.steps_per_epoch - loop.position)
                 args = feed.next_args(k, previous=running)
-                run.state, metrics = calls(k, run.state, args)
+                # calibration: the run's first calls choose the form (timed on a copy of the state), then K
+                call = calls.calibrate if calls.calibrating else calls  # (timed as they train)
+                run.state, metrics = call(k, run.state, args)
                 if running is not None:  # wait for the previous call: one call stays queued
                     calls.wait(running)
                 running = metrics

@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 
-from jaxtrain._src.calls import shapes_of
 from jaxtrain._src.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -26,6 +25,7 @@ from jaxtrain._src.checkpoint import (
     flatten_state,
     is_on_host,
 )
+from jaxtrain._src.compiling import shapes_of
 from jaxtrain._src.config import CheckpointConfig
 from jaxtrain._src.data.fingerprint import data_change, describe, unchecked
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument, render, resume_advice, setting

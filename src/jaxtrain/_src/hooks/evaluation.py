@@ -2,7 +2,7 @@
 
 Validation data on the device run as one compiled call: full batches under `lax.map`, plus one
 call of the remainder; or, when training dispatches its steps rather than looping over them (the
-model's ops are slow in a loop body: `calls.StepForm`), batch by batch, dispatched without a host
+model's ops are slow in a loop body: `choosers.StepForm`), batch by batch, dispatched without a host
 sync, the sums added up on the device. The program is compiled in the background once the first
 training call has chosen the form. Validation data streamed from a row source (when they exceed what the
 training data leave of the memory budget) are read in blocks of whole batches by a background
@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxtrain._src import data as data_lib
-from jaxtrain._src.calls import shapes_of
+from jaxtrain._src.compiling import shapes_of
 from jaxtrain._src.data.adapters import BatchStream
 from jaxtrain._src.data.stream import BackgroundIterator
 from jaxtrain._src.feeds import stream_blocks

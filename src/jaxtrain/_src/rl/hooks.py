@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain._src.calls import shapes_of
+from jaxtrain._src.compiling import shapes_of
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.rl import arena, clique
 from jaxtrain._src.rl.network import Forward
