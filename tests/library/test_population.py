@@ -185,6 +185,52 @@ def test_a_population_stopped_mid_epoch_resumes_to_the_uninterrupted_result_bit_
     assert resumed[2].summary["status"] == "stopped early"  # it had ended: it stays as it ended
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted tuple population of `test_a_population_killed_...`, run once."""
+    root = tmp_path_factory.mktemp("whole")
+    return root, fit_population(_three(root), mse, DATA, VAL, formulation="tuple", verbosity="silent")
+
+
+def _three(root, first_hooks=()) -> list[Member]:
+    return [Member(small_mlp(i), config(lr), run_dir=root / f"m{i}", hooks=first_hooks if i == 0 else ())
+            for i, lr in enumerate(LRS)]
+
+
+@pytest.mark.parametrize("killed", ["before", "during", "after"])
+def test_a_population_killed_around_its_first_checkpoint_resumes_to_the_uninterrupted_result(tmp_path, uninterrupted,
+                                                                                               killed):
+    """Issue 63: killed before its first checkpoint (no member saved), during it (one member's save
+    never reached the disk: no step all hold) or after it, a population resumed with resume=True
+    trains to the end and keeps its checkpoints, equal to the uninterrupted run bit for bit. Before
+    and during, each member starts over with its earlier files moved to previous-1/ (the checkpoint
+    hooks are made after the move, as `fit` makes its own: made before, every save failed)."""
+    whole_root, whole = uninterrupted
+    at = 4 if killed == "before" else 14  # the first save is at step 10, epoch 1's end
+
+    def kill(run, k, metrics):
+        if run.step == at:
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        fit_population(_three(tmp_path, [LambdaHook(after_call=kill)]), mse, DATA, VAL, formulation="tuple",
+                       verbosity="silent")
+    steps = lambda i: sorted(int(p.name) for p in (tmp_path / f"m{i}" / "checkpoints").iterdir()  # noqa: E731
+                             if p.name.isdigit())
+    assert [steps(i) for i in range(3)] == [[] if killed == "before" else [10]] * 3
+    for i in range(3):  # a killed process writes no summary
+        (tmp_path / f"m{i}" / "summary.json").unlink()
+    if killed == "during":
+        shutil.rmtree(tmp_path / "m1" / "checkpoints" / "10")
+    resumed = fit_population(_three(tmp_path), mse, DATA, VAL, formulation="tuple", verbosity="silent", resume=True)
+    for i, (got, want) in enumerate(zip(resumed, whole)):
+        assert got.summary["status"] == "completed" and got.summary["latest_checkpoint_step"] == 20
+        assert steps(i) == [10, 20]
+        assert leaves_close(got.state.params, want.state.params) == 0.0
+        assert rows(tmp_path / f"m{i}") == rows(whole_root / f"m{i}")
+        assert (tmp_path / f"m{i}" / "previous-1").is_dir() == (killed != "after")
+
+
 @pytest.mark.parametrize("step", [10, 20])  # epoch 1's save (seen at the next), the last epoch's
 def test_a_member_whose_save_fails_fails_alone(tmp_path, monkeypatch, step):
     """A member's save that cannot be written (its folder's disk full) fails that member, as it
