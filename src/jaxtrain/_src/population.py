@@ -15,9 +15,11 @@ members, in one of two formulations, each the fastest measured on its backend
 A member that stops (pruned, early stopping, a non-finite loss) ends there: its run is ended and
 written at once, and the others go on (its slot in the program computes on, unread: see `_Tuple`).
 
-The loop is `fit`'s (`training.train`), over one feed, one `CompiledCalls` and one evaluation of
-every member per epoch; its events reach each member's hooks through a `Run` of its own
-(`_Members`), so a member's files are those a lone run writes.
+The members' runs are assembled as `fit`'s run is (`assembly.assemble`: the same order, the same
+process-0 gating, memory report, K/form line and finished-run rule); what a population adds is its
+`_Joint`. The loop is `fit`'s (`training.train`), over one feed, one `CompiledCalls` and one
+evaluation of every member per epoch; its events reach each member's hooks through a `Run` of its
+own (`_Members`), so a member's files are those a lone run writes.
 """
 
 from __future__ import annotations
