@@ -229,6 +229,10 @@ def test_a_population_killed_around_its_first_checkpoint_resumes_to_the_uninterr
         assert leaves_close(got.state.params, want.state.params) == 0.0
         assert rows(tmp_path / f"m{i}") == rows(whole_root / f"m{i}")
         assert (tmp_path / f"m{i}" / "previous-1").is_dir() == (killed != "after")
+    if killed == "before":  # resumed once more, every member has finished: each stays as it is, nothing trains
+        again = fit_population(_three(tmp_path), mse, DATA, VAL, formulation="tuple", verbosity="silent", resume=True)
+        assert [(r.summary["status"], r.summary["steps"], len(r.history)) for r in again] == [("completed", 20, 2)] * 3
+        assert all(leaves_close(a.state.params, r.state.params) == 0.0 for a, r in zip(again, resumed))
 
 
 @pytest.mark.parametrize("step", [10, 20])  # epoch 1's save (seen at the next), the last epoch's

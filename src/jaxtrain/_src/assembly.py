@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, Sequence
 
@@ -31,8 +32,9 @@ from flax import nnx
 from rich.console import Console
 
 from jaxtrain._src.calls import AutoSteps
+from jaxtrain._src.checks import check_fit_inputs
 from jaxtrain._src.config import TrainConfig, to_dict
-from jaxtrain._src.feeds import place_validation
+from jaxtrain._src.feeds import Feed, adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, MemoryHook, ProgressHook, Run, RunHook
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.program import Program, build_program
@@ -40,7 +42,7 @@ from jaxtrain._src.report.notes import note
 from jaxtrain._src.run_guard import RunGuard, checkpoint_steps
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
-from jaxtrain._src.training import run_hooks, step_form_of, summarise_model
+from jaxtrain._src.training import StopSignals, run_hooks, step_form_of, summarise_model
 
 __all__ = ["Assembly", "Joint", "RunSpec", "Specification", "assemble", "printing"]
 
@@ -98,8 +100,7 @@ class Specification:
 
     Attributes:
       runs: the runs (one for `fit`; a population's members).
-      loss_fn, train_data, val_data, preprocess, augment: as `fit` takes them, for every run
-        (`train_data`, `val_data` already adapted: `feeds.adapt_inputs`).
+      loss_fn, train_data, val_data, preprocess, augment: as `fit` takes them, for every run.
       resume: False, True or "overwrite" (`fit`'s `resume`).
       verbosity: `fit`'s verbosity ("progress", "summary", "result", "silent").
       console: where to print (None: a new rich Console).
@@ -133,12 +134,14 @@ class Assembly:
       runs: each run's `Run` (a lone run's is `lead`).
       finished: each run's summary when a resume found it finished, else None.
       shown: where the run's lines are printed (nowhere when silent, or off process 0).
+      signals: the stop signals (SIGINT, SIGTERM) the loop polls.
     """
 
     lead: Run[Any] | None
     runs: list[Run[TrainState]]
     finished: list[dict[str, Any] | None]
     shown: Console
+    signals: StopSignals
 
 
 def printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, Console, bool]:
@@ -153,11 +156,17 @@ def printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Co
     return shown, shown, verbosity == "progress"
 
 
-def assemble(spec: Specification, stack: contextlib.ExitStack, t_start: float, memory: MemoryHook) -> Assembly:
-    """Assembles `spec`'s runs; their directories stay claimed, and a population's checkpoint
-    writer stays open, until `stack` closes. `t_start` is when the caller started; `memory` was
-    made then (its first reading is the memory the caller brought)."""
-    runs, joint, P = spec.runs, spec.joint, len(spec.runs)
+def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
+    """Assembles `spec`'s runs (its arguments checked by the caller); the stop signals are caught,
+    the run directories claimed and a population's checkpoint writer open until `stack` closes.
+
+    Raises:
+      ConfigError, DataError, CheckpointError: data, settings or run directories that cannot work.
+    """
+    t_start, memory = time.perf_counter(), MemoryHook()  # the memory the caller brought
+    spec = _adapted(spec)
+    signals = stack.enter_context(StopSignals())  # stop signals count from here
+    runs, joint = spec.runs, spec.joint
     config = runs[0].config  # the settings the runs share (a population's members differ in theirs alone)
     primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
     saved = [{"recipe": r.name, **to_dict(r.saved_config or r.config)} for r in runs]
@@ -182,54 +191,44 @@ def assemble(spec: Specification, stack: contextlib.ExitStack, t_start: float, m
     checkpoints = [CheckpointHook(g.path / "checkpoints", r.config.checkpoint, r.name, s, writer)
                    if g.path is not None and (r.config.checkpoint.enabled or g.resume) else None
                    for r, g, s in zip(runs, guards, saved)]
-    states, loops = [p.state for p in programs], [LoopState(feed=feed.get_state()) for _ in programs]
-    live = [i for i in range(P) if finished[i] is None]
-    for n, i in enumerate(i for i in live if guards[i].resume):  # the first restores the shared feed
-        states[i], loops[i] = _checkpoints(checkpoints, i).restore(
-            programs[i].state, programs[i].state_shardings, config.epochs, feed if n == 0 else None,
-            config.data.accept_changed, step=step)
-        programs[i].state = states[i]  # its calls count the steps left from here
-    for i in range(P):
-        if finished[i] is not None:  # it stays as it ended: its model is set to its newest checkpoint
-            states[i], loops[i] = _checkpoints(checkpoints, i).restore(programs[i].state, programs[i].state_shardings)
-        elif guards[i].resume and joint is None:  # a finished run stays so: nothing trained, compiled or rewritten
-            finished[i] = guards[i].finished(int(states[i].step), loops[i].epoch <= config.epochs)
-    live = [i for i in live if finished[i] is None]
-    if not live:
+    states, loops = _restore(guards, checkpoints, programs, feed, step, finished, joint is None)
+    kind = joint.member_run if joint else Run
+    live = [i for i, f in enumerate(finished) if f is None]
+    if not live:  # nothing to train: nothing compiled
         feed.close()
-        return Assembly(None, [_run(Run, r, console, g.path, first, feed, None, s, loop, t_start=t_start)
-                               for r, g, s, loop in zip(runs, guards, states, loops)], finished, shown)
+        ended = [_run(kind, r.name, r.config, console, g.path, first, feed, None, s, loop, t_start=t_start)
+                 for r, g, s, loop in zip(runs, guards, states, loops)]
+        return Assembly(None, ended, finished, shown, signals)
 
-    lead_loop = loops[live[0]]  # the feed's position, K and form are those of the runs still training
-    lead_step = int(states[live[0]].step)
+    lead_loop, lead_step = loops[live[0]], int(states[live[0]].step)  # the feed's position, K and form are theirs
     program = joint.program(first, programs, states, lead_step) if joint else first
     progress = ProgressHook(shown, bar=bar, result_only=spec.verbosity == "result")
-    auto = dataclasses.replace(spec.auto_steps, slow_call_s=spec.auto_steps.slow_call_s * P)  # a call of P runs
+    auto = dataclasses.replace(spec.auto_steps, slow_call_s=spec.auto_steps.slow_call_s * len(runs))  # P runs' call
     calls = program.calls(config.steps_per_call or lead_loop.steps_per_call, auto, log=progress.message,
                           form=step_form_of(config, lead_loop))
     evaluation = None if val is None else EvalHook(program.eval_step, val, val_streamed,
                                                    config.eval_batch_size or config.batch_size, config.eval_every)
     num_val = evaluation.num_samples if evaluation else 0
     if joint is None:
-        run = _run(Run, runs[0], console, guards[0].path, first, feed, calls, states[0], loops[0], num_val=num_val,
-                   resumed_step=lead_step if guards[0].resume else None, t_start=t_start)
+        run = _run(Run, runs[0].name, config, console, guards[0].path, first, feed, calls, states[0], loops[0],
+                   num_val=num_val, resumed_step=lead_step if guards[0].resume else None, t_start=t_start)
         run.model_summary = summarise_model(runs[0].model, spec.loss_fn, spec.train_data, spec.preprocess,
                                             config.batch_size)
         run.hooks = [memory, *run_hooks(config, runs[0].hooks, evaluation, checkpoints[0], progress,
                                         guards[0].path if primary else None, saved[0], loops[0], spec.plots)]
-        return Assembly(run, [run], finished, shown)
+        return Assembly(run, [run], finished, shown, signals)
 
     quiet = Console(quiet=True)  # a member's hooks print nothing: the population prints its lines
     loop = LoopState(epoch=lead_loop.epoch, position=lead_loop.position, feed=feed.get_state())
-    lead = _run(Run, RunSpec(runs[0].model, config, name="population"), quiet, None, program, feed, calls,
-                program.state, loop, num_val=num_val, t_start=t_start)
-    lead.hooks = [memory, *([evaluation] if evaluation else [])]
+    lead = _run(Run, "population", config, quiet, None, program, feed, calls, program.state, loop, num_val=num_val,
+                t_start=t_start)
+    lead.hooks = [memory, *([evaluation] if evaluation else [])]  # every member evaluated at once
     member_calls, member_states = joint.member_calls(calls), joint.member_states(program.state)
     members: list[Run[TrainState]] = []
     summaries: dict[Any, dict[str, Any]] = {}
     for i, (r, guard) in enumerate(zip(runs, guards)):
         state = member_states[i] if finished[i] is None else states[i]
-        member = _run(joint.member_run, r, quiet, guard.path, program, feed, member_calls, state, loops[i],
+        member = _run(kind, r.name, r.config, quiet, guard.path, program, feed, member_calls, state, loops[i],
                       num_val=num_val, resumed_step=lead_step if guard.resume else None, t_start=t_start)
         members.append(member)
         if finished[i] is not None:
@@ -242,13 +241,49 @@ def assemble(spec: Specification, stack: contextlib.ExitStack, t_start: float, m
         member.hooks = [_MemoryOf(memory), *run_hooks(r.config, r.hooks, joint.member_evaluation(), checkpoints[i],
                                                       Hook(), guard.path if primary else None, saved[i], loops[i],
                                                       plots=False)]
-    return Assembly(lead, members, finished, shown)
+    return Assembly(lead, members, finished, shown, signals)
 
 
-def _run(kind: type[Run], spec: RunSpec, console: Console, run_dir: Any, program: Program, feed: Any, calls: Any,
-         state: Any, loop: LoopState, **more: Any) -> Run[Any]:
+def _restore(guards: list[RunGuard], checkpoints: list[CheckpointHook | None], programs: list[Program], feed: Feed,
+             step: int | None, finished: list[dict[str, Any] | None],
+             lone: bool) -> tuple[list[TrainState], list[LoopState]]:
+    """Each run's train state and loop state: fresh, or (resuming) checkpoint `step`'s (None: the
+    newest), the first run setting the shared feed to it; a run that had ended gets its newest
+    checkpoint's. A lone run that a resume finds finished is marked so in `finished`
+    (`RunGuard.finished`: a finished run stays finished)."""
+    config = programs[0].config
+    states, loops = [p.state for p in programs], [LoopState(feed=feed.get_state()) for _ in programs]
+    resuming = [i for i, g in enumerate(guards) if g.resume and finished[i] is None]
+    for n, i in enumerate(resuming):
+        states[i], loops[i] = _hook(checkpoints, i).restore(programs[i].state, programs[i].state_shardings,
+                                                            config.epochs, feed if n == 0 else None,
+                                                            config.data.accept_changed, step=step)
+        programs[i].state = states[i]  # its calls count the steps left from here
+        if lone:
+            finished[i] = guards[i].finished(int(states[i].step), loops[i].epoch <= config.epochs)
+    for i, ended in enumerate(finished):
+        if ended is not None and not lone:  # it stays as it ended, its model set to its newest checkpoint
+            states[i], loops[i] = _hook(checkpoints, i).restore(programs[i].state, programs[i].state_shardings)
+    return states, loops
+
+
+def _adapted(spec: Specification) -> Specification:
+    """`spec` with others' datasets and loaders adapted (`feeds.adapt_inputs`: a loader's batch
+    size becomes every run's) and the data checked against the first run's model and loss."""
+    config = spec.runs[0].config
+    train_data, val_data, adapted = adapt_inputs(spec.train_data, spec.val_data, config)
+    changed = {f.name: getattr(adapted, f.name) for f in dataclasses.fields(TrainConfig)
+               if getattr(adapted, f.name) != getattr(config, f.name)}
+    runs = [dataclasses.replace(r, config=dataclasses.replace(r.config, **changed)) for r in spec.runs]
+    check_fit_inputs(runs[0].model, spec.loss_fn, train_data, val_data, adapted.batch_size,  # eval_shape
+                     spec.preprocess, spec.augment, adapted.data.allow_nan)
+    return dataclasses.replace(spec, runs=runs, train_data=train_data, val_data=val_data)
+
+
+def _run(kind: type[Run], name: str, config: TrainConfig, console: Console, run_dir: Any, program: Program,
+         feed: Feed, calls: Any, state: Any, loop: LoopState, **more: Any) -> Run[Any]:
     """A `Run` (or a member's `kind` of one): the one place runs are made."""
-    return kind(name=spec.name, config=spec.config, console=console, run_dir=run_dir, device=jax.local_devices()[0],
+    return kind(name=name, config=config, console=console, run_dir=run_dir, device=jax.local_devices()[0],
                 layout=program.layout, feed=feed, calls=calls, state=state, step=int(state.step), loop=loop, hooks=[],
                 **more)
 
@@ -276,7 +311,7 @@ def _plan(guards: list[RunGuard], total_steps: int, population: bool) -> tuple[i
     return common, finished
 
 
-def _checkpoints(checkpoints: list[CheckpointHook | None], i: int) -> CheckpointHook:
+def _hook(checkpoints: list[CheckpointHook | None], i: int) -> CheckpointHook:
     hook = checkpoints[i]
     assert hook is not None  # a resuming run has its checkpoint hook
     return hook

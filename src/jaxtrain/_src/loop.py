@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,16 +21,14 @@ from rich.console import Console
 
 from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.calls import AutoSteps
-from jaxtrain._src.checks import check_fit_inputs, check_path_length
+from jaxtrain._src.checks import check_path_length
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.feeds import adapt_inputs
 from jaxtrain._src.hooks import (
     CheckpointHook,
     EarlyStopping,
     EvalHook,
     Hook,
-    MemoryHook,
     MetricsHook,
     PlotHook,
     ProgressHook,
@@ -40,7 +37,7 @@ from jaxtrain._src.hooks import (
 )
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
-from jaxtrain._src.training import Alone, StopSignals, TrainingStopped, train
+from jaxtrain._src.training import Alone, TrainingStopped, train
 
 __all__ = ["FitResult", "RunOptions", "TrainingStopped", "fit", "run"]
 
@@ -157,7 +154,7 @@ def fit(
       TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
     return run(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks,
-                   preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
+               preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
 
 
 def run(
@@ -177,23 +174,18 @@ def run(
     session: RunOptions = RunOptions(),
 ) -> FitResult:
     """`fit`, with what a tool adds (`RunOptions`): the run's name, the config to save, the console."""
-    t_start, memory = time.perf_counter(), MemoryHook()  # the memory the caller brought
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
-    train_data, val_data, config = adapt_inputs(train_data, val_data, config)
-    check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment,  # eval_shape
-                     config.data.allow_nan)
     spec = Specification([RunSpec(model, config, run_dir, hooks, optimizer, session.name, session.saved_config)],
                          loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, session.console,
                          session.auto_steps, session.plots)
-    # Stop signals count from here; the directory is claimed (locked, checked) before anything else.
-    with StopSignals() as signals, contextlib.ExitStack() as stack:
-        assembly = assemble(spec, stack, t_start, memory)
-        run, finished = assembly.runs[0], assembly.finished[0]
-        if assembly.lead is None and finished is not None:  # a finished run stays finished
-            nnx.update(model, run.state.params, run.state.model_state)
-            return FitResult(model, run.state, run.loop.history, finished, run.run_dir)
-        train(run, Alone(run, model), signals)
-        return FitResult(model, run.state, run.loop.history, run.summary, run.run_dir)
+    with contextlib.ExitStack() as stack:
+        assembly = assemble(spec, stack)
+        lone, finished = assembly.runs[0], assembly.finished[0]
+        if finished is not None:  # a finished run stays finished: nothing trained, compiled or rewritten
+            nnx.update(model, lone.state.params, lone.state.model_state)
+            return FitResult(model, lone.state, lone.loop.history, finished, lone.run_dir)
+        train(lone, Alone(lone, model), assembly.signals)
+        return FitResult(model, lone.state, lone.loop.history, lone.summary, lone.run_dir)
 
 
 _CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(...))",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -38,18 +37,16 @@ from rich.console import Console
 
 from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.checkpoint import CheckpointError
-from jaxtrain._src.checks import check_fit_inputs, check_path_length
+from jaxtrain._src.checks import check_path_length
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError, NonFiniteLossError
-from jaxtrain._src.feeds import adapt_inputs
-from jaxtrain._src.hooks import MemoryHook, Run, RunHook
+from jaxtrain._src.hooks import Run, RunHook
 from jaxtrain._src.loop import FitResult
 from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
-from jaxtrain._src.report import build_summary
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
-from jaxtrain._src.training import FAILURES, StopSignals, end_run, train
+from jaxtrain._src.training import FAILURES, finish, train
 
 __all__ = ["Member", "PopulationState", "fit_population", "shared_settings"]
 
@@ -201,7 +198,7 @@ class _Stacked:
         return {f"{i}/{k}": v[i] for i in range(self.P) for k, v in metrics.items()}
 
 
-def _stackable(members: Sequence[Member]) -> str | None:
+def _stackable(members: Sequence[RunSpec]) -> str | None:
     """Why the members cannot be stacked (None when they can): the same model structure and
     shapes, optimizers from their configs that differ only in numbers, no schedule optax checks in
     Python, a mesh of one device."""
@@ -285,9 +282,8 @@ class _Runner:
         self.status = status
         if others_train:
             run.state = jax.tree.map(jnp.copy, run.state)
-        nnx.update(self.model, run.state.params, run.state.model_state)
         try:
-            end_run(run, {**build_summary(run, status), "population": self.population})
+            finish(run, self.model, status, population=self.population)
         except Exception:  # noqa: BLE001 - `end_run` wrote "failed: ..." into the summary
             self.status = run.summary.get("status", status)
         self.result = FitResult(self.model, run.state, run.loop.history, run.summary, run.run_dir)
@@ -343,30 +339,23 @@ def fit_population(
       ConfigError, DataError: members that cannot share a population, data that cannot work.
       TrainingStopped: SIGINT or SIGTERM arrived (members' checkpoints were saved first).
     """
-    t_start, memory = time.perf_counter(), MemoryHook()  # the memory the caller brought
     _check_members(members)
     if verbosity not in ("summary", "silent"):
         raise ConfigError(f"verbosity={verbosity!r} must be summary or silent")
     if resume not in (False, True):
         raise ConfigError(f"resume={resume!r} must be False (new runs) or True (continue the population)")
-    train_data, val_data, config = adapt_inputs(train_data, val_data, members[0].config)
-    # the shared settings as `adapt_inputs` may have changed them (a loader's steps per epoch)
-    members = [dataclasses.replace(m, config=dataclasses.replace(m.config, **shared_settings(config)))
-               for m in members]
-    check_fit_inputs(members[0].model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment,
-                     config.data.allow_nan)
     joint = _Joint(formulation, members, loss_fn, preprocess, augment)
     spec = Specification(members, loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, console,
                          joint=joint)
-    with StopSignals() as signals, contextlib.ExitStack() as stack:
-        assembly = assemble(spec, stack, t_start, memory)
+    with contextlib.ExitStack() as stack:
+        assembly = assemble(spec, stack)
         about = {"members": len(members), "formulation": joint.form.name}
         runners = [_Runner(_member(run), m.model, about) for run, m in zip(assembly.runs, members)]
         for runner, ended in zip(runners, assembly.finished):
             if ended is not None:  # it ended before the population stopped: it stays as it ended
                 runner.close(ended)
         if assembly.lead is not None:
-            train(assembly.lead, _Members(assembly.lead, runners, joint.form, assembly.shown), signals)
+            train(assembly.lead, _Members(assembly.lead, runners, joint.form, assembly.shown), assembly.signals)
     return [r.fitted() for r in runners]
 
 
@@ -375,7 +364,7 @@ def _member(run: Run[TrainState]) -> _MemberRun:
     return run
 
 
-def _formulation(asked: str, members: Sequence[Member], devices: int) -> type:
+def _formulation(asked: str, members: Sequence[RunSpec], devices: int) -> type:
     """The formulation of the population: `asked`, or with "auto" the one that measured fastest on
     this backend (stacked off the CPU when the members allow it, else the tuple)."""
     if asked not in FORMULATIONS:
@@ -575,7 +564,7 @@ class _Joint:
     member_run = _MemberRun
 
     def programs(self, first: Program, runs: Sequence[RunSpec]) -> list[Program]:
-        form = _formulation(self.asked, self.members, first.layout.num_devices)
+        form = _formulation(self.asked, runs, first.layout.num_devices)
         total = first.total_steps
 
         def program(m: RunSpec) -> Program:  # stacked: every number in the state, betas too (one vmapped update)

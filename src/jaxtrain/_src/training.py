@@ -50,7 +50,7 @@ from jaxtrain._src.run_guard import NON_FINITE
 from jaxtrain._src.state import TrainState, in_mode
 from jaxtrain._src.step import LossFn, Preprocess
 
-__all__ = ["FAILURES", "Alone", "Crew", "StopSignals", "TrainingStopped", "end_run", "run_hooks",
+__all__ = ["FAILURES", "Alone", "Crew", "StopSignals", "TrainingStopped", "end_run", "finish", "run_hooks",
            "step_form_of", "summarise_model", "train"]
 
 
@@ -154,8 +154,7 @@ class Alone:
         return self.run.end_epoch(record)
 
     def end(self, status: str) -> None:
-        nnx.update(self.model, self.run.state.params, self.run.state.model_state)
-        end_run(self.run, build_summary(self.run, status))
+        finish(self.run, self.model, status)
 
 
 def train(run: Run[Any], crew: Crew, signals: StopSignals) -> None:
@@ -217,6 +216,13 @@ def step_form_of(config: TrainConfig, loop: LoopState) -> str:
     """The calls' form: the config's, or on resume the form the run measured when it began (a
     resumed run computes as it did)."""
     return loop.step_form if config.step_form == "auto" and loop.step_form else config.step_form
+
+
+def finish(run: Run[TrainState], model: nnx.Module, status: str, **extra: Any) -> None:
+    """Ends `run` with `status`: `model` takes its trained variables, then the run's summary (with
+    `extra` in it) goes to every hook (`end_run`)."""
+    nnx.update(model, run.state.params, run.state.model_state)
+    end_run(run, {**build_summary(run, status), **extra})
 
 
 def end_run(run: Run, summary: dict[str, Any]) -> None:
