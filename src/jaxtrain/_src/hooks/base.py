@@ -163,7 +163,8 @@ class Run(Generic[S]):
       layout: the mesh of devices and the shardings of the train state and batches.
       feed: where batches come from (`feeds.Feed`).
       calls: the compiled calls (`calls.CompiledCalls`): K, compile time.
-      state: the train state after the last queued call (it may still be computing).
+      state: the train state after the last queued call (it may still be computing): a `TrainState`,
+        or for a population's own run the population's state (`Run[S]`: S is the state's type).
       step: optimizer steps queued so far.
       loop: epoch, position in the epoch, history and training time (`LoopState`).
       hooks: every hook of the run, in order.
