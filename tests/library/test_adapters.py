@@ -20,7 +20,7 @@ from jaxtrain._src.data.adapters import BatchStream, MapSource, NpySource, adapt
 from jaxtrain._src.data.fingerprint import data_change, fingerprint
 from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.hooks.checkpointing import CheckpointHook
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.step import epoch_permutation
 
 torch = pytest.importorskip("torch")
@@ -37,8 +37,8 @@ def _params(result) -> list[np.ndarray]:
 
 def _fit(train, val=VAL, run_dir=None, resume=False, console=None, **overrides):
     config = TrainConfig(**{"epochs": 2, "batch_size": B, "steps_per_call": 3, "tensorboard": False, **overrides})
-    return run_fit(small_mlp(), mse, train, val, config, run_dir=run_dir, resume=resume, verbosity="summary",
-                   session=Session(console=console or silent()))
+    return run(small_mlp(), mse, train, val, config, run_dir=run_dir, resume=resume, verbosity="summary",
+               session=RunOptions(console=console or silent()))
 
 
 class Rows:
@@ -114,7 +114,7 @@ def test_an_iterable_in_jaxtrains_order_equals_the_arrays_and_a_shuffling_loader
     loader = torch.utils.data.DataLoader(tensors, batch_size=B, shuffle=True, generator=torch.Generator())
     tuples = lambda model, batch, key: mse(model, {"x": batch[0], "y": batch[1]}, key)  # noqa: E731
     config = TrainConfig(epochs=2, batch_size=B, steps_per_call=3, tensorboard=False)
-    shuffled = run_fit(small_mlp(), tuples, loader, (VAL["x"], VAL["y"]), config, verbosity="silent")
+    shuffled = run(small_mlp(), tuples, loader, (VAL["x"], VAL["y"]), config, verbosity="silent")
     assert shuffled.summary["steps"] == 2 * (N // B)  # the short last batch dropped
     assert shuffled.history[0]["samples_dropped"] == N % B
     # another order of the same samples: the same loss within noise (10% after 24 steps here)
@@ -171,7 +171,7 @@ def test_batches_from_a_loader_accumulate_pad_and_count(on_arrays):
     loader = torch.utils.data.DataLoader(tensors, batch_size=B)
     config = TrainConfig(epochs=1, batch_size=B, grad_accum=2, steps_per_call=2, tensorboard=False,
                          data=DataConfig(last_batch="pad"))
-    result = run_fit(small_mlp(), tuples, loader, None, config, verbosity="silent")
+    result = run(small_mlp(), tuples, loader, None, config, verbosity="silent")
     assert result.summary["steps"] == 13 // 2  # 12 full batches and the padded 13th, two a step
     assert result.history[0]["samples_dropped"] == N % B  # the padded 13th batch (8 samples) had no partner
 

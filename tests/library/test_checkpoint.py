@@ -15,7 +15,7 @@ from conftest import mse, regression_data, silent, small_mlp
 import jaxtrain
 from jaxtrain import CheckpointConfig, CheckpointError, NonFiniteLossError, TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer, flatten_state, unflatten_state
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.state import init_state
 from jaxtrain._src.step import epoch_permutation
 from jaxtrain.tools import runs
@@ -33,8 +33,8 @@ def _config(**overrides):
 def _run(run_dir, resume=False, data=None, **overrides):
     data = data or regression_data(400)  # 25 steps per epoch, calls of 2 steps: saves mid-epoch and at ends
     val = regression_data(40, seed=1)
-    return run_fit(small_mlp(), mse, data, val, _config(**overrides), run_dir=run_dir, resume=resume,
-                   verbosity="summary", session=Session(console=silent()))
+    return run(small_mlp(), mse, data, val, _config(**overrides), run_dir=run_dir, resume=resume,
+               verbosity="summary", session=RunOptions(console=silent()))
 
 
 def test_state_round_trip_and_shape_check():
@@ -137,8 +137,8 @@ def test_on_nan_skip_counts_and_skips_those_updates(tmp_path):
     data = regression_data(400)
     data["x"][123, 0] = 1e30  # overflows the loss: one bad row: one bad step per epoch
     console = silent()
-    result = run_fit(small_mlp(), mse, data, regression_data(40, seed=1), _config(on_nan="skip"), run_dir=tmp_path,
-                     verbosity="summary", session=Session(console=console))
+    result = run(small_mlp(), mse, data, regression_data(40, seed=1), _config(on_nan="skip"), run_dir=tmp_path,
+                 verbosity="summary", session=RunOptions(console=console))
     assert "Skipped Steps:  1 (non-finite" in console.file.getvalue()
     assert result.summary["skipped_steps"] == 3 and result.summary["status"] == "completed"
     assert [r["skipped_steps"] for r in result.history] == [1, 1, 1]
@@ -160,8 +160,8 @@ def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path)
 
         config = TrainConfig(epochs=20, batch_size=100, checkpoint=CheckpointConfig(keep_last=100, keep_best=0))
         with pytest.raises(CheckpointError, match="cannot write a checkpoint to .*the last complete checkpoint is"):
-            run_fit(MLP((128, 256, 256, 64), rngs=nnx.Rngs(0)), mse, data, None, config, run_dir=mount / "run",
-                    verbosity="summary", session=Session(console=silent()))
+            run(MLP((128, 256, 256, 64), rngs=nnx.Rngs(0)), mse, data, None, config, run_dir=mount / "run",
+                verbosity="summary", session=RunOptions(console=silent()))
         ckpt = Checkpointer(mount / "run" / "checkpoints", read_only=True)
         assert ckpt.steps(), "no checkpoint fitted at all"
         tx = jaxtrain.build_optimizer(jaxtrain.OptimConfig(), 400)

@@ -18,7 +18,7 @@ from jaxtrain._src.data.generate import generate_dataset
 from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.errors import DataError
 from jaxtrain._src.hooks import LambdaHook, RunHook
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain.tools.cli import main
 
 KEYS = {"x": "x", "y": "y"}
@@ -135,9 +135,9 @@ def test_a_file_changed_during_fit_stops_it_before_training_on_changed_rows(tmp_
                          checkpoint=CheckpointConfig(every_steps=4, keep_last=100, keep_best=0))
     with pytest.raises(DataError, match=r"changed while it was being read \(size [\d,]+ -> [\d,]+ bytes; modified"), \
             mock.patch.object(HDF5Source, "read_into", read_into):
-        run_fit(small_mlp(), mse, HDF5Source(path, KEYS), regression_data(40, seed=1), config,
-                hooks=[RewriteMidEpoch()], run_dir=tmp_path / "run", verbosity="summary",
-                session=Session(console=silent()))
+        run(small_mlp(), mse, HDF5Source(path, KEYS), regression_data(40, seed=1), config,
+            hooks=[RewriteMidEpoch()], run_dir=tmp_path / "run", verbosity="summary",
+            session=RunOptions(console=silent()))
     assert changed_at == [4]
     read_before = window_reads.index(True)  # epochs whose rows were read whole before the change (1 or 2)
     assert read_before >= 1 and window_reads[read_before:] == [True]  # one read after it: it raised
@@ -154,8 +154,8 @@ def test_a_changed_validation_file_stops_streamed_evaluation(tmp_path):
     config = TrainConfig(epochs=1, batch_size=16, steps_per_call=2,
                          data=DataConfig(placement="stream", memory_budget_gb=1e-6))  # validation is streamed too
     with pytest.raises(DataError, match=r"val\.h5 changed while it was being read \(size [\d,]+ -> [\d,]+ bytes"):
-        run_fit(small_mlp(), mse, regression_data(160), HDF5Source(path, KEYS), config, hooks=[truncate],
-                verbosity="summary", session=Session(console=silent()))
+        run(small_mlp(), mse, regression_data(160), HDF5Source(path, KEYS), config, hooks=[truncate],
+            verbosity="summary", session=RunOptions(console=silent()))
 
 
 def test_cli_run_whose_file_is_replaced_exits_2_with_one_line(tmp_path, monkeypatch, capsys):

@@ -12,13 +12,13 @@ from flax import nnx
 
 from jaxtrain import NonFiniteLossError, OptimConfig, TrainConfig, fit
 from jaxtrain._src.errors import ConfigError, DataError
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.step import epoch_permutation
 
 
 def _fit(train, val=None, seed=0, **overrides):
     config = TrainConfig(**{"epochs": 2, "batch_size": 16, "seed": seed, **overrides})
-    return run_fit(small_mlp(seed), mse, train, val, config, verbosity="summary", session=Session(console=silent()))
+    return run(small_mlp(seed), mse, train, val, config, verbosity="summary", session=RunOptions(console=silent()))
 
 
 def test_loss_decreases_and_model_is_updated_in_place():
@@ -28,7 +28,7 @@ def test_loss_decreases_and_model_is_updated_in_place():
     model = small_mlp()
     before = jax.tree.map(np.array, nnx.state(model, nnx.Param))
     config = TrainConfig(epochs=4, batch_size=32, optim=OptimConfig(lr=1e-2))
-    result = run_fit(model, mse, data, val, config, verbosity="summary", session=Session(console=silent()))
+    result = run(model, mse, data, val, config, verbosity="summary", session=RunOptions(console=silent()))
     losses = [r["train_loss"] for r in result.history]
     assert losses[-1] < 0.5 * losses[0]
     assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
@@ -67,8 +67,8 @@ def test_more_epochs_do_not_compile_more():
     for epochs in (1, 3):
         traces.clear()
         config = TrainConfig(epochs=epochs, batch_size=16, steps_per_call=4)  # 12 steps/epoch: no remainder
-        run_fit(small_mlp(), counting_mse, regression_data(192), regression_data(20), config, verbosity="summary",
-                session=Session(console=silent()))
+        run(small_mlp(), counting_mse, regression_data(192), regression_data(20), config, verbosity="summary",
+            session=RunOptions(console=silent()))
         counts.append(len(traces))
     assert counts[0] == counts[1] > 0
 
@@ -108,8 +108,8 @@ def test_non_param_state_is_carried_and_eval_uses_eval_mode():
 
     data = regression_data(256)
     model = _BNNet(nnx.Rngs(0))
-    result = run_fit(model, loss, data, data, TrainConfig(epochs=1, batch_size=32), verbosity="summary",
-                     session=Session(console=silent()))
+    result = run(model, loss, data, data, TrainConfig(epochs=1, batch_size=32), verbosity="summary",
+                 session=RunOptions(console=silent()))
     mean = np.asarray(model.bn.mean[...])
     assert np.abs(mean).max() > 1e-3  # running statistics were updated through model_state
     # Evaluation runs in eval mode: deterministic dropout, running averages. Recompute it directly.
@@ -140,8 +140,8 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_run_dir_files(tmp_path):
     config = TrainConfig(epochs=2, batch_size=16, log_every=5, steps_per_call=2)
-    result = run_fit(small_mlp(), mse, regression_data(160), regression_data(40, seed=1), config, run_dir=tmp_path,
-                     verbosity="summary", session=Session(name="unit", console=silent()))
+    result = run(small_mlp(), mse, regression_data(160), regression_data(40, seed=1), config, run_dir=tmp_path,
+                 verbosity="summary", session=RunOptions(name="unit", console=silent()))
     summary = json.loads((tmp_path / "summary.json").read_text())
     for key in ("recipe", "epochs", "steps", "final_train_loss", "final_val_loss", "best_val_loss",
                 "total_time_s", "compile_time_s", "mean_epoch_time_s", "samples_per_s", "device",
@@ -208,8 +208,8 @@ def test_a_short_run_with_slow_calls_runs_k_a_on_k_bs_program():
 
     data = regression_data(640)  # 40 steps per epoch of 16, 2 epochs: a short run, K_b = 40
     config = TrainConfig(epochs=2, batch_size=16, steps_per_call=0)
-    slow = Session(auto_steps=AutoSteps(slow_call_s=0.0))  # every call counts as slow
-    auto = run_fit(small_mlp(), mse, data, None, config, verbosity="silent", session=slow)
+    slow = RunOptions(auto_steps=AutoSteps(slow_call_s=0.0))  # every call counts as slow
+    auto = run(small_mlp(), mse, data, None, config, verbosity="silent", session=slow)
     one = fit(small_mlp(), mse, data, None, dataclasses.replace(config, steps_per_call=1), verbosity="silent")
     assert auto.summary["steps_per_call"] == 16
     assert [c["k"] for c in auto.summary["profile"]["compiles"] if c["what"] == "train call"] == [40]  # no second

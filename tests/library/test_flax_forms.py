@@ -18,7 +18,7 @@ from jaxtrain import CheckpointConfig, DataError, NonFiniteLossError, TrainConfi
 from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain._src.checks import check_fit_inputs
 from jaxtrain._src.data import ArraySource
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.models import MLP
 
 B = 16
@@ -62,8 +62,8 @@ def _run(run_dir, resume=False):
     data = regression_data(64)
     model = FlaxNet(nnx.Rngs(0))
     model.dropout.eval()
-    return run_fit(model, mse, data, data, config, run_dir=run_dir, resume=resume, verbosity="summary",
-                   session=Session(console=silent(), plots=False))
+    return run(model, mse, data, data, config, run_dir=run_dir, resume=resume, verbosity="summary",
+               session=RunOptions(console=silent(), plots=False))
 
 
 def test_a_model_holding_rng_streams_trains_in_training_mode_evaluates_in_evaluation_mode_and_resumes_bit_for_bit(
@@ -121,8 +121,8 @@ def _mlp(d_out: int = 3) -> MLP:
 def test_labels_outside_the_model_classes_are_one_clear_line():
     labels = np.arange(40) % 10  # 0..9 for a model of 3 classes: was "loss became nan at step 1; lower the lr"
     with pytest.raises(DataError) as info:
-        run_fit(MLP((8, 16, 3), rngs=nnx.Rngs(0)), ce, _classification(labels), None, TrainConfig(batch_size=B),
-                verbosity="silent", session=Session(console=silent()))
+        run(MLP((8, 16, 3), rngs=nnx.Rngs(0)), ce, _classification(labels), None, TrainConfig(batch_size=B),
+            verbosity="silent", session=RunOptions(console=silent()))
     message = str(info.value)
     assert "train_data['y'] holds label 3 at row 3 (labels 0..9), outside 0..2" in message
     assert "3 classes (logits (16, 3) for labels (16,))" in message and "give the model 10 outputs" in message

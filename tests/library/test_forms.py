@@ -14,8 +14,8 @@ from conftest import leaves_close, mse, regression_data, silent, small_mlp
 from flax import nnx
 
 from jaxtrain import ConfigError, DataConfig, TrainConfig, fit
+from jaxtrain._src import loop
 from jaxtrain._src.choosers import AutoSteps, StepForm
-from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.report.profile_report import profile_lines
 
 DATA, VAL = regression_data(320), regression_data(70, seed=1)  # 20 steps of 16; 4 batches + 6 rows of val
@@ -80,14 +80,14 @@ def test_per_step_randomness_and_streamed_batches_do_not_depend_on_the_form():
 
 def test_auto_measures_the_forms_and_says_why():
     config = TrainConfig(epochs=1, batch_size=16)  # 20 steps: another compile could not pay
-    short = run_fit(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, verbosity="silent",
-                    session=Session(console=silent()))
+    short = loop.run(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, verbosity="silent",
+                     session=loop.RunOptions(console=silent()))
     assert short.summary["step_form"]["form"] == "scan" and "too short" in short.summary["step_form"]["why"]
     assert [c["what"] for c in short.summary["profile"]["compiles"]].count("train step") == 0
     # Measured all the same; K=20 as the short run (its program compiled already).
     auto_steps = AutoSteps(short_run_calls=0, probe_lengths=(20, 128))
-    result = run_fit(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, verbosity="silent",
-                     session=Session(console=silent(), auto_steps=auto_steps))
+    result = loop.run(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, verbosity="silent",
+                      session=loop.RunOptions(console=silent(), auto_steps=auto_steps))
     form = result.summary["step_form"]
     assert form["why"].startswith("measured: ") and set(form["ms_per_step"]) >= {"scan", "step"}
     assert all(t > 0 for t in form["ms_per_step"].values())
@@ -139,12 +139,12 @@ def test_a_form_set_is_used_as_is_and_a_wrong_one_is_one_line():
 
 def test_a_resumed_run_keeps_the_form_it_began_with(tmp_path, by_form):
     config = TrainConfig(epochs=1, batch_size=16, steps_per_call=6, step_form="step")
-    session = Session(console=silent(), plots=False)  # no loss curves: their drawing is most of a run's time here
-    run_fit(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, run_dir=tmp_path / "run", verbosity="silent",
-            session=session)
+    session = loop.RunOptions(console=silent(), plots=False)  # no loss curves: drawing them is most of the time here
+    loop.run(small_mlp(), mse, DATA, VAL, config, optimizer=OPTIMIZER, run_dir=tmp_path / "run", verbosity="silent",
+             session=session)
     longer = dataclasses.replace(config, epochs=2, step_form="auto")  # auto: the form the run measured
-    resumed = run_fit(small_mlp(), mse, DATA, VAL, longer, optimizer=OPTIMIZER, run_dir=tmp_path / "run", resume=True,
-                      verbosity="silent", session=session)
+    resumed = loop.run(small_mlp(), mse, DATA, VAL, longer, optimizer=OPTIMIZER, run_dir=tmp_path / "run", resume=True,
+                       verbosity="silent", session=session)
     assert resumed.summary["step_form"]["form"] == "step" and not resumed.summary["step_form"]["ms_per_step"]
     assert resumed.summary["step_form"]["why"] == "the form the run began with"  # not "set": this config says auto
     assert leaves_close(resumed.state.params, by_form["step"].state.params) == 0.0  # as the run never stopped
@@ -189,8 +189,8 @@ def test_a_dispatched_run_works_out_its_programs_argument_shapes_once_not_at_eve
     original = DeviceFeed.abstract_args
     monkeypatch.setattr(DeviceFeed, "abstract_args", lambda self, k: asked.append(k) or original(self, k))
     config = TrainConfig(epochs=2, batch_size=16, steps_per_call=6, step_form="step")
-    result = run_fit(small_mlp(), mse, DATA, None, config, optimizer=OPTIMIZER, verbosity="silent",
-                     session=Session(console=silent(), plots=False))
+    result = loop.run(small_mlp(), mse, DATA, None, config, optimizer=OPTIMIZER, verbosity="silent",
+                      session=loop.RunOptions(console=silent(), plots=False))
     assert result.summary["step_form"]["form"] == "step" and result.summary["steps"] > 20
     assert len(asked) < 10, asked  # building the programs asks a few times; each step's dispatch asked before
 
@@ -204,8 +204,8 @@ def test_the_run_calibrates_on_its_first_calls_then_dispatches_them_untimed(monk
     monkeypatch.setattr(CompiledCalls, "calibrate", lambda self, k, *rest: seen.append(
         (k, self.form.measuring, self.chooser.measuring)) or calibrate(self, k, *rest))
     auto_steps = AutoSteps(short_run_calls=0, probe_lengths=(2, 4), repeats=1)  # 20 steps: K timed at 2 and 4
-    result = run_fit(small_mlp(), mse, DATA, None, TrainConfig(epochs=1, batch_size=16), optimizer=OPTIMIZER,
-                     verbosity="silent", session=Session(console=silent(), auto_steps=auto_steps, plots=False))
+    result = loop.run(small_mlp(), mse, DATA, None, TrainConfig(epochs=1, batch_size=16), optimizer=OPTIMIZER,
+                     verbosity="silent", session=loop.RunOptions(console=silent(), auto_steps=auto_steps, plots=False))
     form = result.summary["step_form"]["form"]
     assert seen[0] == (2, True, True)  # the first call: the form timed on a copy of the state, then K's first timing
     assert seen[1:] == ([(4, False, True)] if form == "scan" else [])  # a dispatched form has no K to time

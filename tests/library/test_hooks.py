@@ -15,7 +15,7 @@ from jaxtrain import DataConfig, EarlyStoppingConfig, OptimConfig, TrainConfig
 from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks import EarlyStopping, Hook, LambdaHook, TensorBoard
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 
 
 def _config(**overrides):
@@ -45,8 +45,8 @@ class Recorder(Hook):
 def test_user_hook_sees_every_call_and_its_metrics_equal_the_logged_rows():
     recorder = Recorder()
     data = regression_data(160)  # 10 steps per epoch; K=3 gives calls of 3, 3, 3, 1
-    result = run_fit(small_mlp(), mse, data, None, _config(log_every=4), hooks=[recorder], verbosity="summary",
-                     session=Session(console=silent()))
+    result = run(small_mlp(), mse, data, None, _config(log_every=4), hooks=[recorder], verbosity="summary",
+                 session=RunOptions(console=silent()))
     assert [k for _, k, _ in recorder.calls] == [3, 3, 3, 1] * 2
     assert [s for s, _, _ in recorder.calls] == [3, 6, 9, 10, 13, 16, 19, 20]
     losses = np.concatenate([np.asarray(m["loss"]) for _, _, m in recorder.calls])  # (20,) every step's loss
@@ -75,8 +75,8 @@ def test_the_summary_holds_each_hooks_seconds_between_the_calls(tmp_path):
             time.sleep(0.02)
 
     seen = []
-    result = run_fit(small_mlp(), mse, regression_data(160), None, _config(), hooks=[Sleeper()],
-                     run_dir=tmp_path / "run", verbosity="summary", session=Session(console=silent()))
+    result = run(small_mlp(), mse, regression_data(160), None, _config(), hooks=[Sleeper()],
+                 run_dir=tmp_path / "run", verbosity="summary", session=RunOptions(console=silent()))
     profile = json.loads((tmp_path / "run" / "summary.json").read_text())["profile"]
     assert profile["hook_seconds"] == result.summary["profile"]["hook_seconds"]
     seconds = profile["hook_seconds"]
@@ -89,9 +89,9 @@ def test_the_summary_holds_each_hooks_seconds_between_the_calls(tmp_path):
 def test_lambda_hook_and_learning_rate_from_the_schedule():
     rows = []
     optim = OptimConfig(lr=0.01, schedule="warmup-cosine", warmup_steps=5, min_lr=0.001)
-    run_fit(small_mlp(), mse, regression_data(160), None, _config(log_every=5, optim=optim),
-            hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], verbosity="summary",
-            session=Session(console=silent()))
+    run(small_mlp(), mse, regression_data(160), None, _config(log_every=5, optim=optim),
+        hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], verbosity="summary",
+        session=RunOptions(console=silent()))
     schedule = optax.warmup_cosine_decay_schedule(0.0, 0.01, 5, 20, 0.001)
     assert [r["step"] for r in rows] == [5, 10, 15, 20]
     for row in rows:  # the rate of the window's last update, step index row["step"] - 1
@@ -104,15 +104,15 @@ def test_custom_optax_chain_trains_and_logs_its_injected_learning_rate():
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.inject_hyperparams(optax.sgd)(learning_rate=0.05,
                                                                                           momentum=0.9))
     rows = []
-    result = run_fit(small_mlp(), mse, train, val, _config(epochs=4, log_every=10), optimizer=tx,
-                     hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], verbosity="summary",
-                     session=Session(console=silent()))
+    result = run(small_mlp(), mse, train, val, _config(epochs=4, log_every=10), optimizer=tx,
+                 hooks=[LambdaHook(on_log=lambda run, row: rows.append(row))], verbosity="summary",
+                 session=RunOptions(console=silent()))
     losses = [r["train_loss"] for r in result.history]
     assert losses[-1] < 0.6 * losses[0]
     assert all(r["lr"] == pytest.approx(0.05) for r in rows)
     # K does not change the result with your own optimizer either.
-    again = run_fit(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx,
-                    verbosity="summary", session=Session(console=silent()))
+    again = run(small_mlp(), mse, train, val, _config(epochs=4, steps_per_call=1), optimizer=tx,
+                verbosity="summary", session=RunOptions(console=silent()))
     assert leaves_close(again.state.params, result.state.params) <= 1e-6
 
 
@@ -122,8 +122,8 @@ def test_early_stopping_stops_and_says_so(tmp_path):
     # A learning rate this large makes validation loss stop improving within a few epochs.
     config = _config(epochs=40, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
     console = silent()
-    result = run_fit(small_mlp(), mse, train, val, config, run_dir=tmp_path, verbosity="summary",
-                     session=Session(console=console))
+    result = run(small_mlp(), mse, train, val, config, run_dir=tmp_path, verbosity="summary",
+                 session=RunOptions(console=console))
     val_losses = [r["val_loss"] for r in result.history]
     stopped = len(val_losses)
     assert stopped < 40
@@ -137,8 +137,8 @@ def test_early_stopping_stops_and_says_so(tmp_path):
 def test_early_stopping_settings_without_patience_get_a_note_that_it_is_off(capsys):
     data = regression_data(64)
     for stopping, noted in ((EarlyStoppingConfig(metric="val_mae", mode="min"), True), (EarlyStoppingConfig(), False)):
-        run_fit(small_mlp(), mse, data, None, _config(epochs=1, early_stopping=stopping), verbosity="silent",
-                session=Session(console=silent()))
+        run(small_mlp(), mse, data, None, _config(epochs=1, early_stopping=stopping), verbosity="silent",
+            session=RunOptions(console=silent()))
         err = capsys.readouterr().err
         assert ('note: EarlyStoppingConfig(metric="val_mae"): early stopping is off, so this has no effect; set '
                 "EarlyStoppingConfig(patience=N) to stop after N epochs without improvement" in err) == noted, err
@@ -166,8 +166,8 @@ def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
 
     data, val = regression_data(160), regression_data(40, seed=1)
     recorder = Recorder()
-    run_fit(small_mlp(), mse, data, val, _config(log_every=5), hooks=[recorder], run_dir=tmp_path, verbosity="summary",
-            session=Session(console=silent()))
+    run(small_mlp(), mse, data, val, _config(log_every=5), hooks=[recorder], run_dir=tmp_path, verbosity="summary",
+        session=RunOptions(console=silent()))
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
@@ -183,20 +183,20 @@ def test_tensorboard_event_files_hold_the_logged_scalars(tmp_path):
 def test_tensorboard_without_a_directory_is_a_clear_error():
     with pytest.raises(ConfigError, match=r"TensorBoard is added by the loop itself; set it with "
                                           r"TrainConfig\(tensorboard=True\)"):
-        run_fit(small_mlp(), mse, regression_data(64), None, _config(epochs=1), hooks=[TensorBoard()],
-                verbosity="summary", session=Session(console=silent()))
+        run(small_mlp(), mse, regression_data(64), None, _config(epochs=1), hooks=[TensorBoard()],
+            verbosity="summary", session=RunOptions(console=silent()))
 
 
 def test_automatic_k_inside_fit_with_injected_thresholds():
     data = regression_data(800)  # 50 steps per epoch; probes of 2 and 4 steps, 3 of each
-    one = run_fit(small_mlp(), mse, data, None, _config(steps_per_call=1), verbosity="summary",
-                  session=Session(console=silent()))
+    one = run(small_mlp(), mse, data, None, _config(steps_per_call=1), verbosity="summary",
+              session=RunOptions(console=silent()))
     console = silent()
     # The fused loop's K is what is measured here: with step_form="auto" a busy machine can time the plain
     # step faster than the loop, and a run dispatched step by step measures no K (CI saw it once).
     fused = {"steps_per_call": 0, "step_form": "scan"}
-    everything = run_fit(small_mlp(), mse, data, None, _config(**fused), verbosity="summary",
-                         session=Session(console=console, auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
+    everything = run(small_mlp(), mse, data, None, _config(**fused), verbosity="summary",
+                     session=RunOptions(console=console, auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
                                                                                 overhead_target=1e-12,
                                                                                 short_run_calls=0)))
     # Any measured per-call overhead needs more than an epoch of steps to be 1e-12 of compute: K = the
@@ -211,8 +211,8 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
     # Data on the device: the timed calls of K_a=2 ran K_b=4's program, masked; no program of 2 was compiled.
     compiled = [c["k"] for c in everything.summary["profile"]["compiles"] if c.get("what") == "train call"]
     assert compiled[0] == 4 and (2 not in compiled or expected == 2), compiled
-    lenient = run_fit(small_mlp(), mse, data, None, _config(**fused), verbosity="summary",
-                      session=Session(console=silent(), auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
+    lenient = run(small_mlp(), mse, data, None, _config(**fused), verbosity="summary",
+                  session=RunOptions(console=silent(), auto_steps=AutoSteps(probe_lengths=(2, 4), repeats=3,
                                                                              overhead_target=1e9, short_run_calls=0)))
     assert lenient.summary["steps_per_call"] == 2  # any overhead is within target at K_a
     for result in (everything, lenient):
@@ -230,9 +230,9 @@ def test_any_pytree_streams_and_large_validation_is_evaluated_streamed():
 
     budget = DataConfig(placement="stream", memory_budget_gb=1e-9, shuffle_window_mb=1)
     config = _config(epochs=2, eval_batch_size=16, data=budget)  # validation over the tiny budget: streamed
-    from_tuple = run_fit(small_mlp(), tuple_mse, (as_dict["x"], as_dict["y"]), (val["x"], val["y"]), config,
-                         verbosity="summary", session=Session(console=silent()))
-    from_dict = run_fit(small_mlp(), mse, as_dict, val, config, verbosity="summary", session=Session(console=silent()))
+    from_tuple = run(small_mlp(), tuple_mse, (as_dict["x"], as_dict["y"]), (val["x"], val["y"]), config,
+                     verbosity="summary", session=RunOptions(console=silent()))
+    from_dict = run(small_mlp(), mse, as_dict, val, config, verbosity="summary", session=RunOptions(console=silent()))
     assert leaves_close(from_tuple.state.params, from_dict.state.params) == 0.0
     # The streamed validation loss equals NumPy's on the final parameters (100 = 6 batches of 16 + 4).
     p = jax.tree.map(np.asarray, from_dict.state.params)
@@ -251,12 +251,12 @@ def test_bad_arguments_are_one_clear_error():
     ]
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):
-            run_fit(small_mlp(), mse, data, None, _config(), verbosity="summary", **kwargs,
-                    session=Session(console=silent()))
+            run(small_mlp(), mse, data, None, _config(), verbosity="summary", **kwargs,
+                session=RunOptions(console=silent()))
     with pytest.raises(ConfigError, match="model must be a flax.nnx.Module; got function"):
-        run_fit(lambda x: x, mse, data, None, _config(), verbosity="summary", session=Session(console=silent()))
+        run(lambda x: x, mse, data, None, _config(), verbosity="summary", session=RunOptions(console=silent()))
     with pytest.raises(ConfigError, match="config must be a jaxtrain.TrainConfig; got NoneType"):
-        run_fit(small_mlp(), mse, data, None, None, verbosity="summary", session=Session(console=silent()))
+        run(small_mlp(), mse, data, None, None, verbosity="summary", session=RunOptions(console=silent()))
     with pytest.raises(ConfigError, match="early_stopping.patience=-1"):
         EarlyStoppingConfig(patience=-1)
 
@@ -267,14 +267,14 @@ def test_hook_state_survives_a_resume(tmp_path):
     everything = regression_data(300)
     train, val = {k: v[:200] for k, v in everything.items()}, {k: v[200:] for k, v in everything.items()}
     config = _config(epochs=40, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
-    full = run_fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "full", verbosity="summary",
-                   session=Session(console=silent()))
+    full = run(small_mlp(), mse, train, val, config, run_dir=tmp_path / "full", verbosity="summary",
+               session=RunOptions(console=silent()))
     stopped_at = len(full.history)
     short = _config(epochs=stopped_at - 1, optim=OptimConfig(lr=0.3), early_stopping=EarlyStoppingConfig(patience=2))
-    run_fit(small_mlp(), mse, train, val, short, run_dir=tmp_path / "part", verbosity="summary",
-            session=Session(console=silent()))
-    resumed = run_fit(small_mlp(), mse, train, val, config, run_dir=tmp_path / "part", resume=True, verbosity="summary",
-                      session=Session(console=silent()))
+    run(small_mlp(), mse, train, val, short, run_dir=tmp_path / "part", verbosity="summary",
+        session=RunOptions(console=silent()))
+    resumed = run(small_mlp(), mse, train, val, config, run_dir=tmp_path / "part", resume=True, verbosity="summary",
+                  session=RunOptions(console=silent()))
     assert len(resumed.history) == stopped_at and resumed.summary["status"] == "stopped early"
     assert leaves_close(resumed.state.params, full.state.params) == 0.0
 
@@ -282,7 +282,7 @@ def test_hook_state_survives_a_resume(tmp_path):
 def test_jnp_and_numpy_leaves_train_alike():
     data = regression_data(96)
     as_jnp = {k: jnp.asarray(v) for k, v in data.items()}
-    a = run_fit(small_mlp(), mse, data, None, _config(epochs=1), verbosity="summary", session=Session(console=silent()))
-    b = run_fit(small_mlp(), mse, as_jnp, None, _config(epochs=1), verbosity="summary",
-                session=Session(console=silent()))
+    a = run(small_mlp(), mse, data, None, _config(epochs=1), verbosity="summary", session=RunOptions(console=silent()))
+    b = run(small_mlp(), mse, as_jnp, None, _config(epochs=1), verbosity="summary",
+            session=RunOptions(console=silent()))
     assert leaves_close(a.state.params, b.state.params) == 0.0

@@ -174,3 +174,17 @@ def test_the_layer_check_sees_imports_inside_functions(planted, expected, tmp_pa
     path = tmp_path / "planted.py"
     path.write_text(planted)
     assert any(expected.endswith(i) for i in _imports("jaxtrain._src.planted", path))
+
+
+def test_a_run_is_assembled_in_one_place():
+    """`fit` and `fit_population` get their runs from `assembly.assemble`: a `Run` (or a kind of
+    one) is constructed there and nowhere else in the package, so the two cannot drift apart again."""
+    kinds, trees = {"Run"}, {module: ast.parse(path.read_text()) for module, path in MODULES.items()}
+    for tree in trees.values():
+        kinds |= {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                  and any(getattr(base, "id", getattr(base, "attr", None)) == "Run"
+                          or getattr(getattr(base, "value", None), "id", None) == "Run" for base in node.bases)}
+    made = [f"{module}:{node.lineno} makes a {node.func.id}" for module, tree in trees.items()
+            for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in kinds]
+    assert made == [] and "_MemberRun" in kinds

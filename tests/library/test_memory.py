@@ -12,7 +12,7 @@ from conftest import mse, regression_data, silent, small_mlp
 from jaxtrain import TrainConfig
 from jaxtrain._src import memory
 from jaxtrain._src.data.arrays import ALIGNMENT, aligned_empty, bytes_used_in_place, is_aligned
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.memory import process_memory, release_free_heap
 from jaxtrain._src.report.memory_report import IN_PLACE_HINT, PHASES, memory_lines
 
@@ -97,8 +97,8 @@ def test_every_run_reports_what_raised_its_peak_memory(aligned):
     data = regression_data(512)
     data = {k: _aligned_copy(v) if aligned else misaligned(v) for k, v in data.items()}
     console = silent()
-    result = run_fit(small_mlp(), mse, data, regression_data(64, seed=1), TrainConfig(epochs=2, batch_size=32),
-                     session=Session(console=console))
+    result = run(small_mlp(), mse, data, regression_data(64, seed=1), TrainConfig(epochs=2, batch_size=32),
+                 session=RunOptions(console=console))
     m = result.summary["memory"]
     assert set(m["raised_bytes"]) == set(PHASES) and all(v >= 0 for v in m["raised_bytes"].values())
     assert m["peak_rss_bytes"] == m["start_peak_bytes"] + sum(m["raised_bytes"].values())

@@ -13,7 +13,7 @@ from jaxtrain import TrainConfig
 from jaxtrain._src.checks import abstract_batch, check_finite_arrays, check_fit_inputs
 from jaxtrain._src.data import ArraySource
 from jaxtrain._src.errors import ConfigError, DataError
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 
 B = 16
 
@@ -49,8 +49,8 @@ def tuple_loss(model, batch, key):
 
 def _fit(loss_fn=mse, train=None, val=None, **kwargs):
     train = regression_data(64) if train is None else train
-    return run_fit(small_mlp(), loss_fn, train, val, TrainConfig(epochs=1, batch_size=B), verbosity="summary", **kwargs,
-                   session=Session(console=silent()))
+    return run(small_mlp(), loss_fn, train, val, TrainConfig(epochs=1, batch_size=B), verbosity="summary", **kwargs,
+               session=RunOptions(console=silent()))
 
 
 def _one_line(excinfo, *parts):
@@ -213,13 +213,13 @@ def test_a_model_that_fails_only_in_evaluation_mode_is_refused_before_training()
     with pytest.raises(DataError, match=r"loss_fn failed on a validation batch of x: float32 \(16, 8\), "
                                         r"y: float32 \(16, 3\) with the model in evaluation mode, as validation runs "
                                         r"it: .*shapes"):
-        run_fit(_EvalOnlyBug(rngs=nnx.Rngs(0)), mse, data, data, TrainConfig(epochs=1, batch_size=16),
-                hooks=[LambdaHook(after_call=lambda run, *rest: calls.append(run.step))], verbosity="silent",
-                session=Session(console=silent()))
+        run(_EvalOnlyBug(rngs=nnx.Rngs(0)), mse, data, data, TrainConfig(epochs=1, batch_size=16),
+            hooks=[LambdaHook(after_call=lambda run, *rest: calls.append(run.step))], verbosity="silent",
+            session=RunOptions(console=silent()))
     assert calls == []  # refused before the first training call
     # Without validation data nothing runs it in evaluation mode: it trains.
-    run_fit(_EvalOnlyBug(rngs=nnx.Rngs(0)), mse, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
-            session=Session(console=silent()))
+    run(_EvalOnlyBug(rngs=nnx.Rngs(0)), mse, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+        session=RunOptions(console=silent()))
 
 
 def test_a_loss_fn_that_cannot_take_model_batch_and_key_is_one_line():
@@ -228,8 +228,8 @@ def test_a_loss_fn_that_cannot_take_model_batch_and_key_is_one_line():
                            (lambda model: (jnp.zeros(()), {}), "(model)")):
         with pytest.raises(ConfigError, match=rf"loss_fn must take \(model, batch, key\) and return \(loss, metrics\); "
                                               rf"it takes {re.escape(takes)}: add the arguments it lacks"):
-            run_fit(small_mlp(), loss_fn, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
-                    session=Session(console=silent()))
+            run(small_mlp(), loss_fn, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+                session=RunOptions(console=silent()))
     keyed = lambda model, batch, key=None, *rest: mse(model, batch, key)  # noqa: E731 - extra optional ones are fine
-    run_fit(small_mlp(), keyed, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
-            session=Session(console=silent()))
+    run(small_mlp(), keyed, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
+        session=RunOptions(console=silent()))

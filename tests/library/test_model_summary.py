@@ -10,7 +10,7 @@ from conftest import mse, regression_data, silent
 from flax import nnx
 
 import jaxtrain
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.report.model_summary import model_summary, summary_lines
 from jaxtrain.models import MLP
 
@@ -60,7 +60,7 @@ def test_fit_prints_the_summary_in_its_header_and_writes_it_with_flops(tmp_path)
     data = regression_data(256, d_in=32, d_out=8)
     model = MLP((32, 64, 8), rngs=nnx.Rngs(0))
     config = jaxtrain.TrainConfig(epochs=1, batch_size=32)
-    run_fit(model, mse, data, None, config, run_dir=tmp_path / "run", session=Session(console=console))
+    run(model, mse, data, None, config, run_dir=tmp_path / "run", session=RunOptions(console=console))
     header = console.file.getvalue()
     assert "  model:" in header and "layers.0  Linear  (32, 64)" in header
     model_info = json.loads((tmp_path / "run" / "summary.json").read_text())["model"]

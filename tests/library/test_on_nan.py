@@ -8,14 +8,14 @@ from conftest import mse, regression_data, silent, small_mlp
 
 from jaxtrain import CheckpointConfig, TrainConfig
 from jaxtrain._src.errors import NonFiniteLossError
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 
 
 def _run(run_dir, data, epochs, on_nan, precision="fp32", resume=False):
     config = TrainConfig(epochs=epochs, batch_size=16, steps_per_call=2, on_nan=on_nan, precision=precision,
                          checkpoint=CheckpointConfig(keep_last=10, keep_best=0))
-    return run_fit(small_mlp(), mse, data, None, config, run_dir=run_dir, resume=resume, verbosity="summary",
-                   session=Session(console=silent()))
+    return run(small_mlp(), mse, data, None, config, run_dir=run_dir, resume=resume, verbosity="summary",
+               session=RunOptions(console=silent()))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -17,6 +17,7 @@ from flax import nnx
 import jaxtrain
 from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit, fit_population
 from jaxtrain._src import checkpoint, probes
+from jaxtrain._src.memory import process_memory
 from jaxtrain._src.optim import without_values
 from jaxtrain._src.report.run_dir import read_jsonl
 from jaxtrain._src.training import TrainingStopped
@@ -58,6 +59,8 @@ def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of
     monkeypatch.setattr(probes, "_time_probe", lambda *a, f=probes._time_probe: timed.append(1) or f(*a))
     results = fit_population(members, mse, DATA, VAL, formulation="tuple", verbosity="silent")
     assert len(compiled) == len(timed) == 1  # one probe compiled and timed for the population, not one per member
+    if process_memory() is not None:  # a member's summary has a lone run's memory report (the population's)
+        assert all(r.summary["memory"]["peak_rss_bytes"] > 0 for r in results)
     population_transfers, transfers[0] = transfers[0], 0
     for i, lr in enumerate(LRS):
         lone = fit(small_mlp(i), mse, DATA, VAL, config(lr), run_dir=tmp_path / f"lone{i}", verbosity="silent")
@@ -183,6 +186,69 @@ def test_a_population_stopped_mid_epoch_resumes_to_the_uninterrupted_result_bit_
         assert got.summary["status"] == want.summary["status"] and len(got.history) == len(want.history)
         assert rows(tmp_path / "cut" / f"m{i}") == rows(tmp_path / "whole" / f"m{i}")
     assert resumed[2].summary["status"] == "stopped early"  # it had ended: it stays as it ended
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted populations of `test_a_population_killed_...`, each formulation's run once."""
+    done = {}
+
+    def whole(formulation: str):
+        if formulation not in done:
+            root = tmp_path_factory.mktemp(f"whole-{formulation}")
+            done[formulation] = root, fit_population(_two(root), mse, DATA, VAL, formulation=formulation,
+                                                     verbosity="silent")
+        return done[formulation]
+
+    return whole
+
+
+def _two(root, first_hooks=()) -> list[Member]:
+    return [Member(small_mlp(i), config(lr), run_dir=root / f"m{i}", hooks=first_hooks if i == 0 else ())
+            for i, lr in enumerate(LRS[:2])]
+
+
+@pytest.mark.parametrize("formulation, tolerance", [("tuple", 0.0), ("stacked", 1e-5)])
+@pytest.mark.parametrize("killed", ["before", "during", "after"])
+def test_a_population_killed_around_its_first_checkpoint_resumes_to_the_uninterrupted_result(
+        tmp_path, uninterrupted, killed, formulation, tolerance):
+    """Issue 63: killed before its first checkpoint (no member saved), during it (one member's save
+    never reached the disk: no step all hold) or after it, a population resumed with resume=True
+    trains to the end and keeps its checkpoints, equal to the uninterrupted run (the tuple bit for
+    bit). Before and during, each member starts over with its earlier files moved to previous-1/
+    (the checkpoint hooks are made after the move, as `fit` makes its own: made before, every save
+    failed and the run was lost)."""
+    whole_root, whole = uninterrupted(formulation)
+    at = 4 if killed == "before" else 14  # the first save is at step 10, epoch 1's end
+
+    def kill(run, k, metrics):
+        if run.step == at:
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        fit_population(_two(tmp_path, [LambdaHook(after_call=kill)]), mse, DATA, VAL, formulation=formulation,
+                       verbosity="silent")
+    steps = lambda i: sorted(int(p.name) for p in (tmp_path / f"m{i}" / "checkpoints").iterdir()  # noqa: E731
+                             if p.name.isdigit())
+    assert [steps(i) for i in range(2)] == [[] if killed == "before" else [10]] * 2
+    for i in range(2):  # a killed process writes no summary
+        (tmp_path / f"m{i}" / "summary.json").unlink()
+    if killed == "during":
+        shutil.rmtree(tmp_path / "m1" / "checkpoints" / "10")
+    resumed = fit_population(_two(tmp_path), mse, DATA, VAL, formulation=formulation, verbosity="silent",
+                             resume=True)
+    for i, (got, want) in enumerate(zip(resumed, whole)):
+        assert got.summary["status"] == "completed" and got.summary["latest_checkpoint_step"] == 20
+        assert steps(i) == [10, 20]
+        assert leaves_close(got.state.params, want.state.params) <= tolerance
+        if not tolerance:
+            assert rows(tmp_path / f"m{i}") == rows(whole_root / f"m{i}")
+        assert (tmp_path / f"m{i}" / "previous-1").is_dir() == (killed != "after")
+    if killed == "before":  # resumed once more, every member has finished: each stays as it is, nothing trains
+        again = fit_population(_two(tmp_path), mse, DATA, VAL, formulation=formulation, verbosity="silent",
+                               resume=True)
+        assert [(r.summary["status"], r.summary["steps"], len(r.history)) for r in again] == [("completed", 20, 2)] * 2
+        assert all(leaves_close(a.state.params, r.state.params) == 0.0 for a, r in zip(again, resumed))
 
 
 @pytest.mark.parametrize("step", [10, 20])  # epoch 1's save (seen at the next), the last epoch's

@@ -12,15 +12,15 @@ from flax import nnx
 
 from jaxtrain import DataConfig, OptimConfig, TrainConfig
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.models import MLP
 from jaxtrain._src.precision import FLOAT32_SHARE_NOTED, LossScaleState, Policy, loss_scaling
 
 
 def _fit(train, model=None, **overrides):
     config = TrainConfig(**{"epochs": 1, "batch_size": 16, "steps_per_call": 2, "log_every": 1, **overrides})
-    return run_fit(model or small_mlp(), mse, train, None, config, verbosity="summary",
-                   session=Session(console=silent()))
+    return run(model or small_mlp(), mse, train, None, config, verbosity="summary",
+               session=RunOptions(console=silent()))
 
 
 def _max_abs_diff(a, b) -> float:
@@ -73,10 +73,10 @@ def test_fp16_recovers_from_an_overflow(tmp_path):
     halved until the gradients fit; training then continues to a finite, lower loss. The scale and
     the count of skipped updates are logged."""
     data = regression_data(512)
-    result = run_fit(small_mlp(), mse, data, None,
-                     TrainConfig(epochs=2, batch_size=16, steps_per_call=4, log_every=4, precision="fp16",
+    result = run(small_mlp(), mse, data, None,
+                 TrainConfig(epochs=2, batch_size=16, steps_per_call=4, log_every=4, precision="fp16",
                                  loss_scale_init=2.0**30, optim=OptimConfig(lr=1e-2)), verbosity="summary",
-                     run_dir=tmp_path / "run", session=Session(console=silent()))
+                 run_dir=tmp_path / "run", session=RunOptions(console=silent()))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     last = train[-1]
@@ -120,13 +120,13 @@ def test_a_bf16_run_whose_layers_stay_float32_says_so_in_one_note(capsys):
     data = {"tokens": rng.integers(0, 50, (64, 12)).astype(np.int32), "y": rng.integers(0, 5, 64).astype(np.int32)}
     config = TrainConfig(epochs=1, batch_size=16, steps_per_call=2, precision="bf16")
     for embed_dtype, noted in ((None, True), (jnp.bfloat16, False)):
-        run_fit(_Tagger(embed_dtype, rngs=nnx.Rngs(0)), _tag_loss, data, None, config, verbosity="summary",
-                session=Session(console=silent()))
+        run(_Tagger(embed_dtype, rngs=nnx.Rngs(0)), _tag_loss, data, None, config, verbosity="summary",
+            session=RunOptions(console=silent()))
         err = capsys.readouterr().err
         assert ("100% of the loss's matrix products (FLOPs) still run in float32" in err) == noted, err
         assert err.count("note:") == noted and ("dtype=jnp.bfloat16" in err) == noted
-    run_fit(_Tagger(rngs=nnx.Rngs(0)), _tag_loss, data, None, TrainConfig(**{**config.__dict__, "precision": "fp32"}),
-            verbosity="summary", session=Session(console=silent()))
+    run(_Tagger(rngs=nnx.Rngs(0)), _tag_loss, data, None, TrainConfig(**{**config.__dict__, "precision": "fp32"}),
+        verbosity="summary", session=RunOptions(console=silent()))
     assert "still run in float32" not in capsys.readouterr().err
     bf16 = Policy("bf16")
     batch = {"x": jax.ShapeDtypeStruct((4, 28, 28, 1), jnp.float32), "y": jax.ShapeDtypeStruct((4,), jnp.int32)}
@@ -151,12 +151,12 @@ def test_bf16_computes_in_bf16_and_keeps_float32_state():
 
     config = TrainConfig(epochs=3, batch_size=16, steps_per_call=2, precision="bf16", optim=OptimConfig(lr=1e-2))
     data = regression_data(256)
-    result = run_fit(small_mlp(), loss, data, None, config, verbosity="summary", session=Session(console=silent()))
+    result = run(small_mlp(), loss, data, None, config, verbosity="summary", session=RunOptions(console=silent()))
     assert seen == {"x": jnp.bfloat16, "out": jnp.bfloat16}
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(result.state.params))
     assert all(p.dtype in (jnp.float32, jnp.int32) for p in jax.tree.leaves(result.state.opt_state))  # Adam count
-    fp32 = run_fit(small_mlp(), mse, data, None, TrainConfig(**{**config.__dict__, "precision": "fp32"}),
-                   verbosity="summary", session=Session(console=silent()))
+    fp32 = run(small_mlp(), mse, data, None, TrainConfig(**{**config.__dict__, "precision": "fp32"}),
+               verbosity="summary", session=RunOptions(console=silent()))
     assert abs(result.final_train_loss - fp32.final_train_loss) <= 0.05 * fp32.final_train_loss
     assert result.summary["precision"] == "bf16"
 
@@ -196,8 +196,8 @@ def test_precision_and_accumulation_on_a_mesh():
 
     gpt = GPTConfig(block_size=8, n_layer=2, n_head=2, n_embd=16)
     config = TrainConfig(epochs=1, batch_size=8, steps_per_call=4, mesh="fsdp=2", grad_accum=2)
-    runs = [run_fit(GPT(11, gpt, remat=remat, rngs=nnx.Rngs(0)), lm, tokens, None, config, verbosity="summary",
-                    session=Session(console=silent())) for remat in ("none", "blocks")]
+    runs = [run(GPT(11, gpt, remat=remat, rngs=nnx.Rngs(0)), lm, tokens, None, config, verbosity="summary",
+                session=RunOptions(console=silent())) for remat in ("none", "blocks")]
     assert _max_abs_diff(runs[0].state.params, runs[1].state.params) <= 1e-6
 
 
@@ -216,12 +216,12 @@ def test_fp16_loss_scale_is_checkpointed_and_resumed_exactly(tmp_path):
     data = regression_data(256)
     config = TrainConfig(epochs=2, batch_size=16, steps_per_call=4, precision="fp16", loss_scale_init=2.0**20,
                          loss_scale_period=5, grad_accum=2, tensorboard=False)
-    whole = run_fit(small_mlp(), mse, data, None, config, verbosity="summary", run_dir=tmp_path / "a",
-                    session=Session(console=silent()))
-    run_fit(small_mlp(), mse, data, None, TrainConfig(**{**config.__dict__, "epochs": 1}), verbosity="summary",
-            run_dir=tmp_path / "b", session=Session(console=silent()))
-    resumed = run_fit(small_mlp(), mse, data, None, config, verbosity="summary", run_dir=tmp_path / "b", resume=True,
-                      session=Session(console=silent()))
+    whole = run(small_mlp(), mse, data, None, config, verbosity="summary", run_dir=tmp_path / "a",
+                session=RunOptions(console=silent()))
+    run(small_mlp(), mse, data, None, TrainConfig(**{**config.__dict__, "epochs": 1}), verbosity="summary",
+        run_dir=tmp_path / "b", session=RunOptions(console=silent()))
+    resumed = run(small_mlp(), mse, data, None, config, verbosity="summary", run_dir=tmp_path / "b", resume=True,
+                  session=RunOptions(console=silent()))
     assert int(whole.state.opt_state.skipped) >= 1  # the scale did change during the run
     without_key = lambda state: state._replace(rng=None)  # noqa: E731
     assert _max_abs_diff(without_key(whole.state), without_key(resumed.state)) == 0.0

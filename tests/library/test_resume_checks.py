@@ -13,14 +13,14 @@ from jaxtrain import TrainConfig
 from jaxtrain._src.config import DataConfig
 from jaxtrain._src.data.sources import HDF5Source
 from jaxtrain._src.errors import ConfigError, DataError
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 
 CONFIG = TrainConfig(epochs=1, batch_size=16, steps_per_call=5, tensorboard=False)
 
 
 def _fit(run_dir, data, config=CONFIG, **kwargs):
-    return run_fit(small_mlp(), mse, data, None, config, run_dir=run_dir, verbosity="summary", **kwargs,
-                   session=Session(console=silent()))
+    return run(small_mlp(), mse, data, None, config, run_dir=run_dir, verbosity="summary", **kwargs,
+               session=RunOptions(console=silent()))
 
 
 def _write_h5(path, seed):

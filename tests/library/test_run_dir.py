@@ -23,7 +23,7 @@ import jaxtrain
 from jaxtrain import TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.loop import Session, TrainingStopped, run_fit
+from jaxtrain._src.loop import RunOptions, TrainingStopped, run
 from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import init_state
 from jaxtrain.tools.cli import main
@@ -33,8 +33,8 @@ CONFIG = TrainConfig(epochs=2, batch_size=16, steps_per_call=5, tensorboard=Fals
 
 
 def _fit(run_dir, config=CONFIG, **kwargs):
-    return run_fit(small_mlp(), mse, DATA, None, config, run_dir=run_dir, verbosity="summary", **kwargs,
-                   session=Session(console=silent()))
+    return run(small_mlp(), mse, DATA, None, config, run_dir=run_dir, verbosity="summary", **kwargs,
+               session=RunOptions(console=silent()))
 
 
 def _files(run_dir: Path) -> dict[Path, bytes]:
@@ -187,7 +187,7 @@ def _printed(verbosity: str, terminal: bool = False) -> str:
     out = io.StringIO()
     console = Console(file=out, width=100, force_terminal=terminal)
     config = TrainConfig(epochs=1, batch_size=16, steps_per_call=2, log_every=4, tensorboard=False)
-    run_fit(small_mlp(), mse, DATA, None, config, verbosity=verbosity, session=Session(console=console))
+    run(small_mlp(), mse, DATA, None, config, verbosity=verbosity, session=RunOptions(console=console))
     return out.getvalue()
 
 

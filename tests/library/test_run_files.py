@@ -17,7 +17,7 @@ from jaxtrain import CheckpointConfig, EarlyStoppingConfig, LambdaHook, TrainCon
 from jaxtrain._src import moments
 from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.report.run_dir import RunDir, read_jsonl
 
 DATA = regression_data(64)
@@ -25,8 +25,8 @@ CONFIG = TrainConfig(epochs=2, batch_size=16, steps_per_call=2, tensorboard=Fals
 
 
 def _fit(run_dir, config=CONFIG, **kwargs):
-    return run_fit(small_mlp(), mse, DATA, None, config, run_dir=run_dir, verbosity="summary", **kwargs,
-                   session=Session(console=silent()))
+    return run(small_mlp(), mse, DATA, None, config, run_dir=run_dir, verbosity="summary", **kwargs,
+               session=RunOptions(console=silent()))
 
 
 def _files(run_dir: Path) -> dict[Path, bytes]:
@@ -286,10 +286,10 @@ def test_a_best_metric_the_epoch_record_lacks_is_refused_after_the_first_evaluat
                          checkpoint=CheckpointConfig(best_metric="val_accuracy", best_mode="max"))
     with pytest.raises(ConfigError, match=r"CheckpointConfig\(best_metric=\"val_accuracy\"\) is not in the epoch record, so no "
                                           r"checkpoint could be ranked; choose one of: train_loss, .*val_loss, val_mae, and start the run again"):
-        run_fit(small_mlp(), mse, data, data, config, run_dir=tmp_path / "run", verbosity="silent",
-                session=Session(console=silent()))
+        run(small_mlp(), mse, data, data, config, run_dir=tmp_path / "run", verbosity="silent",
+            session=RunOptions(console=silent()))
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"].startswith("failed")
     fixed = TrainConfig(epochs=2, batch_size=16, tensorboard=False, checkpoint=CheckpointConfig(best_metric="val_mae"))
-    again = run_fit(small_mlp(), mse, data, data, fixed, run_dir=tmp_path / "run", resume="overwrite",
-                    verbosity="silent", session=Session(console=silent()))
+    again = run(small_mlp(), mse, data, data, fixed, run_dir=tmp_path / "run", resume="overwrite",
+                verbosity="silent", session=RunOptions(console=silent()))
     assert again.summary["status"] == "completed" and again.summary["steps"] == 12

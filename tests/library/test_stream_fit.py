@@ -11,7 +11,7 @@ from conftest import mse, regression_data, silent, small_mlp
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain._src.data.sources import ArraySource, HDF5Source
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 
 CHUNK = 16  # rows per HDF5 chunk; 301 rows: not a multiple of the chunk or the batch (16)
 
@@ -30,8 +30,8 @@ def _write(path, data):
 def _fit(train, run_dir=None, resume=False, **overrides):
     data = DataConfig(placement="stream", shuffle_window_mb=1)
     config = TrainConfig(**{"epochs": 3, "batch_size": 16, "steps_per_call": 3, "data": data, **overrides})
-    return run_fit(small_mlp(), mse, train, regression_data(40, seed=1), config, run_dir=run_dir, resume=resume,
-                   verbosity="summary", session=Session(console=silent()))
+    return run(small_mlp(), mse, train, regression_data(40, seed=1), config, run_dir=run_dir, resume=resume,
+               verbosity="summary", session=RunOptions(console=silent()))
 
 
 def test_hdf5_stream_equals_in_memory_stream_and_does_not_depend_on_k(tmp_path):
@@ -53,13 +53,13 @@ def test_hdf5_stream_equals_in_memory_stream_and_does_not_depend_on_k(tmp_path):
 def test_auto_placement_streams_over_the_budget_and_says_so():
     console = silent()
     config = TrainConfig(epochs=1, batch_size=10, data=DataConfig(memory_budget_gb=1e-6))
-    result = run_fit(small_mlp(), mse, regression_data(100), None, config, verbosity="summary",
-                     session=Session(console=console))
+    result = run(small_mlp(), mse, regression_data(100), None, config, verbosity="summary",
+                 session=RunOptions(console=console))
     header = console.file.getvalue()
     assert "training data streamed" in header and "over the 0 MiB device budget" in header
     assert "input_wait_fraction" in result.history[0]
-    on_device = run_fit(small_mlp(), mse, regression_data(100), None, TrainConfig(epochs=1, batch_size=10),
-                        verbosity="summary", session=Session(console=(c := silent())))
+    on_device = run(small_mlp(), mse, regression_data(100), None, TrainConfig(epochs=1, batch_size=10),
+                    verbosity="summary", session=RunOptions(console=(c := silent())))
     assert "on the device (0.0 MiB, within the" in c.file.getvalue() and "input_wait_s" not in on_device.history[0]
 
 

@@ -17,15 +17,15 @@ from conftest import mse, regression_data, silent, small_mlp
 
 from jaxtrain import LambdaHook, TrainConfig
 from jaxtrain._src.hooks import trackers
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 
 DATA = regression_data(64)
 
 
 def _fit(run_dir, track, epochs=3, hooks=()):
     config = TrainConfig(epochs=epochs, batch_size=16, steps_per_call=2, log_every=2, tensorboard=False, track=track)
-    return run_fit(small_mlp(), mse, DATA, None, config, hooks=list(hooks), run_dir=run_dir, verbosity="summary",
-                   session=Session(console=silent()))
+    return run(small_mlp(), mse, DATA, None, config, hooks=list(hooks), run_dir=run_dir, verbosity="summary",
+               session=RunOptions(console=silent()))
 
 
 class FakeMLflow(http.server.ThreadingHTTPServer):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain.tools.cli import main
 from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig, make_data
 
@@ -190,8 +190,8 @@ def test_plot_command_draws_a_run_and_rejects_other_directories(tmp_path, capsys
 
     run_dir = tmp_path / "run"
     config = TrainConfig(epochs=3, batch_size=16, log_every=4, steps_per_call=2)
-    run_fit(small_mlp(), mse, regression_data(160), regression_data(40), config, run_dir=run_dir, verbosity="summary",
-            session=Session(console=silent()))
+    run(small_mlp(), mse, regression_data(160), regression_data(40), config, run_dir=run_dir, verbosity="summary",
+        session=RunOptions(console=silent()))
     (run_dir / "curves.png").unlink()
     assert main(["plot", str(run_dir)]) == 0
     png = (run_dir / "curves.png").read_bytes()

@@ -11,7 +11,7 @@ from conftest import mse, regression_data, silent, small_mlp
 from jaxtrain import DataConfig, TrainConfig
 from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.data.sources import ArraySource
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.report.profile_report import profile_lines
 from jaxtrain.tools.cli import main
 
@@ -62,8 +62,8 @@ def _compiled(profile):
 def test_a_short_run_reports_the_k_its_one_call_ran():
     # 30 steps, one call: its time (every call counts as slow here) cannot change a K no call is left for.
     config = TrainConfig(epochs=1, batch_size=16)
-    slow = Session(console=silent(), auto_steps=AutoSteps(slow_call_s=0.0))
-    result = run_fit(small_mlp(), mse, regression_data(480), None, config, verbosity="summary", session=slow)
+    slow = RunOptions(console=silent(), auto_steps=AutoSteps(slow_call_s=0.0))
+    result = run(small_mlp(), mse, regression_data(480), None, config, verbosity="summary", session=slow)
     p = result.summary["profile"]
     assert result.summary["steps_per_call"] == 30 and p["steps_per_call"] == 30 and p["longest_call"] == 30
     assert _compiled(p) == [(30, "the run's K, automatic (a run too short for measuring K to pay)", 1)]
@@ -75,9 +75,9 @@ def test_a_short_streamed_run_labels_each_program_by_the_calls_it_ran():
     # 20 steps an epoch, 2 epochs: the first call (K_b = 20) is slow, so K_a = 16 from then on; streamed
     # batches need a program per call length: 20, 16, and the epoch's remaining 4.
     config = TrainConfig(epochs=2, batch_size=10, data=DataConfig(placement="stream"))
-    session = Session(console=silent(), auto_steps=AutoSteps(slow_call_s=0.0))
-    result = run_fit(small_mlp(), mse, ArraySource(regression_data(200)), None, config, verbosity="summary",
-                     session=session)
+    session = RunOptions(console=silent(), auto_steps=AutoSteps(slow_call_s=0.0))
+    result = run(small_mlp(), mse, ArraySource(regression_data(200)), None, config, verbosity="summary",
+                 session=session)
     p = result.summary["profile"]
     seconds = re.search(r"took (\d+\.\d) s", _compiled(p)[0][1]).group(1)  # the first call's time
     assert _compiled(p) == [
@@ -96,8 +96,8 @@ def test_the_loop_is_timed_per_step_apart_from_its_calls_fixed_cost():
     # 450 steps an epoch: the form and K are both measured, the form's loop segments on K_b's program
     # (128 steps, most of them skipped): the call's own time is measured apart and not counted per step.
     config = TrainConfig(epochs=1, batch_size=16)
-    session = Session(console=silent(), auto_steps=AutoSteps(short_run_calls=0))
-    result = run_fit(small_mlp(), mse, regression_data(7200), None, config, verbosity="summary", session=session)
+    session = RunOptions(console=silent(), auto_steps=AutoSteps(short_run_calls=0))
+    result = run(small_mlp(), mse, regression_data(7200), None, config, verbosity="summary", session=session)
     form, p = result.summary["step_form"], result.summary["profile"]
     # A step of this small model is lost in the noise of a call's fixed time: about 0, not a call's time.
     assert form["why"].startswith("measured: ") and form["loop_ms_per_call"] > form["ms_per_step"]["scan"] >= 0

@@ -11,7 +11,7 @@ from flax import nnx
 
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig, fit
 from jaxtrain._src.data.sources import ArraySource
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.memory import process_memory
 from jaxtrain._src.models import MLP
 from jaxtrain._src.report.profile_report import BOUND_SHARE, LOOP_PARTS, PARTS, build_profile, profile_lines
@@ -55,8 +55,8 @@ def test_tiny_model_with_one_step_per_call_is_dispatch_bound(tmp_path):
     # which on a busy machine would make the run host-sync-bound instead.
     config = TrainConfig(epochs=1, batch_size=8, steps_per_call=1, log_every=100_000, tensorboard=False,
                          checkpoint=CheckpointConfig(enabled=False))
-    result = run_fit(small_mlp(), mse, regression_data(2400), None, config, run_dir=tmp_path / "run",
-                     verbosity="summary", session=Session(console=(console := silent())))
+    result = run(small_mlp(), mse, regression_data(2400), None, config, run_dir=tmp_path / "run",
+                 verbosity="summary", session=RunOptions(console=(console := silent())))
     p = result.summary["profile"]
     _check(p)
     assert p["verdict"] == "dispatch-bound", p["loop_shares"]
@@ -104,8 +104,8 @@ def test_large_mlp_with_long_calls_is_compute_bound(tmp_path, monkeypatch):
 def test_without_a_recorded_matmul_rate_the_profile_says_how_to_measure_it(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no machine.json
     console = silent()
-    result = run_fit(small_mlp(), mse, regression_data(256), None,
-                     TrainConfig(epochs=1, batch_size=32, steps_per_call=4), session=Session(console=console))
+    result = run(small_mlp(), mse, regression_data(256), None,
+                 TrainConfig(epochs=1, batch_size=32, steps_per_call=4), session=RunOptions(console=console))
     p = result.summary["profile"]
     assert p["peak_flop_s"] is None and p["mfu"] is None
     if p["flops_per_step"]:

@@ -30,10 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain._src.choosers import FORM_PROBE, StepForm, StepsPerCall
-
-# TODO(merge): re-exported for importers this branch leaves alone, AutoSteps for _src/loop.py and _src/population.py
-# (from `choosers` there), loop_body_counted_once (imported below) for tools/runs.py (from `probes` there).
-from jaxtrain._src.choosers import AutoSteps as AutoSteps
 from jaxtrain._src.compiling import CallSource, Compiler, Compiling, TrainPrograms
 from jaxtrain._src.probes import CallOverhead, flops_of, loop_body_counted_once
 from jaxtrain._src.sharding import Layout

@@ -1,4 +1,4 @@
-"""`fit()`: build the parts, then run the training loop over epochs and compiled calls.
+"""`fit()`: its arguments checked, its run assembled (`assembly.py`), then the training loop.
 
 The parts each live in their own module: the feed (`feeds.py`: where batches come from), the
 compiled calls (`calls.py`: K fused steps, compiled ahead of time, and the choice of K), the loop
@@ -9,43 +9,37 @@ functions are in `step.py`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import jax
 import optax
 from flax import nnx
 from rich.console import Console
 
-from jaxtrain._src.calls import AutoSteps
-from jaxtrain._src.checks import check_fit_inputs, check_path_length
-from jaxtrain._src.config import TrainConfig, to_dict
+from jaxtrain._src.assembly import RunSpec, Specification, assemble
+from jaxtrain._src.checks import check_path_length
+from jaxtrain._src.choosers import AutoSteps
+from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.feeds import adapt_inputs, place_validation
 from jaxtrain._src.hooks import (
     CheckpointHook,
     EarlyStopping,
     EvalHook,
     Hook,
-    MemoryHook,
     MetricsHook,
     PlotHook,
     ProgressHook,
-    Run,
     RunFilesHook,
     TensorBoard,
 )
-from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.program import build_program
-from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
-from jaxtrain._src.training import Alone, StopSignals, TrainingStopped, run_hooks, step_form_of, summarise_model, train
+from jaxtrain._src.training import Alone, TrainingStopped, train
 
-__all__ = ["FitResult", "Session", "TrainingStopped", "fit", "run_fit"]
+__all__ = ["FitResult", "RunOptions", "TrainingStopped", "fit", "run"]
 
 VERBOSITY = ("progress", "summary", "result", "silent")
 
@@ -78,23 +72,24 @@ class FitResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class Session:
-    """What a tool adds to a run beside `fit`'s arguments (the command line's own path).
-
-    Attributes:
-      name: the run's name in config.json and summary.json (the recipe's, from the command line).
-      saved_config: what config.json records (the recipe's whole config); default the TrainConfig.
-      console: where to print; a new rich Console by default.
-      auto_steps: how the automatic K is measured (when `config.steps_per_call` is 0).
-      plots: draw the loss curves (curves.png) when the run ends; a sweep's trials leave them to
-        `jaxtrain plot RUN_DIR` (drawing takes a few tenths of a second, a trial's seconds).
-    """
+class RunOptions:
+    """What a tool adds to a run beside `fit`'s arguments (the command line's own path), for `run`."""
 
     name: str = "fit"
+    """The run's name in config.json and summary.json (the recipe's, from the command line)."""
+
     saved_config: Any = None
+    """What config.json records (the recipe's whole config); None records the `TrainConfig`."""
+
     console: Console | None = None
+    """Where to print; None makes a new rich Console."""
+
     auto_steps: AutoSteps = AutoSteps()
+    """How the automatic K is measured (when `config.steps_per_call` is 0)."""
+
     plots: bool = True
+    """Draw the loss curves (curves.png) when the run ends; a sweep's trials leave them to
+    `jaxtrain plot RUN_DIR` (drawing takes a few tenths of a second, a trial's seconds)."""
 
 
 def fit(
@@ -158,11 +153,11 @@ def fit(
       NonFiniteLossError: a training loss became NaN or Inf (with `on_nan="stop"`).
       TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
-    return run_fit(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks,
-                   preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
+    return run(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks,
+               preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
 
 
-def run_fit(
+def run(
     model: nnx.Module,
     loss_fn: LossFn,
     train_data: Any,
@@ -176,55 +171,21 @@ def run_fit(
     run_dir: str | os.PathLike | None = None,
     resume: bool | str = False,
     verbosity: str = "progress",
-    session: Session = Session(),
+    session: RunOptions = RunOptions(),
 ) -> FitResult:
-    """`fit`, with what a tool adds (`Session`): the run's name, the config to save, the console."""
-    t_start, memory = time.perf_counter(), MemoryHook()  # the memory the caller brought
+    """`fit`, with what a tool adds (`RunOptions`): the run's name, the config to save, the console."""
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
-    train_data, val_data, config = adapt_inputs(train_data, val_data, config)
-    check_fit_inputs(model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment,  # eval_shape
-                     config.data.allow_nan)
-    primary = jax.process_index() == 0  # of several processes, only the first prints and writes run files
-    name = session.name
-    saved = {"recipe": name, **to_dict(session.saved_config or config)}
-    # Stop signals count from here; the directory is claimed (locked, checked) before anything else.
-    with StopSignals() as signals, RunGuard(run_dir, saved, resume=resume is True, overwrite=resume == "overwrite",
-                                             primary=primary) as guard:
-        run_dir, resuming = guard.path, guard.resume
-        console, shown, bar = _printing(session.console, verbosity, primary)
-        program = build_program(model, loss_fn, config, train_data=train_data, optimizer=optimizer,
-                                preprocess=preprocess, augment=augment)
-        feed = program.feed
-        val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
-
-        # Restore before anything is written: a failed resume must leave the run directory untouched.
-        checkpoints = None
-        guard.clear()  # the files of a run this one replaces (resume="overwrite")
-        if run_dir is not None and (config.checkpoint.enabled or resuming):
-            checkpoints = CheckpointHook(run_dir / "checkpoints", config.checkpoint, name, saved)
-        loop = program.restore(checkpoints, config.epochs) if resuming else LoopState(feed=feed.get_state())
-        finished = guard.finished(int(program.state.step), loop.epoch <= config.epochs) if resuming else None
+    spec = Specification([RunSpec(model, config, run_dir, hooks, optimizer, session.name, session.saved_config)],
+                         loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, session.console,
+                         session.auto_steps, session.plots)
+    with contextlib.ExitStack() as stack:
+        assembly = assemble(spec, stack)
+        lone, finished = assembly.runs[0], assembly.finished[0]
         if finished is not None:  # a finished run stays finished: nothing trained, compiled or rewritten
-            feed.close()
-            nnx.update(model, program.state.params, program.state.model_state)
-            return FitResult(model, program.state, loop.history, finished, run_dir)
-
-        progress = ProgressHook(shown, bar=bar, result_only=verbosity == "result")
-        calls = program.calls(config.steps_per_call or loop.steps_per_call, session.auto_steps, log=progress.message,
-                              form=step_form_of(config, loop))
-        eval_batch = config.eval_batch_size or config.batch_size
-        evaluation = None if val is None else EvalHook(program.eval_step, val, val_streamed, eval_batch,
-                                                       config.eval_every)
-        state = program.state
-        run = Run(name, config, console, run_dir, jax.local_devices()[0], program.layout, feed, calls, state,
-                  int(state.step), loop, [], num_val=evaluation.num_samples if evaluation else 0,
-                  resumed_step=int(state.step) if resuming else None, t_start=t_start)
-        run.model_summary = summarise_model(model, loss_fn, train_data, preprocess, config.batch_size)
-        run.hooks = [memory, *run_hooks(config, hooks, evaluation, checkpoints, progress,
-                                         run_dir if primary else None, saved, loop, session.plots)]
-
-        train(run, Alone(run, model), signals)
-        return FitResult(model, run.state, loop.history, run.summary, run.run_dir)
+            nnx.update(model, lone.state.params, lone.state.model_state)
+            return FitResult(model, lone.state, lone.loop.history, finished, lone.run_dir)
+        train(lone, Alone(lone, model), assembly.signals)
+        return FitResult(model, lone.state, lone.loop.history, lone.summary, lone.run_dir)
 
 
 _CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(...))",
@@ -234,19 +195,7 @@ _CONFIGURED = {EarlyStopping: "TrainConfig(early_stopping=EarlyStoppingConfig(..
                RunFilesHook: "run_dir", PlotHook: "run_dir", ProgressHook: "verbosity"}
 
 
-def _printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, Console, bool]:
-    """`(run's console, progress's console, bar)`: where the run's hooks print (nowhere when silent
-    or result-only, or in processes other than the first), where the progress hook prints its
-    blocks or result, and whether it shows progress."""
-    if verbosity == "silent" or not primary:
-        return Console(quiet=True), Console(quiet=True), False
-    shown = console or Console(highlight=False, soft_wrap=True)
-    if verbosity == "result":  # the loss curves' path, the K chooser's decisions, ...: not printed
-        return Console(quiet=True), shown, False
-    return shown, shown, verbosity == "progress"
-
-
-def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_dir: Any, resume: bool,
+def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_dir: Any, resume: bool | str,
                      verbosity: str) -> None:
     """Wrong types a user can pass, as one clear line each."""
     if verbosity not in VERBOSITY:
@@ -272,3 +221,8 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
         raise ConfigError(f"track={config.track!r} needs a run directory (run_dir=...): the trackers upload its "
                           "files and keep the tracked run's id there")
     check_path_length(run_dir, "run_dir")
+
+
+# TODO(merge): the tools' old names; removed once they import jaxtrain.engine
+Session = RunOptions
+run_fit = run

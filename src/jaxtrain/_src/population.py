@@ -15,46 +15,38 @@ members, in one of two formulations, each the fastest measured on its backend
 A member that stops (pruned, early stopping, a non-finite loss) ends there: its run is ended and
 written at once, and the others go on (its slot in the program computes on, unread: see `_Tuple`).
 
-The loop is `fit`'s (`training.train`), over one feed, one `CompiledCalls` and one evaluation of
-every member per epoch; its events reach each member's hooks through a `Run` of its own
-(`_Members`), so a member's files are those a lone run writes.
+The members' runs are assembled as `fit`'s run is (`assembly.assemble`: the same order, the same
+process-0 gating, memory report, K/form line and finished-run rule); what a population adds is its
+`_Joint`. The loop is `fit`'s (`training.train`), over one feed, one `CompiledCalls` and one
+evaluation of every member per epoch; its events reach each member's hooks through a `Run` of its
+own (`_Members`), so a member's files are those a lone run writes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from rich.console import Console
 
-from jaxtrain._src.calls import AutoSteps
+from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.checkpoint import CheckpointError
-from jaxtrain._src.checks import check_fit_inputs, check_path_length
-from jaxtrain._src.config import TrainConfig, to_dict
+from jaxtrain._src.checks import check_path_length
+from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError, NonFiniteLossError
-from jaxtrain._src.feeds import adapt_inputs, place_validation
-from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, Run, RunHook
+from jaxtrain._src.hooks import Run, RunHook
 from jaxtrain._src.loop import FitResult
-from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
-from jaxtrain._src.report import build_summary
-from jaxtrain._src.report.notes import note
-from jaxtrain._src.run_guard import RunGuard
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
-from jaxtrain._src.training import FAILURES, StopSignals, end_run, run_hooks, step_form_of, summarise_model, train
+from jaxtrain._src.training import FAILURES, finish, train
 
 __all__ = ["Member", "PopulationState", "fit_population", "shared_settings"]
 
@@ -63,7 +55,7 @@ PER_MEMBER = ("optim", "checkpoint", "early_stopping", "tensorboard", "track", "
 
 
 @dataclasses.dataclass(frozen=True)
-class Member:
+class Member(RunSpec):
     """One run of a population.
 
     Attributes:
@@ -75,14 +67,6 @@ class Member:
       name: the run's name in its files (a recipe's name).
       saved_config: what its config.json records (default `config`).
     """
-
-    model: nnx.Module
-    config: TrainConfig
-    run_dir: str | os.PathLike | None = None
-    hooks: Sequence[Hook] = ()
-    optimizer: optax.GradientTransformation | None = None
-    name: str = "fit"
-    saved_config: Any = None
 
 
 class PopulationState(NamedTuple):
@@ -214,7 +198,7 @@ class _Stacked:
         return {f"{i}/{k}": v[i] for i in range(self.P) for k, v in metrics.items()}
 
 
-def _stackable(members: Sequence[Member]) -> str | None:
+def _stackable(members: Sequence[RunSpec]) -> str | None:
     """Why the members cannot be stacked (None when they can): the same model structure and
     shapes, optimizers from their configs that differ only in numbers, no schedule optax checks in
     Python, a mesh of one device."""
@@ -268,20 +252,24 @@ class _Validation(RunHook):
 
 @dataclasses.dataclass
 class _Runner:
-    """A member's run in the population loop: its `Run`, its model, where its evaluation results
-    arrive, and how it ended."""
+    """A member's run in the population loop: its `Run`, its model, and how it ended."""
 
-    run: Run
+    run: _MemberRun
     model: nnx.Module
-    validation: _Validation
     population: dict[str, Any]  # the summary's "population": members and formulation
     status: str | None = None  # set once the member's run has ended
     result: FitResult | None = None
 
-    def close(self, state: TrainState, summary: dict[str, Any]) -> None:
+    @property
+    def validation(self) -> _Validation:
+        """Where its evaluation results arrive (its evaluation hook)."""
+        return next(h for h in self.run.hooks if isinstance(h, _Validation))
+
+    def close(self, summary: dict[str, Any]) -> None:
         """A member a resumed population finds ended (its summary.json): left as it is, its model
-        set to its last checkpoint's weights."""
-        self.status, self.run.state = summary["status"], state
+        set to its last checkpoint's weights (copied: its slot of the population's state is donated)."""
+        state = self.run.state = jax.tree.map(jnp.copy, self.run.state)
+        self.status = summary["status"]
         nnx.update(self.model, state.params, state.model_state)
         self.result = FitResult(self.model, state, self.run.loop.history, summary, self.run.run_dir)
 
@@ -294,12 +282,15 @@ class _Runner:
         self.status = status
         if others_train:
             run.state = jax.tree.map(jnp.copy, run.state)
-        nnx.update(self.model, run.state.params, run.state.model_state)
         try:
-            end_run(run, {**build_summary(run, status), "population": self.population})
+            finish(run, self.model, status, population=self.population)
         except Exception:  # noqa: BLE001 - `end_run` wrote "failed: ..." into the summary
             self.status = run.summary.get("status", status)
         self.result = FitResult(self.model, run.state, run.loop.history, run.summary, run.run_dir)
+
+    def fitted(self) -> FitResult:
+        assert self.result is not None  # every member's run has ended or was closed
+        return self.result
 
 
 def fit_population(
@@ -348,149 +339,32 @@ def fit_population(
       ConfigError, DataError: members that cannot share a population, data that cannot work.
       TrainingStopped: SIGINT or SIGTERM arrived (members' checkpoints were saved first).
     """
-    t_start = time.perf_counter()
     _check_members(members)
     if verbosity not in ("summary", "silent"):
         raise ConfigError(f"verbosity={verbosity!r} must be summary or silent")
-    train_data, val_data, config = adapt_inputs(train_data, val_data, members[0].config)
-    # the shared settings as `adapt_inputs` may have changed them (a loader's steps per epoch)
-    members = [dataclasses.replace(m, config=dataclasses.replace(m.config, **shared_settings(config)))
-               for m in members]
-    check_fit_inputs(members[0].model, loss_fn, train_data, val_data, config.batch_size, preprocess, augment,
-                     config.data.allow_nan)
-    console = Console(quiet=True) if verbosity == "silent" else console or Console(highlight=False, soft_wrap=True)
-    quiet = Console(quiet=True)
-    with StopSignals() as signals, contextlib.ExitStack() as stack:
-        guards, saved = [], []
-        for m in members:
-            saved.append({"recipe": m.name, **to_dict(m.saved_config or m.config)})
-            guards.append(stack.enter_context(RunGuard(m.run_dir, saved[-1], resume=resume)))
-        first = build_program(members[0].model, loss_fn, members[0].config, train_data=train_data,
-                              optimizer=members[0].optimizer, preprocess=preprocess, augment=augment)
-        feed, layout, total = first.feed, first.layout, first.total_steps
-        form = _formulation(formulation, members, layout.num_devices)
-
-        def program(m: Member) -> Program:  # stacked: every number in the state, betas too (one vmapped update)
-            tx = with_values(m.config.optim, total) if form is _Stacked else m.optimizer
-            return build_program(m.model, loss_fn, m.config, optimizer=tx, preprocess=preprocess, augment=augment,
-                                 total_steps=total, layout=layout)
-
-        programs = [first if form is _Tuple else program(members[0])] + [program(m) for m in members[1:]]
-        # the members' saves are written by one thread beside the loop, one after another
-        writer = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-checkpoints"))
-        checkpoints = [CheckpointHook(g.path / "checkpoints", m.config.checkpoint, m.name, c, writer)
-                       if g.path is not None and (m.config.checkpoint.enabled or g.resume) else None
-                       for m, g, c in zip(members, guards, saved)]
-        resumed = _Resumed.of(guards, checkpoints, programs, feed, config)
-        for guard in guards:
-            guard.clear()  # a start over's files moved aside
-        form = form(programs)
-        step = layout.put(np.int32(resumed.step), first.state_shardings.step)
-        state = PopulationState(step, form.state(resumed.states))
-        shardings = PopulationState(first.state_shardings.step, form.shardings(programs))
-        population = dataclasses.replace(first, train_step=form.step, eval_step=form.eval_step, state=state,
-                                         state_shardings=shardings)
-        val, val_streamed = place_validation(val_data, config, feed) if val_data is not None else (None, False)
-        lead = resumed.lead
-        calls = population.calls(config.steps_per_call or lead.steps_per_call,
-                                 AutoSteps(slow_call_s=AutoSteps().slow_call_s * len(members)),
-                                 form=step_form_of(config, lead))
-        evaluation = None if val is None else EvalHook(population.eval_step, val, val_streamed,
-                                                       config.eval_batch_size or config.batch_size, config.eval_every)
-        loop = LoopState(epoch=lead.epoch, position=lead.position, feed=feed.get_state())
-        shared = Run("population", config, quiet, None, jax.local_devices()[0], layout, feed, calls, state,
-                     resumed.step, loop, [evaluation] if evaluation else [],
-                     num_val=evaluation.num_samples if evaluation else 0)
-        runners, states, flops, summaries = [], form.members(state.members), {}, {}
-        about = {"members": len(members), "formulation": form.name}
-        for i, (m, guard) in enumerate(zip(members, guards)):
-            validation = _Validation()
-            member_loop = resumed.loops[i]
-            run = _MemberRun(m.name, m.config, quiet, guard.path, shared.device, layout, feed,
-                      _MemberCalls(calls, len(members), flops), states[i], int(resumed.states[i].step), member_loop, [],
-                      num_val=shared.num_val, resumed_step=resumed.step if guard.resume else None, t_start=t_start)
-            runners.append(_Runner(run, m.model, validation, about))
-            if resumed.ended[i] is not None:  # it ended before the population stopped: it stays as it ended
-                runners[-1].close(jax.tree.map(jnp.copy, resumed.states[i]), resumed.ended[i])  # its slot's are donated
-                continue
-            structure = (nnx.graphdef(m.model), tuple((x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(m.model))))
-            if structure not in summaries:  # members of one structure (a sweep over numbers) share theirs
-                summaries[structure] = summarise_model(m.model, loss_fn, train_data, preprocess, config.batch_size)
-            run.model_summary = summaries[structure]
-            run.hooks = run_hooks(m.config, m.hooks, validation, checkpoints[i], Hook(), guard.path, saved[i],
-                                  member_loop, plots=False)
-        if any(r.status is None for r in runners):
-            train(shared, _Members(shared, runners, form, console), signals)
-        else:
-            feed.close()
-    return [r.result for r in runners]
+    if resume not in (False, True):
+        raise ConfigError(f"resume={resume!r} must be False (new runs) or True (continue the population)")
+    joint = _Joint(formulation, members, loss_fn, preprocess, augment)
+    spec = Specification(members, loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, console,
+                         joint=joint)
+    with contextlib.ExitStack() as stack:
+        assembly = assemble(spec, stack)
+        about = {"members": len(members), "formulation": joint.form.name}
+        runners = [_Runner(_member(run), m.model, about) for run, m in zip(assembly.runs, members)]
+        for runner, ended in zip(runners, assembly.finished):
+            if ended is not None:  # it ended before the population stopped: it stays as it ended
+                runner.close(ended)
+        if assembly.lead is not None:
+            train(assembly.lead, _Members(assembly.lead, runners, joint.form, assembly.shown), assembly.signals)
+    return [r.fitted() for r in runners]
 
 
-ENDED = ("completed", "stopped early", FAILURES[NonFiniteLossError])
-"""A member's summary status that a resumed population leaves as it is (a completed one only when no
-more steps are asked)."""
+def _member(run: Run[TrainState]) -> _MemberRun:
+    assert isinstance(run, _MemberRun)  # the assembly made it of `_Joint.member_run`
+    return run
 
 
-@dataclasses.dataclass
-class _Resumed:
-    """Where a population starts: each member's train state and loop state, the step they share,
-    and the summaries of members that had ended (None for the others)."""
-
-    step: int
-    states: list[TrainState]
-    loops: list[LoopState]
-    ended: list[dict[str, Any] | None]
-
-    @property
-    def lead(self) -> LoopState:
-        """The loop state of a member still training (the feed's position, K and form are theirs)."""
-        return next((loop for loop, e in zip(self.loops, self.ended) if e is None), self.loops[0])
-
-    @classmethod
-    def of(cls, guards: list[RunGuard], checkpoints: list[CheckpointHook | None], programs: list[Program],
-           feed: Any, config: TrainConfig) -> "_Resumed":
-        """Fresh states, or (members resuming) the newest checkpoint step every member still
-        training holds, with the feed set to it; members without such a step start over."""
-        fresh = cls(0, [p.state for p in programs], [LoopState(feed=feed.get_state()) for _ in programs],
-                    [None] * len(programs))
-        if not any(g.resume for g in guards):
-            return fresh
-        total = programs[0].total_steps
-        ended = [_ended(g, c, total) if g.resume else None for g, c in zip(guards, checkpoints)]
-        live = [i for i, e in enumerate(ended) if e is None]
-        held = [set(checkpoints[i].ckpt.steps()) if guards[i].resume else set() for i in live]
-        common = max(set.intersection(*held), default=None) if held else None
-        if live and common is None:  # some member never saved where the others did: all start over
-            note("the members share no checkpoint step to continue from; the population starts over")
-            for g in guards:
-                g.start_over()
-            return fresh
-        states, loops = list(fresh.states), list(fresh.loops)
-        for n, i in enumerate(live):  # the first restores the shared feed
-            states[i], loops[i] = checkpoints[i].restore(programs[i].state, programs[i].state_shardings,
-                                                         config.epochs, feed if n == 0 else None,
-                                                         config.data.accept_changed, step=common)
-        for i, summary in enumerate(ended):
-            if summary is not None:
-                states[i], loops[i] = checkpoints[i].restore(programs[i].state, programs[i].state_shardings)
-        return cls(common if live else int(states[0].step), states, loops, ended)
-
-
-def _ended(guard: RunGuard, checkpoints: CheckpointHook, total_steps: int) -> dict[str, Any] | None:
-    """The summary of a member that ended before the population stopped (pruned, diverged, or
-    completed every step asked), else None."""
-    try:
-        summary = json.loads((guard.path / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(summary, dict) or summary.get("status") not in ENDED:
-        return None
-    if summary["status"] == "completed" and summary.get("steps", 0) < total_steps:
-        return None  # more epochs asked: it trains on
-    return summary if checkpoints is not None and checkpoints.ckpt.latest_step() is not None else None
-
-
-def _formulation(asked: str, members: Sequence[Member], devices: int) -> type:
+def _formulation(asked: str, members: Sequence[RunSpec], devices: int) -> type:
     """The formulation of the population: `asked`, or with "auto" the one that measured fastest on
     this backend (stacked off the CPU when the members allow it, else the tuple)."""
     if asked not in FORMULATIONS:
@@ -515,9 +389,13 @@ class _MemberMetrics(dict):
         return self._transfers.host(self._call, self._member)
 
 
+def _as_dict(names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    """A plain dict (`Any`: JAX's unflatten is typed to give back the registered class)."""
+    return dict(zip(names, values))
+
+
 jax.tree_util.register_pytree_node(  # a dict to JAX's tree functions, as a lone run's metrics are
-    _MemberMetrics, lambda m: (tuple(m[k] for k in sorted(m)), tuple(sorted(m))),
-    lambda names, values: dict(zip(names, values)))
+    _MemberMetrics, lambda m: (tuple(m[k] for k in sorted(m)), tuple(sorted(m))), _as_dict)
 
 
 class _Transfers:
@@ -551,12 +429,14 @@ class _Members:
     The shared run (the population's) hears the events first: its evaluation computes every
     member's validation metrics at once."""
 
-    resume_hint = ("members' checkpoints saved; resume the population (fit_population(..., resume=True)), or a "
-                   "member alone with its run directory")
-
-    def __init__(self, shared: Run, runners: list[_Runner], form: Any, console: Console):
+    def __init__(self, shared: Run[PopulationState], runners: list[_Runner], form: Any, console: Console):
         self.shared, self.runners, self.form, self.console = shared, runners, form, console
         self.transfers = _Transfers(lambda: {i for i, _ in self.live()})
+
+    @property
+    def resume_hint(self) -> str:
+        return ("members' checkpoints saved; resume the population (fit_population(..., resume=True)), or a "
+                "member alone with its run directory")
 
     def live(self) -> list[tuple[int, _Runner]]:
         return [(i, r) for i, r in enumerate(self.runners) if r.status is None]
@@ -565,11 +445,12 @@ class _Members:
     def training(self) -> bool:
         return bool(self.live())
 
-    def _each(self, event: str, args: Callable[[int], tuple] = lambda i: ()) -> None:
-        """Announces `event` to every member still training (with `args(member)`)."""
+    def _each(self, hear: Callable[[int, Run[TrainState]], Any]) -> None:
+        """`hear(member, run)` for every member still training; a member whose hooks raise a
+        non-finite loss or a failed save ends there, the others go on."""
         for i, runner in self.live():
             try:
-                runner.run.each(event, *args(i))
+                hear(i, runner.run)
             except NonFiniteLossError:  # this member diverged: the others go on
                 runner.end(FAILURES[NonFiniteLossError], others_train=True)
             except CheckpointError as e:  # its folder's disk is full, say: it ends, the others go on
@@ -579,30 +460,26 @@ class _Members:
         self.shared.each(event)
         for _, r in self.live():
             r.run.loop.epoch = self.shared.loop.epoch
-        self._each(event)
+        self._each(lambda i, run: run.each(event))
 
     def after_call(self, k: int, metrics: Any) -> None:
         shared = self.shared
         states = _Unstacked(self.form, self.form.kept(shared.state.members))
         for i, r in self.live():
-            r.run.state, r.run.stop_signal = _Slot(states, i), shared.stop_signal
-            r.run.loop.position = shared.loop.position
-            r.run.step += k
-        shared.each("after_call", k, metrics)  # the population's evaluation (built after the first call)
+            r.run.hold(states, i)
+            r.run.advance(k, shared.stop_signal)
+        shared.after_call(k, metrics)  # the population's evaluation (built after the first call)
         members = self.transfers.add(metrics)
-        self._each("after_call", lambda i: (k, members[i]))
+        self._each(lambda i, run: run.after_call(k, members[i]))
 
     def epoch_end(self, record: dict[str, Any]) -> bool:
-        self.shared.each("on_epoch_end", record)  # every member's validation metrics, "val_<member>/<name>"
+        self.shared.end_epoch(record)  # every member's validation metrics, "val_<member>/<name>"
         member_record = {k: v for k, v in record.items() if not k.startswith("val_")}
         for i, r in self.live():
             prefix = f"val_{i}/"
             r.validation.values = {"val_" + k[len(prefix):]: v for k, v in record.items() if k.startswith(prefix)}
-            r.run.loop.train_time_s += record["train_time_s"]
-            r.run.loop.history.append(dict(member_record))
-        self._each("on_epoch_end", lambda i: (self.runners[i].run.loop.history[-1],))
+        self._each(lambda i, run: run.end_epoch(dict(member_record)))
         for _, r in self.live():
-            r.run.loop.position = 0
             if r.run.stop_reason is not None:
                 r.end("stopped early", others_train=True)
         _print_epoch(self.console, record["epoch"], self.shared.config.epochs, self.runners)
@@ -622,7 +499,8 @@ class _Unstacked:
     ends its members from it."""
 
     def __init__(self, form: Any, members: Any):
-        self._form, self._members, self._states = form, members, None
+        self._form, self._members = form, members
+        self._states: Sequence[TrainState] | None = None
 
     def __getitem__(self, i: int) -> TrainState:
         if self._states is None:
@@ -638,18 +516,26 @@ class _Slot:
     i: int
 
 
-class _MemberRun(Run):
-    """A member's `Run`: its state is its slot of the population's last call, unstacked when read."""
+class _MemberRun(Run[TrainState]):
+    """A member's `Run`: its state is its slot of the population's last call (`hold`), unstacked
+    when a hook first reads it."""
+
+    _held: TrainState
+    _slot: _Slot | None = None
 
     @property
     def state(self) -> TrainState:
-        if isinstance(self._state, _Slot):
-            self._state = self._state.states[self._state.i]
-        return self._state
+        if self._slot is not None:
+            self._held, self._slot = self._slot.states[self._slot.i], None
+        return self._held
 
     @state.setter
-    def state(self, value: TrainState | _Slot) -> None:
-        self._state = value
+    def state(self, value: TrainState) -> None:
+        self._held, self._slot = value, None
+
+    def hold(self, states: _Unstacked, i: int) -> None:
+        """Its state is now member `i`'s of the call's `states`, read when needed."""
+        self._slot = _Slot(states, i)
 
 
 def _print_epoch(console: Console, epoch: int, epochs: int, runners: list[_Runner]) -> None:
@@ -662,3 +548,47 @@ def _print_epoch(console: Console, epoch: int, epochs: int, runners: list[_Runne
         best, worst = min(losses), max(losses)
         line += f"; val_loss {best[0]:.6g} (member {best[1]}) to {worst[0]:.6g} (member {worst[1]})"
     console.print(line)
+
+
+class _Joint:
+    """How a population's members share one program (`assembly.Joint`): the formulation, chosen
+    once the first program has made the layout, combines the members' programs and states."""
+
+    def __init__(self, asked: str, members: Sequence[Member], loss_fn: LossFn, preprocess: Preprocess | None,
+                 augment: Augment | None):
+        self.asked, self.members, self.loss_fn = asked, members, loss_fn
+        self.preprocess, self.augment = preprocess, augment
+        _formulation(asked, members, 1)  # a wrong formulation is refused before any directory is claimed
+        self.form: Any = None
+
+    member_run = _MemberRun
+
+    def programs(self, first: Program, runs: Sequence[RunSpec]) -> list[Program]:
+        form = _formulation(self.asked, runs, first.layout.num_devices)
+        total = first.total_steps
+
+        def program(m: RunSpec) -> Program:  # stacked: every number in the state, betas too (one vmapped update)
+            tx = with_values(m.config.optim, total) if form is _Stacked else m.optimizer
+            return build_program(m.model, self.loss_fn, m.config, optimizer=tx, preprocess=self.preprocess,
+                                 augment=self.augment, total_steps=total, layout=first.layout)
+
+        programs = [first if form is _Tuple else program(runs[0])] + [program(m) for m in runs[1:]]
+        self.form = form(programs)
+        return programs
+
+    def program(self, first: Program, programs: list[Program], states: list[TrainState], step: int) -> Program:
+        form = self.form
+        state = PopulationState(first.layout.put(np.int32(step), first.state_shardings.step), form.state(states))
+        shardings = PopulationState(first.state_shardings.step, form.shardings(programs))
+        # the population's program carries a PopulationState where `Program` declares a TrainState
+        return dataclasses.replace(first, train_step=form.step, eval_step=form.eval_step,
+                                   state=state, state_shardings=shardings)  # type: ignore[arg-type]
+
+    def member_states(self, state: PopulationState) -> Sequence[TrainState]:
+        return self.form.members(state.members)
+
+    def member_calls(self, calls: Any) -> Any:
+        return _MemberCalls(calls, len(self.members), {})
+
+    def member_evaluation(self) -> RunHook:
+        return _Validation()

@@ -36,6 +36,7 @@ LOCK = ".lock"
 # What a run writes into its directory: all of it goes when a run overwrites it, nothing else does.
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "model.json", "predict.json", "curves.png")
 RUN_DIRS = ("checkpoints", "tensorboard")
+NON_FINITE = "stopped: non-finite loss"  # summary.json's status of a run whose loss was not finite (training.FAILURES)
 FINISHED = ("completed", "stopped early")  # summary.json's status of a run that a resume leaves as it is
 # Settings a resume may change: where and how it runs, what it prints and keeps; not what it computes.
 RESUMABLE = ("epochs", "quiet", "verbosity", "log_every", "eval_every", "eval_batch_size", "steps_per_call",
@@ -131,17 +132,25 @@ class RunGuard:
                               f"{resume_advice(self.path)}, choose another {argument('run_dir')}, or pass "
                               f"{_OVERWRITE} to start it again", run_dir=self.path)
 
-    def finished(self, step: int, more_epochs: bool) -> dict[str, Any] | None:
+    def finished(self, step: int, more_epochs: bool, *, member: bool = False) -> dict[str, Any] | None:
         """The summary of the run a resume finds finished at the checkpoint `step`, else None:
         summary.json says it completed at that step and the new `epochs` asks for no more
         (`more_epochs` False), or early stopping stopped it there and is set as it was. Such a resume
         trains, compiles and rewrites nothing (one note says so). A run that another hook stopped (a
-        time budget, a sweep's pruner: `RunView.stop`) is not finished: the resume continues it."""
+        time budget, a sweep's pruner: `RunView.stop`) is not finished: the resume continues it.
+
+        A `member` of a population (`step` its newest checkpoint's) that stopped early for any
+        reason, or on a non-finite loss, is finished too: the population went on without it, so
+        it cannot rejoin; it stays as it ended."""
         try:
             summary = read_json_object(self.path / "summary.json")
         except ConfigError:  # not the summary a run wrote: nothing says it finished
             return None
-        if summary is None or summary.get("steps") != step:
+        if summary is None:
+            return None
+        if member and (summary.get("status") == "stopped early" or summary.get("status") == NON_FINITE):
+            return summary
+        if summary.get("steps") != step:
             return None
         if summary.get("status") == "completed" and not more_epochs:
             return summary  # the checkpoint's restore noted that there is nothing to train
@@ -244,13 +253,19 @@ def lock_directory(path: Path, what: str, flag: str, holder: str, **facts: Any) 
 
 def has_checkpoint(directory: Path) -> bool:
     """Whether `directory` holds a complete checkpoint (a step Orbax finished writing)."""
+    return bool(checkpoint_steps(directory))
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    """The steps of the complete checkpoints in `directory`, oldest first (read only: nothing is
+    created or cleaned up there)."""
     if not directory.is_dir():
-        return False
+        return []
     from jaxtrain._src.checkpoint import Checkpointer
 
     ckpt = Checkpointer(directory, read_only=True)
     try:
-        return bool(ckpt.steps())
+        return ckpt.steps()
     finally:
         ckpt.close()
 

@@ -46,10 +46,11 @@ from jaxtrain._src.moments import announce
 from jaxtrain._src.report import build_summary
 from jaxtrain._src.report.model_summary import model_summary
 from jaxtrain._src.report.notes import note
-from jaxtrain._src.state import in_mode
+from jaxtrain._src.run_guard import NON_FINITE
+from jaxtrain._src.state import TrainState, in_mode
 from jaxtrain._src.step import LossFn, Preprocess
 
-__all__ = ["FAILURES", "Alone", "Crew", "StopSignals", "TrainingStopped", "end_run", "run_hooks",
+__all__ = ["FAILURES", "Alone", "Crew", "StopSignals", "TrainingStopped", "end_run", "finish", "run_hooks",
            "step_form_of", "summarise_model", "train"]
 
 
@@ -61,7 +62,7 @@ class TrainingStopped(JaxtrainError):
         super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; {resume_hint}")
 
 
-FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: "stopped: non-finite loss",
+FAILURES = {TrainingStopped: "stopped by signal", NonFiniteLossError: NON_FINITE,
             CheckpointError: "failed: checkpoint not written"}
 """The summary's status for the errors that end a run."""
 
@@ -106,32 +107,38 @@ class Crew(Protocol):
     """Who hears the loop's events. The loop keeps the lead `Run`'s state, step, position and
     history; a crew hands them on to the runs it holds."""
 
-    resume_hint: str
-    """How to continue, for the message of a run stopped by a signal."""
+    @property
+    def resume_hint(self) -> str:
+        """How to continue, for the message of a run stopped by a signal."""
 
-    training: bool
-    """Someone is still training (a population whose members all ended stops mid-epoch)."""
+    @property
+    def training(self) -> bool:
+        """Someone is still training (a population whose members all ended stops mid-epoch)."""
 
     def each(self, event: str) -> None:
         """`on_start` or `on_epoch_start` to every run still training."""
 
     def after_call(self, k: int, metrics: Any) -> None:
-        """A call of `k` steps was queued; `metrics` are its outputs on the device."""
+        """A call of `k` steps was queued and the lead advanced (`Run.advance`); `metrics` are its
+        outputs on the device. Each run of the crew advances and hears it (`Run.after_call`)."""
 
     def epoch_end(self, record: dict[str, Any]) -> bool:
-        """The epoch's record, appended to the lead's history; False ends training."""
+        """The epoch's record: each run ends its epoch with it (`Run.end_epoch`: the lead's history
+        gets it); False ends training."""
 
     def end(self, status: str) -> None:
         """Training ended with `status`: every run still open writes its summary and files."""
 
 
 class Alone:
-    """The crew of a lone run (`fit`): the run hears every event itself."""
+    """The crew of a lone run (`fit`): the run is the lead and hears every event itself."""
 
-    training = True
-
-    def __init__(self, run: Run, model: nnx.Module):
+    def __init__(self, run: Run[TrainState], model: nnx.Module):
         self.run, self.model = run, model
+
+    @property
+    def training(self) -> bool:
+        return True
 
     @property
     def resume_hint(self) -> str:
@@ -141,18 +148,16 @@ class Alone:
         self.run.each(event)
 
     def after_call(self, k: int, metrics: Any) -> None:
-        self.run.each("after_call", k, metrics)
+        self.run.after_call(k, metrics)  # the loop advanced it: it is the lead
 
     def epoch_end(self, record: dict[str, Any]) -> bool:
-        self.run.each("on_epoch_end", record)  # metrics and evaluation fill the record, then the rest
-        return self.run.stop_reason is None
+        return self.run.end_epoch(record)
 
     def end(self, status: str) -> None:
-        nnx.update(self.model, self.run.state.params, self.run.state.model_state)
-        end_run(self.run, build_summary(self.run, status))
+        finish(self.run, self.model, status)
 
 
-def train(run: Run, crew: Crew, signals: StopSignals) -> None:
+def train(run: Run[Any], crew: Crew, signals: StopSignals) -> None:
     """Trains from `run.loop`'s epoch and position to the last epoch: the feed's batches through
     `run.calls` (the run's first through `calls.calibrate`, which times them to choose the calls'
     form and K), every call's outputs and every epoch's record to `crew`; one call stays queued
@@ -164,8 +169,8 @@ def train(run: Run, crew: Crew, signals: StopSignals) -> None:
     try:
         feed.setup(calls.compile, (loop.epoch, loop.position))  # a streamed feed starts reading meanwhile
         calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
-        if signals.poll() is not None:  # a signal during start-up or compilation: nothing trained yet
-            raise TrainingStopped(signals.signum, run.step, "before training began; nothing was trained, "
+        if (signum := signals.poll()) is not None:  # a signal during start-up or compilation: nothing trained yet
+            raise TrainingStopped(signum, run.step, "before training began; nothing was trained, "
                                   "so start it again")
         crew.each("on_start")
         for epoch in range(loop.epoch, config.epochs + 1):
@@ -183,9 +188,7 @@ def train(run: Run, crew: Crew, signals: StopSignals) -> None:
                 if running is not None:  # wait for the previous call: one call stays queued
                     calls.wait(running)
                 running = metrics
-                loop.position += k
-                run.step += k
-                run.stop_signal = signals.poll()
+                run.advance(k, signals.poll())
                 announce("call", run=run)
                 crew.after_call(k, metrics)
                 announce("call done", run=run)
@@ -193,14 +196,10 @@ def train(run: Run, crew: Crew, signals: StopSignals) -> None:
                     raise TrainingStopped(run.stop_signal, run.step, crew.resume_hint)
             calls.wait(running)  # the epoch's time includes its last call
             train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
-            loop.train_time_s += train_s
             record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.samples_per_step,
                       "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
                       "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
-            loop.history.append(record)
-            going_on = crew.epoch_end(record)
-            loop.position = 0
-            if not going_on:
+            if not crew.epoch_end(record):  # the lead's history gets the record
                 break
             if signals.signum is not None and epoch < config.epochs:
                 raise TrainingStopped(signals.signum, run.step, crew.resume_hint)
@@ -220,6 +219,13 @@ def step_form_of(config: TrainConfig, loop: LoopState) -> str:
     """The calls' form: the config's, or on resume the form the run measured when it began (a
     resumed run computes as it did)."""
     return loop.step_form if config.step_form == "auto" and loop.step_form else config.step_form
+
+
+def finish(run: Run[TrainState], model: nnx.Module, status: str, **extra: Any) -> None:
+    """Ends `run` with `status`: `model` takes its trained variables, then the run's summary (with
+    `extra` in it) goes to every hook (`end_run`)."""
+    nnx.update(model, run.state.params, run.state.model_state)
+    end_run(run, {**build_summary(run, status), **extra})
 
 
 def end_run(run: Run, summary: dict[str, Any]) -> None:

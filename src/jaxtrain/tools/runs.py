@@ -442,7 +442,7 @@ def summarize(recipe: Recipe, config: RecipeConfig) -> dict[str, Any]:
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         flops = float(cost["flops"]) if cost and cost.get("flops", -1) > 0 else None
         if flops is not None and config.grad_accum > 1:
-            from jaxtrain._src.calls import loop_body_counted_once
+            from jaxtrain._src.probes import loop_body_counted_once
             flops *= config.grad_accum if loop_body_counted_once() else 1
     finally:
         w.close()

@@ -35,14 +35,13 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 import jax
 from rich.console import Console
 
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.state import TrainState
 
 if TYPE_CHECKING:  # the run's parts, for their types only (hooks do not build them)
     from jaxtrain._src.calls import CompiledCalls
@@ -147,8 +146,11 @@ class LambdaHook(Hook):
                 setattr(self, event, fn)
 
 
+S = TypeVar("S")  # the train state a run carries: a lone run's or member's `TrainState`, a population's own
+
+
 @dataclasses.dataclass(eq=False)
-class Run:
+class Run(Generic[S]):
     """The loop's run: what the library's own hooks (`RunHook`) see. The loop keeps `state`,
     `step` and `loop` current; users' hooks see it through the read-only `RunView`.
 
@@ -161,7 +163,8 @@ class Run:
       layout: the mesh of devices and the shardings of the train state and batches.
       feed: where batches come from (`feeds.Feed`).
       calls: the compiled calls (`calls.CompiledCalls`): K, compile time.
-      state: the train state after the last queued call (it may still be computing).
+      state: the train state after the last queued call (it may still be computing): a `TrainState`,
+        or for a population's own run the population's state (`Run[S]`: S is the state's type).
       step: optimizer steps queued so far.
       loop: epoch, position in the epoch, history and training time (`LoopState`).
       hooks: every hook of the run, in order.
@@ -185,7 +188,7 @@ class Run:
     layout: Layout
     feed: Feed
     calls: CompiledCalls
-    state: TrainState
+    state: S
     step: int
     loop: LoopState
     hooks: list[Hook]
@@ -226,6 +229,27 @@ class Run:
         finally:
             key = (type(hook).__name__, event)
             self.hook_s[key] = self.hook_s.get(key, 0.0) + time.perf_counter() - t0
+
+    def advance(self, k: int, stop_signal: int | None) -> None:
+        """A call of `k` steps was queued: the run's step and position move on; `stop_signal` is the
+        SIGINT/SIGTERM seen so far (a checkpoint hook saves on it)."""
+        self.loop.position += k
+        self.step += k
+        self.stop_signal = stop_signal
+
+    def after_call(self, k: int, metrics: Any) -> None:
+        """Every hook hears the call (`metrics` its outputs on the device)."""
+        self.each("after_call", k, metrics)
+
+    def end_epoch(self, record: dict[str, Any]) -> bool:
+        """The epoch's record joins the history and every hook hears it (metrics and evaluation
+        fill it, then the rest); the next epoch starts at its beginning. False: a hook stopped
+        the run (`stop_reason`)."""
+        self.loop.train_time_s += record["train_time_s"]
+        self.loop.history.append(record)
+        self.each("on_epoch_end", record)
+        self.loop.position = 0
+        return self.stop_reason is None
 
     def log(self, row: dict[str, Any]) -> None:
         """Hands a training-metrics row to every hook's `on_log`."""
