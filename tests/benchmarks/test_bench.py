@@ -124,3 +124,21 @@ def test_run_child_returns_the_childs_result_or_one_error_line(tmp_path):
     assert run_child(script, {"fail": True}) == {"error": "ValueError: bad payload"}
     assert run_child(script, {"exit": 3}) == {"error": "exit code 3, no output"}
     assert run_child(script, {"x": 1, "sleep": 30}, timeout=0.5) == {"error": "timed out after 0.5 s"}
+
+
+@pytest.mark.slow
+def test_a_child_imports_the_benchmarks_from_any_directory(tmp_path, monkeypatch):
+    # benchmarks/ is not installed: a child started by module name finds it through PYTHONPATH alone
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.child import CHECKOUT, child_environ
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "elsewhere"))
+    environ = child_environ()
+    assert environ["PYTHONPATH"] == f"{CHECKOUT}{os.pathsep}{tmp_path / 'elsewhere'}"
+    assert child_environ({"PYTHONPATH": "/a/baseline"})["PYTHONPATH"] == "/a/baseline"  # kept as given
+    code = "import benchmarks; print(benchmarks.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environ, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(CHECKOUT / "benchmarks" / "__init__.py"), proc.stderr

@@ -104,6 +104,18 @@ def test_frameworks_baseline_is_another_checkouts_jaxtrain_and_is_compared(tmp_p
     assert f"jaxtrain's median ms/step is 1.010x the baseline's (jaxtrain-baseline: jaxtrain from {src})" in notes
 
 
+def test_frameworks_baseline_runs_its_own_checkouts_child_before_and_after_benchmarks_left_the_package(tmp_path):
+    from benchmarks import frameworks
+
+    before = tmp_path / "before" / "src"  # the benchmark was src/jaxtrain/tools/bench/frameworks.py
+    (before / "jaxtrain" / "tools" / "bench").mkdir(parents=True)
+    (before / "jaxtrain" / "tools" / "bench" / "frameworks.py").touch()
+    assert frameworks._baseline_child(str(before)) == ("jaxtrain.tools.bench.frameworks", str(before))
+    after = tmp_path / "after" / "src"  # its own benchmarks/ beside its src/, ahead of this checkout's
+    (after / "jaxtrain").mkdir(parents=True)
+    assert frameworks._baseline_child(str(after)) == ("benchmarks.frameworks", f"{after.parent}{os.pathsep}{after}")
+
+
 def test_frameworks_cold_gives_each_compiling_child_a_fresh_empty_cache(tmp_path, monkeypatch):
     import subprocess
     from pathlib import Path
