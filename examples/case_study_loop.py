@@ -1,6 +1,6 @@
 """The case study's original training loop, as a plain script: what `jaxtrain scan` looks for.
 
-Variant 0 of `jaxtrain bench ladder` (src/jaxtrain/bench/ladder_variants.py) written out: an MLP
+Variant 0 of `jaxtrain bench ladder` (benchmarks/ladder_variants.py) written out: an MLP
 128→512→512→64 (ReLU), MSE, plain SGD (lr 0.001), batch 32, inputs normalised with the training
 set's statistics plus Gaussian noise. Written the way the case study's lab wrote it: NumPy
 preprocessing and a `jnp.array` copy of every batch, an un-jitted `jax.value_and_grad`, a

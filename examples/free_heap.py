@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: benchmarks/ is not installed
+
 
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -69,7 +71,7 @@ def _rss_mib() -> int:
 
 
 def _config(workload: str, steps: int) -> dict:
-    from jaxtrain.tools.bench import frameworks
+    from benchmarks import frameworks
 
     with tempfile.TemporaryDirectory() as d:
         return frameworks.prepare(workload, frameworks.FrameworksConfig(workloads=workload, steps=steps), Path(d)).recipe_config
@@ -85,7 +87,7 @@ def _env(setting: str) -> dict[str, str]:
 
 def sample(workload: str, config: dict) -> None:
     """Trains once in this process (as a `bench frameworks` child) and prints the heap at the peak."""
-    from jaxtrain.tools.bench import frameworks
+    from benchmarks import frameworks
 
     samples, trims, done = [], [], threading.Event()
     libc = ctypes.CDLL(None)
@@ -114,12 +116,12 @@ def sample(workload: str, config: dict) -> None:
 
 def compare(workload: str, steps: int, settings: list[str], rounds: int) -> None:
     """Each setting in a fresh process per round, interleaved; medians."""
-    from jaxtrain.tools.bench.child import run_child
+    from benchmarks.child import run_child
 
     config, runs = _config(workload, steps), {s: [] for s in settings}
     for r in range(rounds):
         for setting in settings:
-            out = run_child("jaxtrain.tools.bench.frameworks", {"workload": workload, "config": config},
+            out = run_child("benchmarks.frameworks", {"workload": workload, "config": config},
                             env=_env(setting))
             if "error" in out:
                 sys.exit(f"{setting}: {out['error']}")

@@ -1,6 +1,6 @@
 """Checkpoints through the command line in separate processes: SIGTERM saves and resumes exactly,
 a disk that turns read-only mid-run. (A SIGKILL at each moment of a run, then resume: see
-tests/e2e/test_bench_faults.py and `jaxtrain bench faults`.)"""
+tests/benchmarks/test_bench_faults.py and `jaxtrain bench faults`.)"""
 
 import json
 import os

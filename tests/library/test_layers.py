@@ -1,8 +1,10 @@
 """The package's layers run one way, and the training program is assembled in one place.
 
-Every import statement of the package is read, those inside functions included:
+Every import statement of the package and of the repository's benchmarks/ is read, those inside
+functions included:
 - the core (`jaxtrain._src`) imports neither the public face nor the tools;
 - the public face (`jaxtrain`, `jaxtrain.data`, ...) imports no tool;
+- nothing in the package imports a benchmark (`benchmarks`, at the top, is not installed);
 - no module imports itself back through others (no circle);
 and every call of the builders of a training program is in `_src/program.py`.
 """
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "src"
+CHECKOUT = Path(__file__).resolve().parents[2]
+ROOT = CHECKOUT / "src"
 PACKAGE = ROOT / "jaxtrain"
+BENCHMARKS = CHECKOUT / "benchmarks"  # above the tools, outside the package
 BUILDERS = {"make_train_step", "init_state", "build_optimizer", "build_train_optimizer", "CompiledCalls",
             "make_multi_step", "make_gather_step", "make_stacked_step", "fuse_steps"}
 BUILDER_HOME = {"jaxtrain._src.program"}
@@ -26,10 +30,11 @@ DEFINED_IN = {"jaxtrain._src.step", "jaxtrain._src.state", "jaxtrain._src.optim"
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found[name] = path
+    for top, where in ((PACKAGE, ROOT), (BENCHMARKS, CHECKOUT)):
+        for path in top.rglob("*.py"):
+            parts = path.relative_to(where).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
     return found
 
 
@@ -37,6 +42,8 @@ MODULES = _modules()
 
 
 def _layer(module: str) -> str:
+    if module.split(".")[0] == "benchmarks":
+        return "benchmarks"
     if module.startswith("jaxtrain._src"):
         return "core"
     if module.startswith("jaxtrain.tools") or module == "jaxtrain.__main__":
@@ -62,19 +69,27 @@ def _imports(module: str, path: Path) -> set[str]:
         for name in names:
             while name and name not in MODULES:  # a name inside a module: the module
                 name = name.rpartition(".")[0]
-            if name and name != module and name.startswith("jaxtrain"):
+            if name and name != module and name.split(".")[0] in ("jaxtrain", "benchmarks"):
                 found.add(name)
     return found
 
 
 GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
-ORDER = {"core": 0, "face": 1, "tools": 2}
+ORDER = {"core": 0, "face": 1, "tools": 2, "benchmarks": 3}
 
 
 def test_no_import_from_a_lower_layer_into_a_higher_one():
     wrong = sorted(f"{m} ({_layer(m)}) imports {i} ({_layer(i)})" for m, deps in GRAPH.items() for i in deps
                    if ORDER[_layer(i)] > ORDER[_layer(m)] and not _is_parent_package(i, m))
     assert wrong == []
+
+
+def test_nothing_in_the_package_imports_a_benchmark():
+    # the wheel holds no benchmark: an import of one would fail where jaxtrain is installed (`jaxtrain bench`
+    # loads the checkout's folder by name, tools/cli.py)
+    assert len([m for m in MODULES if _layer(m) == "benchmarks"]) > 30
+    assert sorted(f"{m} imports {i}" for m, deps in GRAPH.items() for i in deps
+                  if m.startswith("jaxtrain") and _layer(i) == "benchmarks") == []
 
 
 def _is_parent_package(imported: str, module: str) -> bool:
@@ -154,7 +169,7 @@ def test_the_training_program_is_assembled_in_one_place():
 def test_one_training_loop_for_one_run_and_for_populations():
     """Only the loop (`training.train`) takes a feed's batches to the compiled calls: `fit` and
     `fit_population` both run it, so no second copy of the loop can drift (benchmarks that time a
-    call by hand are tools, not the library)."""
+    call by hand sit above the library)."""
     takers = []
     for module, path in MODULES.items():
         if not module.startswith("jaxtrain._src"):
@@ -168,7 +183,7 @@ def test_one_training_loop_for_one_run_and_for_populations():
 
 @pytest.mark.parametrize("planted, expected", [
     ("from jaxtrain.tools import cli\n", "imports jaxtrain.tools.cli"),
-    ("def f():\n    from jaxtrain.tools.bench import faults\n", "imports jaxtrain.tools.bench.faults"),
+    ("def f():\n    from benchmarks import faults\n", "imports benchmarks.faults"),
 ])
 def test_the_layer_check_sees_imports_inside_functions(planted, expected, tmp_path):
     path = tmp_path / "planted.py"

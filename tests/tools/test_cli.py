@@ -99,6 +99,19 @@ def test_errors_are_one_line_with_exit_code_2(args, message, capsys):
     assert err.count("\n") == 1
 
 
+def test_bench_without_a_checkout_is_one_line_and_its_usage_still_prints(tmp_path, monkeypatch, capsys):
+    # an installed wheel: no benchmarks/ beside the package (the checkout's own was found above: `bench nope`)
+    from jaxtrain.tools import cli
+
+    monkeypatch.setattr(cli, "CHECKOUT", tmp_path)
+    assert main(["bench", "overhead", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: jaxtrain bench runs from a checkout of the repository: benchmarks/ is not "
+                          "installed with the package") and err.count("\n") == 1
+    assert main(["bench", "--help"]) == 0
+    assert "jaxtrain bench overhead " in capsys.readouterr().out
+
+
 def test_help_lists_every_field_with_its_default(capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "mlp-regression", "--help"])
@@ -143,7 +156,7 @@ def test_version_prints_the_packages_version(capsys):
 
 
 def test_a_command_without_help_of_its_own_prints_its_usage_lines(capsys):
-    from jaxtrain.tools.bench import BENCHMARKS
+    from benchmarks import BENCHMARKS
     from jaxtrain.tools.recipes import RECIPES
 
     assert main(["train", "--help"]) == 0

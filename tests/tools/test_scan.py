@@ -472,7 +472,7 @@ def test_the_projects_own_code_has_nothing_high():
 
 
 def test_only_the_ladders_original_loop_is_high():
-    found = scan_paths([SRC / "tools" / "bench" / "ladder_variants.py"]).findings
+    found = scan_paths([ROOT / "benchmarks" / "ladder_variants.py"]).findings
     high = [f for f in found if f.severity == "high"]
     assert {(f.rule, f.function) for f in high} == {("unjitted-grad", "original")}
     original = {f.rule for f in found if f.function == "original"}
@@ -655,29 +655,3 @@ def train(w, xs, ys, epochs):
     assert not _rules_at(source).get(line)
 
 
-def test_scan_corpus_benchmark_counts_recall_precision_and_clean_violations(tmp_path, capsys):
-    """`jaxtrain bench scan-corpus` on a corpus of one file written here: a per-step host sync it
-    must find, and a labelled clean line; a missing file is one clear error, nothing measured."""
-    import json
-
-    from jaxtrain import ConfigError
-    from jaxtrain.tools.bench.scan_corpus import ScanCorpusConfig, main
-
-    source = ("import jax\nimport jax.numpy as jnp\n\n"
-              "@jax.jit\ndef step(w, x):\n    return w - 0.1 * jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)\n\n"
-              "def train(w, batches):\n    for x in batches:\n        w = step(w, x)\n"
-              "        print(float(jnp.sum(w)))\n    return w\n")
-    path = tmp_path / "cache" / "someone" / "repo" / "train.py"
-    path.parent.mkdir(parents=True)
-    path.write_text(source)
-    corpus = {"rules": ["host-sync", "unjitted-grad"],
-              "files": [{"repo": "someone/repo", "commit": "0" * 40, "path": "train.py",
-                         "anti": [[11, "host-sync"]], "clean": [10]}]}
-    (tmp_path / "corpus.json").write_text(json.dumps(corpus))
-    config = ScanCorpusConfig(corpus=str(tmp_path / "corpus.json"), cache=str(tmp_path / "cache"), json_out=True)
-    assert main(config) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["rules"]["host-sync"]["labelled"] == 1 and result["recall"] == 1.0
-    assert result["clean_violations"] == []
-    with pytest.raises(ConfigError, match="1 of 1 corpus files are not in .*nothing measured"):
-        main(ScanCorpusConfig(corpus=str(tmp_path / "corpus.json"), cache=str(tmp_path / "empty")))

@@ -94,7 +94,7 @@ print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {HEAVY!r} if m in 
 @pytest.mark.slow
 def test_every_benchmarks_help_imports_no_jax():
     # each benchmark's module imports JAX where it runs, not when it is loaded
-    from jaxtrain.tools.bench import BENCHMARKS
+    from benchmarks import BENCHMARKS
 
     names = sorted(BENCHMARKS)
     code = f"""

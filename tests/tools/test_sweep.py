@@ -337,20 +337,6 @@ def test_two_workers_share_the_study_on_sqlite(tmp_path, capfd):
     assert f"study {study.study_name}: 4 trials" in printed  # the report counts the trials that ran
 
 
-@pytest.mark.slow
-def test_sweep_benchmark_quick_runs_both_parts(capsys):
-    from jaxtrain.tools.bench import sweep as bench
-
-    # workers are tested above (a benchmark round of them takes 11 s here); populations of 2
-    quick = bench.SweepBenchConfig(quick=True, workloads=("mlp-regression",), modes=("sequential", "population"))
-    assert bench.main(quick) == 0
-    printed = capsys.readouterr().out
-    assert "mlp-regression sequential: 2 trials in" in printed and "mlp-regression population 2: 2 trials" in printed
-    assert "one trial at a time; target ≥ 2×" in printed and "mlp-regression: sweep best" in printed
-    assert bench.main(bench.SweepBenchConfig(quick=True, modes=("parallel",))) == 2
-    assert "unknown mode 'parallel'" in capsys.readouterr().err
-
-
 def test_a_population_sweep_groups_trials_by_shape_and_each_trial_reproduces_alone(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert cli.main(["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "5", "--population", "4",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import logging
 import os
@@ -751,13 +752,26 @@ def _summary(args: Sequence[str]) -> int:
     return 0
 
 
-def _bench(args: Sequence[str]) -> int:
-    from jaxtrain.tools.bench import BENCHMARKS, benchmark
+# Where the repository's benchmarks/ sits beside src/ (the wheel installs no benchmark: they sit above the tools)
+CHECKOUT = Path(__file__).resolve().parents[3]
 
-    if not args or args[0] not in BENCHMARKS:
+
+def _benchmarks() -> Any:
+    """The checkout's `benchmarks` package, its folder put first on sys.path; a ConfigError without a checkout."""
+    if not (CHECKOUT / "benchmarks" / "__init__.py").is_file():
+        raise ConfigError("jaxtrain bench runs from a checkout of the repository: benchmarks/ is not installed "
+                          "with the package (clone the repository, `pip install -e .` there, and run it again)")
+    if str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))
+    return importlib.import_module("benchmarks")
+
+
+def _bench(args: Sequence[str]) -> int:
+    benchmarks = _benchmarks()
+    if not args or args[0] not in benchmarks.BENCHMARKS:
         given = f" {args[0]!r}" if args else ""
-        raise ConfigError(f"unknown benchmark{given}; choose one of: {', '.join(sorted(BENCHMARKS))}")
-    config_cls, main = benchmark(args[0])
+        raise ConfigError(f"unknown benchmark{given}; choose one of: {', '.join(sorted(benchmarks.BENCHMARKS))}")
+    config_cls, main = benchmarks.benchmark(args[0])
     config = parse_config(config_cls, config_cls(), args[1:], f"jaxtrain bench {args[0]}")
     return main(config)
 
@@ -832,7 +846,7 @@ def _data_inspect(args: Sequence[str]) -> int:
     from rich.console import Console
 
     from jaxtrain._src.data.inspect import inspect_file
-    from jaxtrain.tools.bench.child import peak_rss_bytes
+    from jaxtrain.tools.peak_memory import peak_rss_bytes
     from jaxtrain.tools.report.data_report import print_inspection
 
     report = {**inspect_file(args[0], options.rows), "peak_rss_bytes": peak_rss_bytes()}
