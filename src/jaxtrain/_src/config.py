@@ -10,9 +10,12 @@ import dataclasses
 import math
 import re
 import typing
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from jaxtrain._src.errors import ConfigError, setting
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine", "exponential"]
@@ -34,7 +37,7 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _check_choice(field: str, value: str, choices: type) -> None:
+def _check_choice(field: str, value: str, choices: object) -> None:  # choices: a Literal alias
     allowed = get_args(choices)
     _check(value in allowed, f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
 
@@ -344,9 +347,9 @@ class TrainConfig:
         return self.batch_size * self.grad_accum
 
 
-def to_dict(config: object) -> dict:
+def to_dict(config: DataclassInstance) -> dict:
     """A JSON-ready dict of a (nested) config dataclass."""
-    return dataclasses.asdict(config)  # type: ignore[arg-type]
+    return dataclasses.asdict(config)
 
 
 def flat_dict(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -371,7 +374,7 @@ def from_dict(cls: type, values: dict, where: str = "") -> object:
     kwargs = {}
     for name, value in values.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = from_dict(hint, value, f"{where}{name}.")
         elif isinstance(value, list):
             value = tuple(value)
