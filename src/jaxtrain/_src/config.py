@@ -10,7 +10,7 @@ import dataclasses
 import math
 import re
 import typing
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 from jaxtrain._src.errors import ConfigError, setting
 
@@ -28,6 +28,8 @@ REWRITES = ("auto", "on", "off")  # TrainConfig.rewrite (rewrite.rewrite_loss)
 Precision = Literal["fp32", "bf16", "fp16"]
 BestMode = Literal["min", "max"]
 
+
+Config = TypeVar("Config", bound="DataclassInstance")  # a config dataclass
 
 MAX_SEED = 2**32 - 1  # jax.random.key keeps the low 32 bits: 2**32 would be seed 0 again
 
@@ -364,7 +366,7 @@ def flat_dict(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def from_dict(cls: type, values: dict, where: str = "") -> object:
+def from_dict(cls: type[Config], values: dict, where: str = "") -> Config:
     """Rebuilds a (nested) config dataclass from `to_dict`'s output; unknown keys are an error."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)

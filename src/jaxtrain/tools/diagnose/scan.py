@@ -178,7 +178,7 @@ class ScanResult:
             raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}")
         if fail_on == "never":
             return False
-        worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]  # type: ignore[arg-type]
+        worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]
         return any(f.severity in worst for f in self.findings)
 
 
@@ -278,7 +278,7 @@ class _Module:
         p = self.parent.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             p = self.parent.get(p)
-        return p if p is not None else self.tree  # type: ignore[return-value]
+        return p if p is not None else self.tree
 
     def function(self, node: ast.AST) -> FunctionNode | None:
         scope = self.scope(node)
@@ -471,7 +471,8 @@ class _Module:
 
     def loops_of(self, node: ast.AST) -> list[ast.AST]:
         """The loops whose every iteration runs `node`, innermost first, up to its function."""
-        loops, child, p = [], node, self.parent.get(node)
+        loops: list[ast.AST] = []
+        child, p = node, self.parent.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             if isinstance(p, (ast.For, ast.AsyncFor)) and child in p.body:
                 loops.append(p)
@@ -518,27 +519,28 @@ class _Module:
                 seen.add(d)
                 inner = [n for lp in _walk_local_scope(d) if isinstance(lp, LOOPS) and any(
                     isinstance(y, (ast.Yield, ast.YieldFrom)) for y in _walk_local(lp))
-                    for stmt in lp.body for n in _walk_local(stmt)]  # type: ignore[attr-defined]
+                    for stmt in lp.body for n in _walk_local(stmt)]
                 yield from ((n, loop, it.lineno) for n in inner)  # type: ignore[union-attr]
                 frontier += [(n, 1) for n in inner if isinstance(n, ast.Call)]
             while frontier:
                 call, depth = frontier.pop()
                 if depth >= 2 or self.periodic(call, loop):
                     continue
-                for d in self.callee_defs(call):  # type: ignore[arg-type]
+                for d in self.callee_defs(call):
                     if d in seen or isinstance(d, ast.Lambda) or self.context[d] == "traced":
                         continue
                     seen.add(d)
-                    inner = [n for stmt in d.body for n in _walk_runs(stmt)]  # type: ignore[union-attr]
-                    yield from ((n, loop, call.lineno) for n in inner)  # type: ignore[attr-defined]
+                    inner = [n for stmt in d.body for n in _walk_runs(stmt)]
+                    yield from ((n, loop, call.lineno) for n in inner)
                     frontier += [(n, depth + 1) for n in inner if isinstance(n, ast.Call)]
 
     def callee_defs(self, call: ast.Call) -> list[FunctionNode]:
         """The functions a call runs: `f(...)` through scopes, `obj.method(...)` when exactly one def of this
         file has that name (a method of a class defined here)."""
         if isinstance(call.func, ast.Attribute):
-            defs = [f for f in self.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and f.name == call.func.attr and isinstance(self.parent.get(f), ast.ClassDef)]
+            defs: list[FunctionNode] = [
+                f for f in self.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and f.name == call.func.attr and isinstance(self.parent.get(f), ast.ClassDef)]
             return defs if len(defs) == 1 else []
         return self.resolve_defs(call.func)
 
@@ -588,8 +590,8 @@ class _Module:
         changed = True
         while changed:
             changed = False
-            for target, value in pairs:
-                new = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} - names
+            for bound, value in pairs:
+                new = {n.id for n in ast.walk(bound) if isinstance(n, ast.Name)} - names
                 if new and self.is_numpy(value, names, scope):
                     names |= new
                     changed = True
@@ -876,7 +878,7 @@ def _is_sgd_product(m: _Module, node: ast.AST) -> bool:
 def _manual_update(m: _Module) -> Iterator[Finding]:
     reported: set[int] = set()
     for node in ast.walk(m.tree):
-        match = None
+        match: ast.AST | None = None
         if isinstance(node, ast.Call) and m.qualname(node.func) in TREE_MAP and node.args and isinstance(
                 node.args[0], ast.Lambda):
             lam = node.args[0]
@@ -958,7 +960,7 @@ def _per_sample_callee(m: _Module, call: ast.Call) -> bool:
         return kind == "grad"
     if PER_SAMPLE_CALLEE.search((m.qualname(call.func) or "").rsplit(".", 1)[-1]):
         return True
-    return any((m.qualname(n.func) or "").startswith(("jax.", "flax.")) or isinstance(n, ast.MatMult)
+    return any(isinstance(n, ast.MatMult) or (m.qualname(n.func) or "").startswith(("jax.", "flax."))
                for d in m.resolve_defs(call.func) for n in ast.walk(d) if isinstance(n, (ast.Call, ast.MatMult)))
 
 
