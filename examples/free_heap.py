@@ -72,7 +72,8 @@ def _config(workload: str, steps: int) -> dict:
     from jaxtrain.tools.bench import frameworks
 
     with tempfile.TemporaryDirectory() as d:
-        return frameworks.prepare(workload, frameworks.FrameworksConfig(workloads=workload, steps=steps), Path(d)).recipe_config
+        prepared = frameworks.prepare(workload, frameworks.FrameworksConfig(workloads=workload, steps=steps), Path(d))
+        return prepared.recipe_config
 
 
 def _env(setting: str) -> dict[str, str]:

@@ -10,7 +10,6 @@ import pytest
 from jaxtrain._src.checkpoint import _average_as_params
 from jaxtrain.tools.bench import faults
 
-
 MOMENTS = ("async-save", "bit-flip", "disk-full", "changed-data")
 ONE = {"trials": 1, "killed": 1, "completed": 1, "equal": 1, "handled": 1, "skipped": 0, "attempts": [1]}
 

@@ -284,8 +284,9 @@ def test_a_best_metric_the_epoch_record_lacks_is_refused_after_the_first_evaluat
     data = regression_data(96)
     config = TrainConfig(epochs=2, batch_size=16, tensorboard=False,
                          checkpoint=CheckpointConfig(best_metric="val_accuracy", best_mode="max"))
-    with pytest.raises(ConfigError, match=r"CheckpointConfig\(best_metric=\"val_accuracy\"\) is not in the epoch record, so no "
-                                          r"checkpoint could be ranked; choose one of: train_loss, .*val_loss, val_mae, and start the run again"):
+    with pytest.raises(ConfigError, match=r"CheckpointConfig\(best_metric=\"val_accuracy\"\) is not in the epoch "
+                                          r"record, so no checkpoint could be ranked; choose one of: train_loss, "
+                                          r".*val_loss, val_mae, and start the run again"):
         run_fit(small_mlp(), mse, data, data, config, run_dir=tmp_path / "run", verbosity="silent",
                 session=Session(console=silent()))
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"].startswith("failed")
