@@ -40,9 +40,8 @@ from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.safe_files import write_text
 
-if TYPE_CHECKING:  # optional packages, imported when a tracker starts
+if TYPE_CHECKING:  # an optional package, imported when the tracker starts
     from mlflow.tracking import MlflowClient
-    from wandb.sdk.wandb_run import Run as WandbRun
 
 IDS = "trackers.json"  # {tracker name: the tracked run's id}, in the run directory
 ARTIFACTS = ("summary.json", "config.json", "metrics.jsonl", "curves.png", "model.json", "predict.json")
@@ -312,7 +311,7 @@ class WandB(Tracker):
     def __init__(self, project: str = "jaxtrain", mode: str | None = None,
                  init_timeout: float | None = WANDB_INIT_TIMEOUT_S):
         self.project, self.mode, self.init_timeout = project, mode, init_timeout
-        self._run: WandbRun | None = None
+        self._run: Any = None  # a wandb Run once started (not typed here: wandb's types pull in torch's)
 
     def advice(self) -> str:
         return "WANDB_MODE and wandb login (WANDB_MODE=offline keeps the run's files for wandb sync), or drop " \
@@ -325,25 +324,21 @@ class WandB(Tracker):
         directory = str(run.run_dir) if run.run_dir is not None else None
         bound = {} if self.init_timeout is None or "WANDB_INIT_TIMEOUT" in os.environ else {
             "init_timeout": self.init_timeout}  # the user's setting wins, as W&B's would over its default
-        tracked = self._run = wandb.init(project=self.project, mode=self.mode, dir=directory,
-                                         config=self._config(run), id=saved, resume="must" if saved else None,
-                                         name=run.run_dir.name if run.run_dir is not None else run.name,
-                                         settings=wandb.Settings(silent=True, console="off", **bound))
+        self._run = wandb.init(project=self.project, mode=self.mode, dir=directory, config=self._config(run),
+                               id=saved, resume="must" if saved else None,
+                               name=run.run_dir.name if run.run_dir is not None else run.name,
+                               settings=wandb.Settings(silent=True, console="off", **bound))
         if saved is None:
-            self._save_id(run, tracked.id)
-        tracked.define_metric("*", step_metric="step")
-
-    def _started(self) -> WandbRun:
-        assert self._run is not None  # later events run only after on_start succeeded
-        return self._run
+            self._save_id(run, self._run.id)
+        self._run.define_metric("*", step_metric="step")
 
     @side_channel
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
-        self._started().log({"step": row["step"], **{f"train/{k}": v for k, v in _numbers(row).items()}})
+        self._run.log({"step": row["step"], **{f"train/{k}": v for k, v in _numbers(row).items()}})
 
     @side_channel
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        self._started().log({"step": record["step"], **_epoch_metrics(record)})
+        self._run.log({"step": record["step"], **_epoch_metrics(record)})
 
     @side_channel
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
