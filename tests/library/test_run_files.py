@@ -197,12 +197,13 @@ def test_a_link_made_during_a_run_is_not_followed(tmp_path):
     (tmp_path / "run" / ".summary.json.tmp").symlink_to(victim)  # the temporary name of earlier versions
     (tmp_path / "run" / ".write-test").symlink_to(victim)
     writer.write_json("summary.json", {"status": "completed"})  # its temporary file has a fresh name
-    RunDir(tmp_path / "run")  # so has the write test's
+    RunDir(tmp_path / "run").close()  # so has the write test's
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"status": "completed"}
     (tmp_path / "run" / "summary.json").unlink()
     (tmp_path / "run" / "summary.json").symlink_to(victim)
     with pytest.raises(ConfigError, match="summary.json is a symbolic link"):
         writer.write_json("summary.json", {"status": "completed"})
+    writer.close()
     assert victim.read_text() == "precious\n"
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".partial")]
 
