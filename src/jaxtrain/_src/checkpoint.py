@@ -231,7 +231,7 @@ def _ignore_closed_loop_callbacks() -> None:
         if not closed_loop(info.exc_value):
             previous_unraisable(info)
 
-    hook._jaxtrain_closed_loop = True  # type: ignore[attr-defined]
+    hook._jaxtrain_closed_loop = True  # type: ignore[attr-defined]  # a mark on the function: installed once
     sys.excepthook, sys.unraisablehook = hook, unraisable
 
 
