@@ -111,7 +111,7 @@ class RunGuard:
             return  # nobody can be using a directory that does not exist yet
         self._created = not self._dir.exists()
         self._lock_file = lock_directory(self._dir, "run directory", argument("run_dir"), "that run",
-                                         run_dir=self._dir)
+                                         run_dir=self.path)
 
     def _unlock(self) -> None:
         if self._lock_file is not None:
@@ -132,9 +132,9 @@ class RunGuard:
                 self._reference = saved if saved is not None else _read_json(self._dir / "config.json")
                 check_resumable(self._reference, self.config, self._note)
         elif self.holds_run() and not self._overwrite:
-            raise ConfigError(f"{self._dir} already holds a run ({_describe(self._dir)}); continue it with "
-                              f"{resume_advice(self._dir)}, choose another {argument('run_dir')}, or pass "
-                              f"{_OVERWRITE} to start it again", run_dir=self._dir)
+            raise ConfigError(f"{self.path} already holds a run ({_describe(self._dir)}); continue it with "
+                              f"{resume_advice(self.path)}, choose another {argument('run_dir')}, or pass "
+                              f"{_OVERWRITE} to start it again", run_dir=self.path)
 
     def finished(self, step: int, more_epochs: bool) -> dict[str, Any] | None:
         """The summary of the run a resume finds finished at the checkpoint `step`, else None:
@@ -171,16 +171,16 @@ class RunGuard:
         """A resume with no checkpoint to continue from: a finished run is refused; an unfinished
         one starts from the beginning with its files moved aside (a resume never deletes them)."""
         if _finished_status(self._dir):
-            raise ConfigError(f"{self._dir} holds a finished run ({_describe(self._dir)}) but no checkpoint to "
+            raise ConfigError(f"{self.path} holds a finished run ({_describe(self._dir)}) but no checkpoint to "
                               f"resume from (checkpoints were off, or checkpoints/ is unreadable); it stays as it is: "
                               f"start it again with {_OVERWRITE}, or choose another {argument('run_dir')}",
-                              run_dir=self._dir)
+                              run_dir=self.path)
         self.resume = False
         present = self._dir.is_dir() and any((self._dir / n).exists() for n in RUN_FILES + RUN_DIRS)
         self._aside = self._primary and present
         if not self._aside:
             what = "no run" if not self.holds_run() else "no complete checkpoint"
-            self._note(f"{self._dir} has {what} to resume yet; starting the run from the beginning")
+            self._note(f"{self.path} has {what} to resume yet; starting the run from the beginning")
 
     def _move_aside(self) -> None:
         """Moves the files of an unfinished run with nothing to resume to `RUN/previous-N/`."""
@@ -189,7 +189,7 @@ class RunGuard:
         for name in RUN_FILES + RUN_DIRS:
             if (self._dir / name).exists():
                 os.replace(self._dir / name, aside / name)
-        self._note(f"{self._dir} has no complete checkpoint to resume yet; starting the run from the beginning "
+        self._note(f"{self.path} has no complete checkpoint to resume yet; starting the run from the beginning "
                    f"(the earlier files are in {aside})")
 
     def clear(self) -> None:
