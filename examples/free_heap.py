@@ -74,7 +74,8 @@ def _config(workload: str, steps: int) -> dict:
     from benchmarks import frameworks
 
     with tempfile.TemporaryDirectory() as d:
-        return frameworks.prepare(workload, frameworks.FrameworksConfig(workloads=workload, steps=steps), Path(d)).recipe_config
+        prepared = frameworks.prepare(workload, frameworks.FrameworksConfig(workloads=workload, steps=steps), Path(d))
+        return prepared.recipe_config
 
 
 def _env(setting: str) -> dict[str, str]:

@@ -43,7 +43,8 @@ def start(args: list[str], devices: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     env.pop("PYTEST_XDIST_WORKER", None)
     command = [sys.executable, "-c", "from jaxtrain.tools.cli import entry_point; entry_point()", *args]
-    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with log.open("w") as out:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def start_job(run_dir: Path, *extra: str, resume: bool = False) -> list[subprocess.Popen]:

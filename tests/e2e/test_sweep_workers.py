@@ -174,6 +174,7 @@ def test_a_worker_dies_with_its_parent_even_by_sigkill():
     child = psutil.Process(pid)
     middle.kill()
     middle.wait()
+    middle.stdout.close()
     alive = _running_after([child], timeout=3)
     for process in alive:
         process.kill()  # not left behind by a failing test

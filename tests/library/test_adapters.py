@@ -425,8 +425,8 @@ def test_a_dataloader_worker_error_or_death_is_one_line_not_a_hang():
     with pytest.raises(DataError) as e:
         _fit(loader, epochs=1)
     assert re.search(r"train_data raised (RuntimeError at batch \d+ of epoch 1: DataLoader worker \(pid\(s\) \d+\) "
-                     r"exited unexpectedly|(ConnectionResetError|EOFError) at batch \d+ of epoch 1: .*a worker process of "
-                     r"the loader died)", _one_line(e)), _one_line(e)  # torch's check, or the broken pipe first
+                     r"exited unexpectedly|(ConnectionResetError|EOFError) at batch \d+ of epoch 1: .*a worker process "
+                     r"of the loader died)", _one_line(e)), _one_line(e)  # torch's check, or the broken pipe first
     reset = adapters._iteration_error(ConnectionResetError(104, "Connection reset by peer"), "train_data", 1, 2)
     assert str(reset) == ("train_data raised ConnectionResetError at batch 2 of epoch 1: [Errno 104] Connection reset "
                           "by peer; a worker process of the loader died (killed, or out of memory)")

@@ -9,10 +9,10 @@ import jaxtrain
 
 PUBLIC = {
     "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError", "DistConfig",
-    "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "Member", "NonFiniteLossError", "OptimConfig",
-    "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer", "build_schedule",
-    "data", "distributed", "enable_compile_cache", "export", "fit", "fit_population", "hooks", "limit_free_heap", "load", "load_weights", "models",
-    "predict", "remat", "save_weights",
+    "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "Member", "NonFiniteLossError",
+    "OptimConfig", "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer",
+    "build_schedule", "data", "distributed", "enable_compile_cache", "export", "fit", "fit_population", "hooks",
+    "limit_free_heap", "load", "load_weights", "models", "predict", "remat", "save_weights",
 }
 
 

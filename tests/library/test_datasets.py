@@ -105,8 +105,8 @@ def test_download_verifies_and_caches(tmp_path, monkeypatch):
     remote = datasets.DATASETS["mnist"][name]
     monkeypatch.delenv("JAXTRAIN_DATA_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setitem(datasets.DATASETS["mnist"], name, datasets.RemoteFile(name, source.resolve().as_uri(), remote.sha256,
-                                                                               remote.size))
+    monkeypatch.setitem(datasets.DATASETS["mnist"], name,
+                        datasets.RemoteFile(name, source.resolve().as_uri(), remote.sha256, remote.size))
     path = fetch("mnist", name)
     assert path == tmp_path / "cache" / "jaxtrain" / "mnist" / name and path.read_bytes() == source.read_bytes()
     mtime = path.stat().st_mtime_ns

@@ -197,12 +197,13 @@ def test_a_link_made_during_a_run_is_not_followed(tmp_path):
     (tmp_path / "run" / ".summary.json.tmp").symlink_to(victim)  # the temporary name of earlier versions
     (tmp_path / "run" / ".write-test").symlink_to(victim)
     writer.write_json("summary.json", {"status": "completed"})  # its temporary file has a fresh name
-    RunDir(tmp_path / "run")  # so has the write test's
+    RunDir(tmp_path / "run").close()  # so has the write test's
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == {"status": "completed"}
     (tmp_path / "run" / "summary.json").unlink()
     (tmp_path / "run" / "summary.json").symlink_to(victim)
     with pytest.raises(ConfigError, match="summary.json is a symbolic link"):
         writer.write_json("summary.json", {"status": "completed"})
+    writer.close()
     assert victim.read_text() == "precious\n"
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".partial")]
 
@@ -284,8 +285,9 @@ def test_a_best_metric_the_epoch_record_lacks_is_refused_after_the_first_evaluat
     data = regression_data(96)
     config = TrainConfig(epochs=2, batch_size=16, tensorboard=False,
                          checkpoint=CheckpointConfig(best_metric="val_accuracy", best_mode="max"))
-    with pytest.raises(ConfigError, match=r"CheckpointConfig\(best_metric=\"val_accuracy\"\) is not in the epoch record, so no "
-                                          r"checkpoint could be ranked; choose one of: train_loss, .*val_loss, val_mae, and start the run again"):
+    with pytest.raises(ConfigError, match=r"CheckpointConfig\(best_metric=\"val_accuracy\"\) is not in the epoch "
+                                          r"record, so no checkpoint could be ranked; choose one of: train_loss, "
+                                          r".*val_loss, val_mae, and start the run again"):
         run(small_mlp(), mse, data, data, config, run_dir=tmp_path / "run", verbosity="silent",
             session=RunOptions(console=silent()))
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"].startswith("failed")

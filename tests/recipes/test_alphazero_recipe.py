@@ -89,6 +89,7 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path):
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+    proc.stderr.close()
     if proc.returncode == 0:
         pytest.skip("the run finished before SIGKILL arrived")
     assert proc.returncode == -signal.SIGKILL

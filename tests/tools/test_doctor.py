@@ -159,5 +159,6 @@ def test_the_config_check_names_the_cache_the_command_keeps_where_jax_has_none(m
     finally:
         jax.config.update("jax_compilation_cache_dir", suites)
     assert "JAX's compilation cache unset" in kept.value
-    assert f"the jaxtrain command keeps compiled programs in {tmp_path / 'xla'} (JAXTRAIN_COMPILE_CACHE=off" in kept.detail
+    assert (f"the jaxtrain command keeps compiled programs in {tmp_path / 'xla'} (JAXTRAIN_COMPILE_CACHE=off"
+            in kept.detail)
     assert "JAXTRAIN_COMPILE_CACHE=off: the jaxtrain command compiles every program afresh" in off.detail

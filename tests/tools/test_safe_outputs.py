@@ -332,6 +332,7 @@ def test_sigterm_of_a_python_write_removes_its_partial_file(tmp_path):
     assert proc.stdout.readline() == "writing\n" and len(_partials(tmp_path)) == 1
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
+    proc.stdout.close()
     assert os.listdir(tmp_path) == []
 
 

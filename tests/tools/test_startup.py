@@ -178,10 +178,10 @@ def test_ctrl_c_while_the_command_imports_is_one_line_and_a_closed_pipe_is_quiet
     broken = run(FAILED_IMPORT.format(error="ImportError('a broken install')"))  # not Ctrl-C: the error as it is
     assert broken.returncode == 1 and "ImportError: a broken install" in broken.stderr
     # `jaxtrain ... | head`: the reader leaves; the command ends as SIGPIPE would end it, without a traceback.
-    proc = subprocess.Popen([sys.executable, "-m", "jaxtrain", "train", "mlp-regression", "--help"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc.stdout.close()
-    assert proc.wait(timeout=60) == 141 and proc.stderr.read() == ""
+    with subprocess.Popen([sys.executable, "-m", "jaxtrain", "train", "mlp-regression", "--help"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:  # closes its pipes
+        proc.stdout.close()
+        assert proc.wait(timeout=60) == 141 and proc.stderr.read() == ""
 
 
 def test_summary_writer_import_leaves_torch_importable(monkeypatch):

@@ -60,6 +60,7 @@ def mlflow_server(tmp_path_factory):
     yield url
     proc.terminate()
     proc.wait(timeout=30)
+    proc.stderr.close()  # its pipe, else left to the garbage collector (a ResourceWarning)
 
 
 def test_mlflow_run_holds_every_metric_row_the_config_and_the_files_and_a_resume_appends(mlflow_server, tmp_path,

@@ -33,7 +33,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ def _crc32(x: Any) -> str:
     """`crc32:` and the CRC-32 of the array's bytes in row-major order (zlib: about 0.5 ms a MiB on
     a CPU, no compile), for arrays already on the host."""
     data = np.ascontiguousarray(np.asarray(x))
-    return f"crc32:{zlib.crc32(memoryview(data.reshape(-1).view(np.uint8))):08x}"
+    return f"crc32:{zlib.crc32(data.reshape(-1).view(np.uint8).data):08x}"
 
 
 def checksum_program() -> Callable[[dict[str, Any]], dict[str, jax.Array]]:
@@ -231,7 +231,7 @@ def _ignore_closed_loop_callbacks() -> None:
         if not closed_loop(info.exc_value):
             previous_unraisable(info)
 
-    hook._jaxtrain_closed_loop = True  # type: ignore[attr-defined]
+    hook._jaxtrain_closed_loop = True  # type: ignore[attr-defined]  # a mark on the function: installed once
     sys.excepthook, sys.unraisablehook = hook, unraisable
 
 
@@ -282,8 +282,8 @@ def _os_reason(error: BaseException, root: Path | None = None) -> str:
     error of the chain that carries a status code is read; paths under `root` are shown relative.
     """
     chain = [error]
-    while len(chain) < 8 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
-        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    while len(chain) < 8 and (parent := chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(parent)
     inner = next((e for e in reversed(chain) if _STATUS.match(str(e))), error)
     text = re.sub(r"\s*\[tensorstore_spec=.*", "", str(inner), flags=re.S).strip()
     text = (text.splitlines() or [type(inner).__name__])[0]
@@ -431,7 +431,8 @@ class Checkpointer:
         writer: Executor | None = None,
     ):
         self.directory = Path(directory).absolute()
-        self._writer, self._writing = writer, []
+        self._writer = writer
+        self._writing: list[Future] = []  # the writes the writer thread has not finished
         self.read_only, self._note = read_only, note or notes.note
         self.restored_step: int | None = None
         self._silencer: _StderrSilencer | None = None
@@ -713,7 +714,7 @@ class Checkpointer:
         `weights="ema"` takes the parameters from the average of the weights the optimizer state
         holds (`TrainConfig.ema`) instead."""
         flat, _ = self.read(step)
-        template = TrainState(None, params, model_state, None, None)
+        template = TrainState(None, params, model_state, None, None)  # type: ignore[arg-type]  # None: no leaves
         raw = _raw_keys(template)
         wanted = _flatten(raw)
         if weights == "ema":

@@ -35,7 +35,7 @@ from flax import nnx
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument, setting
-from jaxtrain._src.state import in_mode
+from jaxtrain._src.state import in_mode, split_params
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
 __all__ = ["abstract_batch", "check_finite_arrays", "check_fit_inputs", "check_labels", "check_loss_fn",
@@ -223,7 +223,7 @@ def check_loss_fn(model: nnx.Module, loss_fn: LossFn, batch: Batch, preprocess: 
       ConfigError: what `loss_fn` returned cannot be trained on or logged.
     """
     _check_signature(loss_fn)
-    graphdef, params, model_state = nnx.split(in_mode(model, train=train), nnx.Param, ...)
+    graphdef, params, model_state = split_params(in_mode(model, train=train))
     seen: dict[str, Any] = {"outputs": []}  # what the trace saw, as shapes: no tracer leaves it
     candidates = _label_candidates(batch)
 
@@ -312,7 +312,7 @@ _CALLS = threading.local()  # the model whose calls are recorded, and the list t
 def _recording_class(cls: type) -> type:
     """A subclass of `cls` whose calls record their outputs' shapes while `_recording` is on."""
     def __call__(self, *args, **kwargs):
-        out = super(recording, self).__call__(*args, **kwargs)
+        out = cls.__call__(self, *args, **kwargs)  # as super() would: the class recording derives from
         target = getattr(_CALLS, "target", None)
         if target is not None and target[0] is self:
             target[1].append(_shapes(out))

@@ -56,7 +56,7 @@ def command_cache_dir() -> Path | None:
 
 def _users_cache() -> str | None:
     """The cache the user configured for JAX (`jax.config`, `JAX_COMPILATION_CACHE_DIR`), if any."""
-    return jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return jax.config.values["jax_compilation_cache_dir"] or os.environ.get("JAX_COMPILATION_CACHE_DIR")
 
 
 def enable_compile_cache(path: str | os.PathLike | None = None, max_bytes: int = MAX_BYTES) -> Path | None:

@@ -11,9 +11,12 @@ import math
 import numbers
 import re
 import typing
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 from jaxtrain._src.errors import ConfigError, setting
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Optimizer = Literal["sgd", "adam", "adamw"]
 Schedule = Literal["constant", "warmup-cosine", "exponential"]
@@ -26,6 +29,8 @@ REWRITES = ("auto", "on", "off")  # TrainConfig.rewrite (rewrite.rewrite_loss)
 Precision = Literal["fp32", "bf16", "fp16"]
 BestMode = Literal["min", "max"]
 
+
+Config = TypeVar("Config", bound="DataclassInstance")  # a config dataclass
 
 MAX_SEED = 2**32 - 1  # jax.random.key keeps the low 32 bits: 2**32 would be seed 0 again
 
@@ -51,7 +56,7 @@ def _plain_numbers(config: Any) -> None:
             object.__setattr__(config, field.name, float(value))
 
 
-def _check_choice(field: str, value: str, choices: type) -> None:
+def _check_choice(field: str, value: str, choices: object) -> None:  # choices: a Literal alias
     allowed = get_args(choices)
     _check(value in allowed, f"{field}={value!r} is not allowed; choose one of {', '.join(allowed)}")
 
@@ -367,9 +372,9 @@ class TrainConfig:
         return self.batch_size * self.grad_accum
 
 
-def to_dict(config: object) -> dict:
+def to_dict(config: DataclassInstance) -> dict:
     """A JSON-ready dict of a (nested) config dataclass."""
-    return dataclasses.asdict(config)  # type: ignore[arg-type]
+    return dataclasses.asdict(config)
 
 
 def flat_dict(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -384,7 +389,7 @@ def flat_dict(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def from_dict(cls: type, values: dict, where: str = "") -> object:
+def from_dict(cls: type[Config], values: dict, where: str = "") -> Config:
     """Rebuilds a (nested) config dataclass from `to_dict`'s output; unknown keys are an error."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -394,7 +399,7 @@ def from_dict(cls: type, values: dict, where: str = "") -> object:
     kwargs = {}
     for name, value in values.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
             value = from_dict(hint, value, f"{where}{name}.")
         elif isinstance(value, list):
             value = tuple(value)

@@ -89,7 +89,7 @@ def _check_coordinator(address: str, process_id: int, timeout_s: float) -> None:
     """
     host, port = address.rsplit(":", 1)
     try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+        family = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0][0]
     except (OSError, ValueError) as e:
         raise ConfigError(f"{setting('dist.coordinator', address)}: cannot resolve host {host!r} ({e})",
                           coordinator=address) from None
@@ -105,7 +105,7 @@ def _check_coordinator(address: str, process_id: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            socket.create_connection(sockaddr[:2], timeout=1.0).close()
+            socket.create_connection((host, int(port)), timeout=1.0).close()  # resolved as just above
             return
         except OSError:
             if time.monotonic() > deadline:
@@ -128,7 +128,9 @@ class _Watchdog:
     def __init__(self, timeout_s: float):
         from jax._src import distributed as jax_distributed
 
-        self._client = jax_distributed.global_state.client
+        client = jax_distributed.global_state.client
+        assert client is not None, "the watchdog starts after jax.distributed.initialize"
+        self._client = client
         self._me, self._n = jax.process_index(), jax.process_count()
         self._timeout = timeout_s
         self._stop = threading.Event()
@@ -143,7 +145,10 @@ class _Watchdog:
             pass
 
     def _run(self) -> None:
-        beat, last_value, last_change, exited_at = 0, {}, {}, {}
+        beat = 0
+        last_value: dict[int, str | None] = {}  # peer -> its last heartbeat value, "exited" at its end
+        last_change: dict[int, float] = {}  # peer -> when its value last changed (time.monotonic)
+        exited_at: dict[int, float] = {}
         while not self._stop.wait(min(1.0, self._timeout / 5)):
             now = time.monotonic()
             try:

@@ -112,7 +112,7 @@ def _render_token(fields: dict[str, Any], how: Style) -> str:
     value = fields.get("value")
     if kind == "resume":
         if how == "cli":
-            return (f"jaxtrain train {name} " if name else "") + f"{_flag('resume')} {shlex.quote(value)}"
+            return (f"jaxtrain train {name} " if name else "") + f"{_flag('resume')} {shlex.quote(fields['value'])}"
         return f"jaxtrain.fit(..., run_dir={_literal(value)}, resume=True)"
     if how == "cli":
         flag = _flag(name)
@@ -139,7 +139,7 @@ def render(text: str, how: Style | None = None) -> str:
     return _TOKEN.sub(lambda m: _render_token(json.loads(m.group(1)), how), text)
 
 
-def _restore(cls: type, args: tuple, state: dict) -> "JaxtrainError":
+def _restore(cls: "type[JaxtrainError]", args: tuple, state: dict) -> "JaxtrainError":
     error = cls.__new__(cls)
     error.args = args
     error.__dict__.update(state)

@@ -114,17 +114,18 @@ def export(model: nnx.Module, example: Any, directory: str | os.PathLike, *, pre
         raise ConfigError(f"the model cannot be exported with a symbolic batch size: {type(e).__name__}: "
                           f"{str(e).strip().splitlines()[0][:300]}") from None
     artifact = bytes(exported.serialize())
-    outputs = jax.tree_util.tree_leaves_with_path(exported.out_tree.unflatten(exported.out_avals))
+    recipe = to_spec(preprocess)
+    outputs = jax.tree_util.tree_leaves_with_path(jax.tree.unflatten(exported.out_tree, exported.out_avals))
     out = [{"name": jax.tree_util.keystr(p, simple=True, separator=".") or "outputs", "dtype": str(a.dtype),
             "shape": _shape_text(a.shape)} for p, a in outputs]
     signature = {
         "format": "jax.export", "artifact": ARTIFACT, "jax_version": jax.__version__,
         "platforms": list(platforms),
         "inputs": [{"name": inputs, "dtype": str(dtype), "shape": [BATCH, *row]}],
-        "outputs": out, "preprocess": to_spec(preprocess), **(metadata or {}),
+        "outputs": out, "preprocess": recipe, **(metadata or {}),
         "artifact_sha256": hashlib.sha256(artifact).hexdigest(),
     }
-    folded = f", with its preprocessing ({to_spec(preprocess)['kind']}) folded in" if to_spec(preprocess) else (
+    folded = f", with its preprocessing ({recipe['kind']}) folded in" if recipe else (
         ", with its preprocessing folded in" if preprocess is not None else "")
     readme = _README.format(
         artifact=ARTIFACT, folded=folded, version=jax.__version__, platforms=", ".join(platforms),

@@ -113,6 +113,8 @@ def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
 class DeviceFeed:
     """The training set held on the device(s); batches gathered inside the compiled call."""
 
+    fingerprint: dict[str, Any] | None = None  # set by make_feed (Feed)
+
     def __init__(self, data: Any, config: TrainConfig, placement: Placement, data_key: jax.Array, layout: Layout):
         self.placement, self._host, self._layout = placement, data, layout
         self.num_samples = data_lib.num_samples(data, "train_data")
@@ -120,7 +122,9 @@ class DeviceFeed:
         self.device_bytes = data_lib.nbytes(data) // (layout.num_devices if placement.split else 1)
         self.in_place_bytes = 0  # of those, the host arrays themselves (a CPU device, aligned arrays)
         self._B, self._key = config.samples_per_step, data_key
-        self._data = self._permute = self._perm = None
+        self._data: Any = None  # the device copy, and the epoch's permutation program and order: made in setup
+        self._permute: Callable[[jax.Array, Any], jax.Array] | None = None
+        self._perm: jax.Array | None = None
         self._position = 0
         self.timing = {"setup_copy_s": 0.0}  # placing the training set on the device, once
 
@@ -152,6 +156,7 @@ class DeviceFeed:
                 jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
 
     def start_epoch(self, epoch: int, position: int) -> None:
+        assert self._permute is not None  # setup compiled it
         self._perm, self._position = self._permute(self._key, np.int32(epoch)), position
 
     def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
@@ -183,6 +188,8 @@ class StreamFeed:
     """Training batches streamed from a row source: a reader thread shuffles blocks and rows
     (`StreamLoader`), a transfer thread stacks K batches and puts them on the device
     (`DevicePrefetcher`), up to `config.data.prefetch` calls ahead."""
+
+    fingerprint: dict[str, Any] | None = None  # set by make_feed (Feed)
 
     def __init__(self, source: Any, config: TrainConfig, placement: Placement, layout: Layout, treedef: Any = None):
         self._streaming(config, layout, treedef, {n: (v.shape[1:], v.dtype) for n, v in source.read(0, 1).items()})
@@ -321,7 +328,8 @@ class IterFeed(StreamFeed):
                                   grad_accum=config.grad_accum)
         self.num_samples = self.steps_per_epoch * self._rows
         self.placement = Placement("loader", f"batches of {B} from {type(stream.data).__name__}, in its order")
-        self._last, self._saved, self._started = last, None, False
+        self._last, self._started = last, False
+        self._saved: dict[str, Any] | None = None  # the state set_state gave, until the first epoch starts
         self.fingerprint = fingerprint(stream)  # through the loader's dataset; "unchecked" where it has none
         # ((epoch, step), the iterator's state after it), appended by the reader, dropped once trained past
         self._states: collections.deque = collections.deque()

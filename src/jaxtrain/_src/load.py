@@ -12,6 +12,7 @@ from flax import nnx
 from jaxtrain._src.checkpoint import Checkpointer, CheckpointError
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.safe_files import read_json_object
+from jaxtrain._src.state import split_params
 
 __all__ = ["load", "load_with_step", "read_config"]
 
@@ -47,11 +48,12 @@ def load_with_step(run_dir: str | os.PathLike, model: nnx.Module, checkpoint: st
     ckpt = Checkpointer(ckpt_dir, read_only=True, best_metric=saved.get("best_metric", "val_loss"),
                         best_mode=saved.get("best_mode", "min"))
     try:
-        _, params, model_state = nnx.split(model, nnx.Param, ...)
+        _, params, model_state = split_params(model)
         # best and latest fall back to the next checkpoint that reads when one is unreadable
         which = int(checkpoint) if str(checkpoint).isdigit() else checkpoint
         params, model_state = ckpt.restore_model(params, model_state, which, weights)
         step = ckpt.restored_step
+        assert step is not None  # the restore just above succeeded
     finally:
         ckpt.close()
     nnx.update(model, *jax.tree.map(jax.numpy.asarray, (params, model_state)))

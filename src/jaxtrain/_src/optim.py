@@ -100,7 +100,7 @@ def optimizer_structure(config: OptimConfig) -> dict[str, Any]:
 class ValuesState(NamedTuple):
     """`with_values`' state: the optimizer's numbers, the rate of the last update and the inner state."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # the update count, named as optax's states name it
     values: dict[str, jax.Array]
     learning_rate: jax.Array
     inner: optax.OptState
@@ -148,8 +148,6 @@ def restore_values(template: optax.OptState, saved: optax.OptState) -> optax.Opt
     with each `with_values` state of `template` put back around it: the numbers `template` holds
     (the run's config), the update count read from the inner schedule's."""
     is_values = lambda x: isinstance(x, ValuesState)  # noqa: E731
-    leaves, treedef = jax.tree.flatten(template, is_leaf=is_values)
-    inner = treedef.flatten_up_to(saved)
 
     def put_back(t: Any, s: Any) -> Any:
         if not is_values(t):
@@ -158,7 +156,7 @@ def restore_values(template: optax.OptState, saved: optax.OptState) -> optax.Opt
         counts = [x.count for x in jax.tree.leaves(s, is_leaf=is_schedule) if is_schedule(x)]
         return t._replace(count=jnp.copy(counts[0]) if counts else t.count, inner=s)  # a buffer of its own
 
-    return treedef.unflatten([put_back(t, s) for t, s in zip(leaves, inner)])
+    return jax.tree.map(put_back, template, saved, is_leaf=is_values)  # `saved` has template's leaves as prefix
 
 
 def build_train_optimizer(
@@ -246,7 +244,13 @@ def learning_rate_fn(
     else computed from `schedule` (the config's) at the step's index.
     """
     if _injected_learning_rate(jax.eval_shape(tx.init, params)) is not None:
-        return lambda opt_state, step: _injected_learning_rate(opt_state)
+
+        def injected(opt_state: optax.OptState, step: jax.Array) -> jax.Array:
+            lr = _injected_learning_rate(opt_state)
+            assert lr is not None  # opt_state has tx.init's structure, which holds it
+            return lr
+
+        return injected
     if schedule is not None:
         return lambda opt_state, step: jnp.asarray(schedule(step), jnp.float32)
     return None

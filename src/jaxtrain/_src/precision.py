@@ -27,6 +27,7 @@ from jax.extend.core import jaxprs_in_params
 
 from jaxtrain._src.errors import ConfigError, setting
 from jaxtrain._src.report.notes import note
+from jaxtrain._src.state import split_params
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 
@@ -84,7 +85,7 @@ def float32_share(loss_fn: Callable[..., Any], model: nnx.Module, batch: Any, po
     constant, carry or input mixed into a product promotes it to float32."""
     if policy.name == "fp32":
         return None
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = split_params(model)
     try:
         jaxpr = jax.make_jaxpr(lambda p, r, b, k: loss_fn(nnx.merge(graphdef, policy.cast(p), r, copy=True),
                                                           policy.cast(b), k))(params, rest, batch, jax.random.key(0))

@@ -27,7 +27,7 @@ from jaxtrain._src.data.arrays import is_source, num_rows
 from jaxtrain._src.errors import ConfigError, DataError, argument
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.sharding import Layout, make_layout
-from jaxtrain._src.state import eval_graphdef
+from jaxtrain._src.state import eval_graphdef, split_params
 from jaxtrain._src.step import Preprocess
 
 __all__ = ["Forward", "predict", "predict_batches"]
@@ -68,7 +68,7 @@ class Forward:
                  layout: Layout | None = None, forward: Callable[[nnx.Module, dict], Any] | None = None):
         self.layout = layout if layout is not None else make_layout("data=1")
         self.graphdef = eval_graphdef(model)  # eval mode; the model itself is left as it was
-        _, params, rest = nnx.split(model, nnx.Param, ...)
+        _, params, rest = split_params(model)
         variables = (params, rest)
         self.shardings = self.layout.state_shardings(variables)
         self.variables = self.layout.put(variables, self.shardings)

@@ -30,7 +30,7 @@ from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_
 from jaxtrain._src.precision import Policy, note_float32_products, policy_of
 from jaxtrain._src.rewrite import rewrite_loss
 from jaxtrain._src.sharding import Layout, make_layout
-from jaxtrain._src.state import TrainState, eval_graphdef, in_mode, init_state
+from jaxtrain._src.state import TrainState, eval_graphdef, in_mode, init_state, split_params
 from jaxtrain._src.step import Augment, LossFn, Preprocess, make_eval_step, make_train_step
 
 __all__ = ["Program", "build_program"]
@@ -78,6 +78,8 @@ class Program:
         `steps_per_call`, or chosen by timing the first calls when 0; their form (`StepForm`) as
         `form` says (default `config.step_form`: "auto" times the forms on the first steps)."""
         source = source if source is not None else self.feed
+        if source is None:
+            raise ValueError("Program.calls needs a source: the program was built without training data")
         per_epoch = getattr(source, "steps_per_epoch", None) or max(steps_per_call, 1)
         chooser = StepsPerCall(steps_per_call, per_epoch, auto, self.total_steps - _step_of(self.state))
         step_form = StepForm(form or self.config.step_form, auto)
@@ -158,7 +160,7 @@ def build_program(
     schedule = build_schedule(config.optim, total_steps) if optimizer is None else None
     tx = build_train_optimizer(config, total_steps, optimizer, schedule)
     if abstract:
-        graphdef, params, rest = nnx.split(in_mode(model, train=True), nnx.Param, ...)  # as init_state splits
+        graphdef, params, rest = split_params(in_mode(model, train=True))  # as init_state splits
         state = jax.eval_shape(lambda p, r: init_state(nnx.merge(graphdef, p, r), tx, step_key)[1], params, rest)
     else:
         graphdef, state = init_state(model, tx, step_key)

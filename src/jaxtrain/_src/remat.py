@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.state import split_params
 
 Mode = Literal["none", "blocks", "full"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -56,7 +57,7 @@ def check_mode(mode: str) -> Mode:
     """`mode` if it is one of MODES; ConfigError (one line) otherwise."""
     if mode not in MODES:
         raise ConfigError(f"remat={mode!r} is not a rematerialisation mode; choose one of: {', '.join(MODES)}")
-    return mode  # type: ignore[return-value]
+    return mode  # type: ignore[return-value]  # one of MODES: checked just above
 
 
 def policy(mode: Mode) -> Callable[..., bool]:
@@ -88,13 +89,14 @@ def call(fn: Callable[..., Any], *args: Any, mode: Mode) -> Any:
         fn, args = _call_module, (fn, *args)
     is_module = [isinstance(a, nnx.Module) for a in args]
     modules = tuple(a for a, m in zip(args, is_module) if m)
-    graphdef, params, rest = nnx.split(modules, nnx.Param, ...)
+    graphdef, params, rest = split_params(modules)
 
     def pure(params: nnx.State, rest: nnx.State, others: tuple) -> tuple[Any, nnx.State]:
-        merged, plain = iter(nnx.merge(graphdef, params, rest, copy=True)), iter(others)
+        merged_modules = nnx.merge(graphdef, params, rest, copy=True)
+        merged, plain = iter(merged_modules), iter(others)
         new_modules = tuple(next(merged) if m else next(plain) for m in is_module)
         out = fn(*new_modules)
-        return out, nnx.split(tuple(a for a, m in zip(new_modules, is_module) if m), nnx.Param, ...)[2]
+        return out, split_params(tuple(a for a, m in zip(new_modules, is_module) if m))[2]
 
     out, new_rest = _checkpoint_in_order(pure, policy(mode))(
         params, rest, tuple(a for a, m in zip(args, is_module) if not m))

@@ -93,7 +93,8 @@ def rewrite_convs(fn: Callable[..., Any], *, max_pool: bool = True) -> Callable[
         graphdef, state = nnx.split(objects)
 
         def pure(state: nnx.State, others: list[Any]) -> tuple[Any, nnx.State]:
-            merged, plain = iter(nnx.merge(graphdef, state, copy=True)), iter(others)
+            objects = nnx.merge(graphdef, state, copy=True)
+            merged, plain = iter(objects), iter(others)
             new_leaves = [next(merged) if o else next(plain) for o in is_object]
             a, kw = jax.tree.unflatten(in_tree, new_leaves)
             out = fn(*a, **kw)
@@ -146,7 +147,7 @@ def conv_general_dilated_im2col(
         kernel = [(rhs.shape[d] - 1) * r + 1 for d, r in zip(dnums.rhs_spec[2:], rhs_dilation)]
         padding = lax.padtype_to_pads(spatial, kernel, window_strides, padding)
     return _im2col_conv(
-        lhs, rhs, window_strides=tuple(window_strides), padding=tuple(map(tuple, padding)),
+        lhs, rhs, window_strides=tuple(window_strides), padding=tuple((lo, hi) for lo, hi in padding),
         lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation, dimension_numbers=dnums,
         feature_group_count=feature_group_count, batch_group_count=batch_group_count,
         precision=precision, preferred_element_type=preferred_element_type)
@@ -189,6 +190,7 @@ def max_pool_slices(
         else:
             take = lax.bitwise_or(lax.gt(window, best), lax.ne(window, window))  # later wins only if larger, or NaN
             best = lax.select(take, window, best)
+    assert best is not None, "a pooling window has at least one element"
     return best
 
 
@@ -196,7 +198,8 @@ def max_pool_slices(
 
 
 def _conv_rule(eqn: jex_core.JaxprEqn, lhs: jax.Array, rhs: jax.Array) -> jax.Array | None:
-    if math.prod(eqn.outvars[0].aval.shape) == 0:
+    out = eqn.outvars[0].aval
+    if not isinstance(out, jax.core.ShapedArray) or math.prod(out.shape) == 0:
         return None
     params = {k: v for k, v in eqn.params.items() if k != "out_sharding"}
     return _im2col_conv(lhs, rhs, **params)
@@ -204,10 +207,12 @@ def _conv_rule(eqn: jex_core.JaxprEqn, lhs: jax.Array, rhs: jax.Array) -> jax.Ar
 
 def _max_pool_rule(eqn: jex_core.JaxprEqn, x: jax.Array) -> jax.Array | None:
     p = eqn.params
-    aval = eqn.invars[0].aval
+    aval, out = eqn.invars[0].aval, eqn.outvars[0].aval
+    if not isinstance(aval, jax.core.ShapedArray) or not isinstance(out, jax.core.ShapedArray):
+        return None
     if any(d != 1 for d in p["base_dilation"]) or not jnp.issubdtype(aval.dtype, jnp.floating):
         return None
-    if math.prod(eqn.outvars[0].aval.shape) == 0:
+    if math.prod(out.shape) == 0:
         return None
     return max_pool_slices(x, p["window_dimensions"], p["window_strides"], p["padding"], p["window_dilation"])
 
@@ -257,10 +262,9 @@ def _im2col_conv(lhs: jax.Array, rhs: jax.Array, *, window_strides: tuple[int, .
         dtype = x.dtype if preferred_element_type is None else jnp.dtype(preferred_element_type)
         acc = jnp.promote_types(dtype, jnp.float32) if jnp.issubdtype(dtype, jnp.floating) else dtype  # as a matmul
         wk = w.reshape(K, G, F // G).astype(acc)  # (K, G, F/G)
-        y = None
-        for j, col in enumerate(cols):
-            term = col.astype(acc)[..., None] * wk[j]  # (N, *o, G, F/G)
-            y = term if y is None else y + term
+        y = cols[0].astype(acc)[..., None] * wk[0]  # (N, *o, G, F/G)
+        for j in range(1, K):
+            y = y + cols[j].astype(acc)[..., None] * wk[j]
         y = y.astype(dtype).reshape(N, *o, F)
     else:  # G groups of Cg input channels: a matmul batched over groups
         patches = lax.concatenate([c.reshape(M, 1, G, Cg) for c in cols], 1)  # (M, K, G, Cg)

@@ -81,7 +81,8 @@ class RunGuard:
         self.path = Path(run_dir) if run_dir is not None else None
         self.config, self.resume = config, resume
         self._overwrite, self._primary, self._note = overwrite, primary, note
-        self._create, self._created, self._lock_file = create, False, None
+        self._create, self._created = create, False
+        self._lock_file: IO[str] | None = None
         self._aside = False  # clear() moves an unfinished run's files aside (a resume with nothing to resume)
         self._reference: dict[str, Any] = {}  # the settings a resume is checked against (the checkpoint's)
 
@@ -97,16 +98,22 @@ class RunGuard:
             raise
         return self
 
+    @property
+    def _dir(self) -> Path:
+        """`path`, for the methods that run only when there is a run directory."""
+        assert self.path is not None
+        return self.path
+
     def __exit__(self, *exc: Any) -> None:
         self._unlock()
-        if self._created and [p.name for p in self.path.iterdir()] == [LOCK]:
-            shutil.rmtree(self.path, ignore_errors=True)  # a run that failed before writing anything leaves nothing
+        if self._created and [p.name for p in self._dir.iterdir()] == [LOCK]:
+            shutil.rmtree(self._dir, ignore_errors=True)  # a run that failed before writing anything leaves nothing
 
     def _lock(self) -> None:
-        if not self.path.exists() and not self._create:
+        if not self._dir.exists() and not self._create:
             return  # nobody can be using a directory that does not exist yet
-        self._created = not self.path.exists()
-        self._lock_file = lock_directory(self.path, "run directory", argument("run_dir"), "that run",
+        self._created = not self._dir.exists()
+        self._lock_file = lock_directory(self._dir, "run directory", argument("run_dir"), "that run",
                                          run_dir=self.path)
 
     def _unlock(self) -> None:
@@ -115,20 +122,20 @@ class RunGuard:
             self._lock_file = None
 
     def holds_run(self) -> bool:
-        return (self.path / "config.json").is_file()
+        return (self._dir / "config.json").is_file()
 
     def _check(self) -> None:
         if self._primary:
-            refuse_links(self.path, RUN_FILES + RUN_DIRS)
+            refuse_links(self._dir, RUN_FILES + RUN_DIRS)
         if self.resume:
-            if not has_checkpoint(self.path / "checkpoints"):
+            if not has_checkpoint(self._dir / "checkpoints"):
                 self._start_again()
             else:
-                saved = checkpoint_config(self.path / "checkpoints")
-                self._reference = saved if saved is not None else _read_json(self.path / "config.json")
+                saved = checkpoint_config(self._dir / "checkpoints")
+                self._reference = saved if saved is not None else _read_json(self._dir / "config.json")
                 check_resumable(self._reference, self.config, self._note)
         elif self.holds_run() and not self._overwrite:
-            raise ConfigError(f"{self.path} already holds a run ({_describe(self.path)}); continue it with "
+            raise ConfigError(f"{self.path} already holds a run ({_describe(self._dir)}); continue it with "
                               f"{resume_advice(self.path)}, choose another {argument('run_dir')}, or pass "
                               f"{_OVERWRITE} to start it again", run_dir=self.path)
 
@@ -143,7 +150,7 @@ class RunGuard:
         reason, or on a non-finite loss, is finished too: the population went on without it, so
         it cannot rejoin; it stays as it ended."""
         try:
-            summary = read_json_object(self.path / "summary.json")
+            summary = read_json_object(self._dir / "summary.json")
         except ConfigError:  # not the summary a run wrote: nothing says it finished
             return None
         if summary is None:
@@ -174,13 +181,13 @@ class RunGuard:
     def _start_again(self) -> None:
         """A resume with no checkpoint to continue from: a finished run is refused; an unfinished
         one starts from the beginning with its files moved aside (a resume never deletes them)."""
-        if _finished_status(self.path):
-            raise ConfigError(f"{self.path} holds a finished run ({_describe(self.path)}) but no checkpoint to "
+        if _finished_status(self._dir):
+            raise ConfigError(f"{self.path} holds a finished run ({_describe(self._dir)}) but no checkpoint to "
                               f"resume from (checkpoints were off, or checkpoints/ is unreadable); it stays as it is: "
                               f"start it again with {_OVERWRITE}, or choose another {argument('run_dir')}",
                               run_dir=self.path)
         self.resume = False
-        present = self.path.is_dir() and any((self.path / n).exists() for n in RUN_FILES + RUN_DIRS)
+        present = self._dir.is_dir() and any((self._dir / n).exists() for n in RUN_FILES + RUN_DIRS)
         self._aside = self._primary and present
         if not self._aside:
             what = "no run" if not self.holds_run() else "no complete checkpoint"
@@ -188,12 +195,12 @@ class RunGuard:
 
     def _move_aside(self) -> None:
         """Moves the files of an unfinished run with nothing to resume to `RUN/previous-N/`."""
-        aside = next(p for p in (self.path / f"previous-{n}" for n in range(1, 10_000))
+        aside = next(p for p in (self._dir / f"previous-{n}" for n in range(1, 10_000))
                      if not os.path.lexists(p))  # a dangling link is in the way too
         aside.mkdir()
         for name in RUN_FILES + RUN_DIRS:
-            if (self.path / name).exists():
-                os.replace(self.path / name, aside / name)
+            if (self._dir / name).exists():
+                os.replace(self._dir / name, aside / name)
         self._note(f"{self.path} has no complete checkpoint to resume yet; starting the run from the beginning "
                    f"(the earlier files are in {aside})")
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+
+Node = TypeVar("Node")
 
 
 class TrainState(NamedTuple):
@@ -43,7 +45,7 @@ def init_state(
       `(graphdef, state)`; `nnx.merge(graphdef, state.params, state.model_state)` rebuilds
       the model in training mode (dropout on, batch statistics updated).
     """
-    graphdef, params, model_state = nnx.split(in_mode(model, train=True), nnx.Param, ...)
+    graphdef, params, model_state = split_params(in_mode(model, train=True))
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
@@ -52,6 +54,13 @@ def init_state(
         rng=rng,
     )
     return graphdef, state
+
+
+def split_params(node: Node) -> tuple[nnx.GraphDef[Node], nnx.State, nnx.State]:
+    """`nnx.split(node, nnx.Param, ...)`: its graph definition, its `nnx.Param` variables and all its
+    other variables (batch-norm statistics, RNG counters, ...)."""
+    graphdef, params, rest = nnx.split(node, nnx.Param, ...)  # type: ignore[misc]  # one State per filter: 2 here
+    return graphdef, params, rest
 
 
 def in_mode(model: nnx.Module, train: bool) -> nnx.Module:

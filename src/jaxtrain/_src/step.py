@@ -14,7 +14,7 @@ import optax
 from flax import nnx
 
 from jaxtrain._src.precision import Policy, current_scale
-from jaxtrain._src.state import TrainState
+from jaxtrain._src.state import TrainState, split_params
 
 Batch = Any  # a pytree of arrays with a leading batch axis
 Metrics = dict[str, jax.Array]
@@ -75,7 +75,7 @@ def make_train_step(
             model = nnx.merge(graphdef, params, model_state, copy=True)  # fresh Variables in this trace
             loss, metrics = loss_fn(model, batch, loss_key)
             loss = loss.astype(jnp.float32)
-            new_model_state = nnx.split(model, nnx.Param, ...)[2]  # e.g. updated batch-norm stats
+            new_model_state = split_params(model)[2]  # e.g. updated batch-norm stats
             new_model_state = jax.tree.map(_same_dtype, new_model_state, model_state)  # statistics stay float32
             metrics = jax.tree.map(lambda m: m.astype(jnp.float32), metrics)
             return loss * scale, (loss, metrics, new_model_state)
@@ -193,12 +193,12 @@ def fuse_steps(step_at: StepAt, num_steps: int, unroll: bool = False) -> Callabl
     state and each metric stacked to shape (K,)."""
 
     def call(state: TrainState, *args: Any):
-        *args, first = args
+        *inputs, first = args
         if not unroll:
-            return jax.lax.scan(lambda state, i: step_at(state, *args, first + i), state, jnp.arange(num_steps))
+            return jax.lax.scan(lambda state, i: step_at(state, *inputs, first + i), state, jnp.arange(num_steps))
         metrics = []
         for i in range(num_steps):
-            state, m = step_at(state, *args, first + i)
+            state, m = step_at(state, *inputs, first + i)
             metrics.append(m)
         return state, jax.tree.map(lambda *m: jnp.stack(m), *metrics)
 
@@ -236,7 +236,7 @@ def make_evaluate_sums(
     num_full, remainder = divmod(num_samples, batch_size)
 
     def evaluate_sums(state: TrainState, data: Batch) -> Metrics:
-        totals = None
+        totals: Metrics | None = None
         if num_full:
             full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
             per_batch = jax.lax.map(lambda batch: eval_step(state, place(batch)), full)  # each metric (num_full,)
@@ -245,6 +245,7 @@ def make_evaluate_sums(
             tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)
             tail_totals = jax.tree.map(lambda m: m * remainder, eval_step(state, tail))
             totals = tail_totals if totals is None else jax.tree.map(jnp.add, totals, tail_totals)
+        assert totals is not None, "evaluation data has rows (checked before the run)"
         return totals
 
     return evaluate_sums

@@ -212,7 +212,7 @@ def load_weights(model: nnx.Module, path: str | os.PathLike) -> nnx.Module:
         saved = tensors[name]
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
             impl = kinds.get(name, "")[len(_KEY):] or None
-            variable.set_value(jax.random.wrap_key_data(saved, impl=impl))
+            variable.set_value(jax.random.wrap_key_data(jax.numpy.asarray(saved), impl=impl))
         else:
             variable.set_value(jax.numpy.asarray(saved, value.dtype))
     nnx.update(model, state)

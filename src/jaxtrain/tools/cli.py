@@ -472,10 +472,10 @@ def _tune(args: Sequence[str]) -> int:
     if args[:1] == ["lr"]:
         return _tune_lr(list(args[1:]))
     if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
-        flags = "\n".join(TUNE_FLAGS)
+        listed = "\n".join(TUNE_FLAGS)
         print(f"""{usage}
 
-{flags}
+{listed}
   --preset, OPTIONS    the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)
 
 the learning-rate range test: `jaxtrain tune lr --help` ({LR_USAGE.removeprefix("usage: ")})""")

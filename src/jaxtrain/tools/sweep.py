@@ -55,7 +55,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -105,11 +105,16 @@ class Space:
             return f"{self.name}=choice:{','.join(str(c) for c in self.choices)}"
         return f"{self.name}={self.kind}:{self.low:g}:{self.high:g}"
 
+    def _range(self) -> tuple[float, float]:
+        assert self.low is not None and self.high is not None  # every kind but choice has them
+        return self.low, self.high
+
     def ends(self) -> tuple[Any, ...]:
         """The values at the ends of the range (every choice): a field must take them all."""
         if self.kind == "choice":
             return self.choices
-        return (int(self.low), int(self.high)) if self.kind == "int" else (self.low, self.high)
+        low, high = self._range()
+        return (int(low), int(high)) if self.kind == "int" else (low, high)
 
     def distribution(self) -> Any:
         """The Optuna distribution `suggest` draws from."""
@@ -117,9 +122,10 @@ class Space:
 
         if self.kind == "choice":
             return d.CategoricalDistribution(list(self.choices))
+        low, high = self._range()
         if self.kind == "int":
-            return d.IntDistribution(int(self.low), int(self.high))
-        return d.FloatDistribution(self.low, self.high, log=self.kind == "loguniform")
+            return d.IntDistribution(int(low), int(high))
+        return d.FloatDistribution(low, high, log=self.kind == "loguniform")
 
     def suggest(self, trial: Any) -> Any:
         if self.kind == "loguniform":
@@ -127,7 +133,8 @@ class Space:
         if self.kind == "uniform":
             return trial.suggest_float(self.name, self.low, self.high)
         if self.kind == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high))
+            low, high = self._range()
+            return trial.suggest_int(self.name, int(low), int(high))
         return trial.suggest_categorical(self.name, list(self.choices))
 
 
@@ -196,9 +203,9 @@ def _replace(config: Any, path: list[str], value: Any, name: str) -> Any:
         raise ConfigError(f"--space {name}: the config has no field {path[0]!r} (it has: {', '.join(sorted(fields))})")
     current = getattr(config, path[0])
     if len(path) == 1 and dataclasses.is_dataclass(current):
-        fields = ", ".join(f"{name}.{f.name}" for f in dataclasses.fields(current))
+        section = ", ".join(f"{name}.{f.name}" for f in dataclasses.fields(current))
         raise ConfigError(f"--space {name}: {path[0]!r} is a section of the config, not a field; name one of its "
-                          f"fields ({fields})")
+                          f"fields ({section})")
     if len(path) > 1:
         if not dataclasses.is_dataclass(current):
             raise ConfigError(f"--space {name}: {path[0]!r} is not a section of the config")
@@ -214,7 +221,9 @@ class _StudyAtEpoch:
     once per member. Everything else is the study's own."""
 
     def __init__(self, study: Any):
-        self._study, self._epoch, self._trials = study, None, {}
+        self._study = study
+        self._epoch: int | None = None
+        self._trials: dict[Any, Any] = {}  # this epoch's answers, by query
 
     def at(self, epoch: int) -> "_StudyAtEpoch":
         if epoch != self._epoch:
@@ -702,7 +711,8 @@ class _Job:
             if self.url.startswith("sqlite"):
                 _immediate_transactions(storage.engine)
             # each trial reseeds the sampler (`prepare`): this seed draws nothing
-            return optuna.create_study(storage=storage, study_name=self.name, direction=self.direction,
+            direction = optuna.study.StudyDirection[self.direction.upper()]  # "minimize" -> MINIMIZE
+            return optuna.create_study(storage=storage, study_name=self.name, direction=direction,
                                        load_if_exists=True, sampler=_sampler(self.sampler, self.seed),
                                        pruner=_pruner(self.pruner) if isinstance(self.pruner, str) else self.pruner)
 
@@ -981,7 +991,7 @@ def _run_workers(job: _Job, workers: int, console: Console) -> None:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])
-    failed = [(i, p.exitcode) for i, p in enumerate(processes, 1) if p.exitcode != 0]
+    failed = [(i, p.exitcode) for i, p in enumerate(processes, 1) if p.exitcode]  # each joined: an exit code
     for i, code in failed:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         console.print(f"worker {i} {how}")
@@ -1167,7 +1177,9 @@ def plot_report(study: Any, out: str | Path) -> list[Path]:
 
     _refuse_links(Path(out), [f"sweep-{name}.png" for name in PLOTS])
     paths = []
-    for name, draw in zip(PLOTS, (vis.plot_optimization_history, vis.plot_parallel_coordinate, vis.plot_slice)):
+    draws: tuple[Callable[[Any], Any], ...] = (vis.plot_optimization_history, vis.plot_parallel_coordinate,
+                                               vis.plot_slice)
+    for name, draw in zip(PLOTS, draws):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
             draw(study)

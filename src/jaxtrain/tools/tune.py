@@ -307,13 +307,16 @@ def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_bat
             lo, hi = (top, None) if rows[top].fits else (lo, top)
             stopped_by = stopped_by if hi is None else "the cap"
     probes: dict[int, BatchTrial] = {}
-    for _ in range(refine_steps if hi is not None else 0):
+    for _ in range(refine_steps):
+        if hi is None:
+            break
         mid = (lo + hi) // 2 // n * n
         if mid <= lo:
             break
         probes[mid] = measure(mid)
         lo, hi = (mid, hi) if probes[mid].fits else (lo, mid)
-    rows.setdefault(lo, probes.get(lo))
+    if lo not in rows:  # the largest batch that fits, found by the bisection
+        rows[lo] = probes[lo]
 
     # The trials. With throughput: every power of two up to the largest, then the largest, ascending
     # (one that runs out of memory ends it). Without: the largest, then each power of two below it.
@@ -338,7 +341,7 @@ def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_bat
     if not trained:
         raise ConfigError(f"no batch trained: {rows[order[0]].failure} at batch {order[0]}")
     largest = max(trained)
-    best = max(trained, key=lambda b: rows[b].samples_per_s)
+    best = max(trained, key=lambda b: rows[b].samples_per_s or 0.0)  # (every trained row has a rate)
     table = tuple(rows[b] for b in sorted(rows))
     return BatchSizeResult(
         name=name, device=device_description(device), cap_bytes=cap, cap_source=cap_source,
@@ -430,7 +433,7 @@ class _Trainer:
         k = 8 if self._steps_per_s is None else round(self._call_s * self._steps_per_s)
         k = max(1, min(most, k))
         result = self._run(row, k)
-        if result.trained and k < most and k / result.steps_per_s < self._call_s / 4:  # too short to time well
+        if result.steps_per_s is not None and k < most and k / result.steps_per_s < self._call_s / 4:  # too short
             result = self._run(row, max(1, min(most, round(self._call_s * result.steps_per_s))))
         if result.trained:
             self._steps_per_s = result.steps_per_s
@@ -567,7 +570,8 @@ def analyse_lr_range(lrs: Sequence[float], losses: Sequence[float]) -> LRRange:
     Raises:
       ConfigError: fewer than 10 steps with a finite loss before divergence: no curve to read.
     """
-    smoothed, average = [], 0.0
+    smoothed: list[float] = []
+    average = 0.0
     for i, loss in enumerate(losses):
         if not math.isfinite(loss):
             break

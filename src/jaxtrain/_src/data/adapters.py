@@ -37,7 +37,7 @@ import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, TypeGuard
 
 import jax
 import numpy as np
@@ -363,7 +363,7 @@ class _Shard:
 
     def read_into(self, out: np.ndarray, lo: int, hi: int) -> None:
         """Rows [lo, hi) of this shard into `out` (hi - lo rows), with one positioned read."""
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")
         with open(self.path, "rb", buffering=0) as f:
             done = 0
             while done < len(view):
@@ -689,10 +689,10 @@ class BatchStream:
         else:
             it = raw = self._new_iterator(epoch)
         self._pending = None
-        stateful = hasattr(raw, "get_state") and hasattr(raw, "set_state")  # Grain's iterators
-        if state is not None and stateful:
+        stateful = raw if _stateful(raw) else None  # Grain's iterators
+        if state is not None and stateful is not None:
             try:
-                raw.set_state(_decode_state(state))
+                stateful.set_state(_decode_state(state))
             except Exception as e:
                 raise self._state_refused(e) from None
             it, skip = raw, 0
@@ -724,7 +724,7 @@ class BatchStream:
             if index >= skip:
                 for k, v in flat.items():
                     check_finite(v, k, 0, f"{where} of {self.name}", self.allow_nan)
-                yield flat, (_encode_state(raw.get_state()) if stateful else None)
+                yield flat, (_encode_state(stateful.get_state()) if stateful is not None else None)
             index += 1
 
 
@@ -779,6 +779,20 @@ def _has_len(data: Any) -> bool:
         return True
     except TypeError:
         return False
+
+
+class _StatefulIterator(Protocol):
+    """An iterator whose position can be saved and restored (Grain's)."""
+
+    def __next__(self) -> Any: ...
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> None: ...
+
+
+def _stateful(it: Iterator) -> TypeGuard[_StatefulIterator]:
+    return hasattr(it, "get_state") and hasattr(it, "set_state")
 
 
 def _encode_state(state: Any) -> Any:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import jax
 import numpy as np
 
 from jaxtrain._src.errors import DataError
+
+if TYPE_CHECKING:
+    from jaxtrain._src.data.sources import DataSource
 
 MAX_LISTED = 8  # arrays named in an error message; a list of more dicts than this is a list of rows
 CPU_BUDGET_BYTES = 2 * 1024**3  # the CPU "device" is host RAM: keep a fixed, modest share
@@ -76,7 +79,7 @@ def num_samples(data: Any, name: str = "data") -> int:
     return next(iter(lengths.values()))
 
 
-def is_source(data: Any) -> bool:
+def is_source(data: Any) -> TypeGuard[DataSource]:
     """A row source (`HDF5Source`, `ArraySource`, ...) rather than a pytree of arrays."""
     return hasattr(data, "read") and hasattr(data, "chunk_rows")
 

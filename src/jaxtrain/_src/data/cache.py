@@ -161,7 +161,7 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             name_len, extra_len = struct.unpack("<HH", buffer[info.header_offset + 26 : info.header_offset + 30])
             start = info.header_offset + 30 + name_len + extra_len  # the member's bytes, after its local header
             member = np.frombuffer(buffer, np.uint8, info.file_size, start)
-            if zlib.crc32(member) != info.CRC:
+            if zlib.crc32(member.data) != info.CRC:
                 raise ValueError(f"{info.filename} fails its CRC-32 check")
             with zf.open(info) as npy:
                 shape, fortran_order, dtype = _HEADER_READERS[np.lib.format.read_magic(npy)](npy)

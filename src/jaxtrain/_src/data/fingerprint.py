@@ -53,13 +53,13 @@ def fingerprint(data: Any) -> dict[str, Any]:
             crc = zlib.crc32(np.ascontiguousarray(np.asarray(x[index])).tobytes(),
                              zlib.crc32(jax.tree_util.keystr(path).encode(), crc))
     out: dict[str, Any] = {"rows": n, "arrays": arrays, "sample_crc32": f"{crc:08x}"}
-    path = getattr(data, "path", None)
-    if path is not None:
+    file = getattr(data, "path", None)  # a file source's
+    if file is not None:
         try:
-            stat = os.stat(path)
-            out.update(file=os.path.abspath(path), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+            stat = os.stat(file)
+            out.update(file=os.path.abspath(file), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
         except OSError:
-            out.update(file=os.path.abspath(path))
+            out.update(file=os.path.abspath(file))
     return out
 
 

@@ -55,6 +55,26 @@ class RowSource(Protocol):
     def read(self, start: int, stop: int) -> dict[str, np.ndarray]: ...
 
 
+class DataSource(RowSource, Protocol):
+    """A row source as `fit`, `predict` and the fingerprint take it (`is_source`): its rows' names,
+    shapes, dtypes and size known without reading them."""
+
+    @property
+    def row_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    @property
+    def dtypes(self) -> dict[str, np.dtype]: ...
+
+    @property
+    def row_nbytes(self) -> int: ...
+
+
+class RowSourceInto(RowSource, Protocol):
+    """A RowSource with `read_into` (see RowSource)."""
+
+    def read_into(self, start: int, stop: int, out: dict[str, np.ndarray]) -> None: ...
+
+
 def rows_text(start: int, stop: int) -> str:
     """`rows 1,024–2,047` for the half-open range [start, stop)."""
     return f"row {start:,}" if stop - start == 1 else f"rows {start:,}–{stop - 1:,}"

@@ -35,13 +35,13 @@ import mmap
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeGuard
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain._src.data.sources import RowSource
+from jaxtrain._src.data.sources import RowSource, RowSourceInto
 from jaxtrain._src.errors import ConfigError, DataError
 
 BLOCK_BYTES = 1 << 20  # default block: about 1 MiB of rows, rounded to whole chunks
@@ -184,7 +184,7 @@ def _mapped(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype, count).reshape(shape)
 
 
-def reads_into(source: Any) -> bool:
+def reads_into(source: Any) -> TypeGuard[RowSourceInto]:
     """Whether `source.read_into` gives what `source.read` gives: the class that defines the
     source's `read` defines `read_into` beside it. A subclass or wrapper that changes `read` (checks
     its rows, as hdf5-sequence's range check does; forwards other attributes to a source inside)
@@ -218,7 +218,7 @@ class _WindowReader:
         if keep is not None:
             self.slot = np.full(size, -1, np.int64)
             self.slot[keep] = np.arange(len(keep))
-        self._direct = keep is None and reads_into(source)
+        self._into = source.read_into if keep is None and reads_into(source) else None  # reads straight in
         self._next, self._filled, self._window_row = 0, 0, 0
 
     @property
@@ -229,8 +229,8 @@ class _WindowReader:
         end = len(self.ranges) if blocks is None else min(len(self.ranges), self._next + blocks)
         for start, stop in self.ranges[self._next : end]:
             at = self._filled
-            if self._direct:
-                self.source.read_into(start, stop, {k: v[at : at + stop - start] for k, v in self.buffer.items()})
+            if self._into is not None:
+                self._into(start, stop, {k: v[at : at + stop - start] for k, v in self.buffer.items()})
                 self._filled += stop - start
             else:
                 block = self.source.read(start, stop)
@@ -353,7 +353,7 @@ class StreamLoader:
         if not 0 <= start_batch <= batches <= self.num_batches:
             raise ValueError(f"batches={batches}, start_batch={start_batch}: at most the epoch's {self.num_batches}")
 
-        def produce(put: Callable[[dict], None]) -> None:
+        def produce(put: Callable[[Any], None]) -> None:
             buffers = self._buffers()  # one pair for every epoch
             for e in range(epoch, last_epoch + 1):
                 self._produce(e, start_batch if e == epoch else 0, put, buffers, batches)
@@ -375,7 +375,8 @@ class StreamLoader:
         dropped (unmapped) when the thread ends: window w is read into buffer w % 2 while window
         w - 1 is served from the other."""
         rows = self._window_rows
-        return tuple({k: _mapped((rows, *s), self._dtypes[k]) for k, s in self._shapes.items()} for _ in range(2))
+        first, second = ({k: _mapped((rows, *s), self._dtypes[k]) for k, s in self._shapes.items()} for _ in range(2))
+        return first, second
 
     def _reader(self, plan: EpochPlan, window: int, buffers: tuple[dict, dict]) -> _WindowReader:
         return _WindowReader(self.source, plan, window, buffers[window % 2], self._keep(plan, window))
@@ -391,11 +392,13 @@ class StreamLoader:
         if row >= end:
             return
         window = plan.window_of(row)
+        reader: _WindowReader | None  # None after the last window
         reader = self._reader(plan, window, buffers)
         reader.read()
         pieces: list[dict[str, np.ndarray]] = []
         filled = 0
         while row < end:
+            assert reader is not None  # None only once the last window is served: then row == end
             first, last = int(plan.window_starts[window]), min(int(plan.window_starts[window + 1]), end)
             current, order, slot = reader.buffer, plan.window_order(window), reader.slot
             reader = self._reader(plan, window + 1, buffers) if last < end else None
@@ -471,7 +474,8 @@ class DevicePrefetcher:
         """
         if self._it is not None and k > self._size[0]:
             self._size[0] = k  # from the next group on
-        parts, count = [], 0
+        parts: list[dict[str, jax.Array]] = []
+        count = 0
         while count < k:
             stack = self._leftover if self._leftover is not None else self._next_stack(not parts, k)
             self._leftover = None

@@ -109,6 +109,7 @@ class RunView:
     """
 
     __slots__ = ("_run",)
+    _run: Run  # set once, in __init__
 
     def __init__(self, run: "Run"):
         object.__setattr__(self, "_run", run)

@@ -111,7 +111,7 @@ class CheckpointHook(RunHook):
         if why is not None:
             note(f"{why}: the resume cannot check that the training data are those of checkpoint step {step}")
         change = data_change(meta.get("data"), now)
-        if change is None:
+        if change is None or now is None:  # (a change needs both fingerprints)
             return
         where = describe(now)
         if not accept:

@@ -145,13 +145,15 @@ class EvalHook(RunHook):
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         if run.epoch % self._every and run.epoch != run.config.epochs:
             return
+        assert self._evaluate is not None  # built in on_start or after the first call
+        evaluate = self._evaluate
         t0 = time.perf_counter()
         announce("evaluation", when="before", epoch=run.epoch)
-        record.update({f"val_{k}": v for k, v in self._evaluate(run.state).items()})
+        record.update({f"val_{k}": v for k, v in evaluate(run.state).items()})
         ema = ema_params(run.state.opt_state)
         if ema is not None:  # the average of the weights, evaluated beside them
             averaged = run.state._replace(params=jax.tree.map(lambda e, p: e.astype(p.dtype), ema, run.state.params))
-            record.update({f"val_ema_{k}": v for k, v in self._evaluate(averaged).items()})
+            record.update({f"val_ema_{k}": v for k, v in evaluate(averaged).items()})
         announce("evaluation", when="after", epoch=run.epoch)
         eval_s = time.perf_counter() - t0
         record["eval_time_s"] = record.get("eval_time_s", 0.0) + eval_s

@@ -3,7 +3,7 @@ per log interval (the `on_log` rows of metrics.jsonl) and per epoch (the epoch r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import jax
 import numpy as np
@@ -39,10 +39,20 @@ class Sums:
         return {"sums": self.sums, "counts": self.counts, "skipped": self.skipped}
 
 
+class SharedTransfer(Protocol):
+    """A call's metrics that come to the host in a transfer shared with others (a population member's)."""
+
+    def host(self) -> dict[str, np.ndarray]: ...
+
+
+def _shared(calls: list[dict[str, jax.Array]]) -> TypeGuard[list[SharedTransfer]]:
+    return bool(calls) and hasattr(calls[0], "host")
+
+
 def to_host(calls: list[dict[str, jax.Array]]) -> list[dict[str, np.ndarray]]:
     """Calls' metrics on the host, in one transfer; metrics that know a shared transfer (a
     population member's: `host()`) come from it, so P members cost one transfer, not P."""
-    if calls and hasattr(calls[0], "host"):
+    if _shared(calls):
         return [m.host() for m in calls]
     return jax.device_get(calls)
 

@@ -35,17 +35,21 @@ class ProgressHook(RunHook):
         if not self.result_only:
             self.console.print(header_block(run))
 
+    def _started(self) -> EpochProgress:
+        assert self._bar is not None  # made in on_start
+        return self._bar
+
     def on_epoch_start(self, run: Run) -> None:
-        self._bar.start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch, completed=run.loop.position)
+        self._started().start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch, completed=run.loop.position)
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
-        self._bar.advance(k)
+        self._started().advance(k)
 
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
-        self._bar.advance(0, row["loss"], at=row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch)
+        self._started().advance(0, row["loss"], at=row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch)
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        self._bar.end_epoch()
+        self._started().end_epoch()
         if self.result_only:
             return
         self.console.print(epoch_block(run.epoch, run.config.epochs, record, run.elapsed_s, run.feed.placement.where))

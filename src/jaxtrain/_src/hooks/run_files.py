@@ -31,11 +31,15 @@ class RunFilesHook(RunHook):
             self.writer.keep_rows(lambda row: row.get("step", 0) <= run.resumed_step)
         self.writer.write_json("config.json", self._config)
 
+    def _started(self) -> RunDir:
+        assert self.writer is not None  # made in on_start
+        return self.writer
+
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
-        self.writer.log(row)
+        self._started().log(row)
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        self.writer.log({"kind": "epoch", **record, "elapsed_s": run.elapsed_s}, sync=True)
+        self._started().log({"kind": "epoch", **record, "elapsed_s": run.elapsed_s}, sync=True)
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self.writer is None:  # stopped before on_start (a signal while compiling): write the status

@@ -28,7 +28,7 @@ class TensorBoard(SideChannel):
 
     def __init__(self, log_dir: str | os.PathLike | None = None):
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        self._writer = None
+        self._writer: Any = None  # a tensorboardX SummaryWriter (untyped) once on_start made it
 
     def advice(self) -> str:
         return (f"that {self.log_dir} can be written (free space), choose another {argument('run_dir')}, or turn "

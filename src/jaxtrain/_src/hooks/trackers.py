@@ -32,13 +32,16 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from jaxtrain._src.config import flat_dict, to_dict
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.safe_files import write_text
+
+if TYPE_CHECKING:  # an optional package, imported when the tracker starts
+    from mlflow.tracking import MlflowClient
 
 IDS = "trackers.json"  # {tracker name: the tracked run's id}, in the run directory
 ARTIFACTS = ("summary.json", "config.json", "metrics.jsonl", "curves.png", "model.json", "predict.json")
@@ -77,8 +80,8 @@ def reason(e: BaseException) -> str:
     (`ConnectionRefusedError: [Errno 111] Connection refused` rather than the HTTP library's
     paragraph about retries), else the error's own first line."""
     root = e
-    while (root.__cause__ or root.__context__) is not None:
-        root = root.__cause__ or root.__context__
+    while (parent := root.__cause__ or root.__context__) is not None:
+        root = parent
     shown = root if root is not e and isinstance(root, OSError) else e
     first = (str(shown).strip().splitlines() or [""])[0][:300]
     return f"{type(shown).__name__}: {first}" if first else type(shown).__name__
@@ -138,8 +141,12 @@ class SideChannel(RunHook):
     `side_channel`s, and one that fails turns it `off` with one note naming its `label` and what to
     check (`advice`)."""
 
-    label = "a side channel"
     off = False  # set when it failed: its later events are skipped
+
+    @property
+    def label(self) -> str:
+        """Its name in the note (a subclass may set a plain class attribute instead)."""
+        return "a side channel"
 
     def advice(self) -> str:
         """What to check when it failed."""
@@ -203,8 +210,8 @@ class MLflow(Tracker):
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "jaxtrain", run_name: str | None = None):
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
-        self._client = None
-        self._run_id: str | None = None
+        self._client: MlflowClient | None = None
+        self._run_id: str | None = None  # both set once on_start succeeds
         self._status = "FINISHED"
 
     def advice(self) -> str:
@@ -222,28 +229,34 @@ class MLflow(Tracker):
         mlflow = _import("mlflow", "mlflow")
         from mlflow.tracking import MlflowClient
 
-        self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        self._run_id = self._saved_id(run)
-        if self._run_id is None:
-            found = self._client.get_experiment_by_name(self.experiment)
-            experiment_id = found.experiment_id if found else self._client.create_experiment(self.experiment)
+        client = self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        run_id = self._run_id = self._saved_id(run)
+        if run_id is None:
+            found = client.get_experiment_by_name(self.experiment)
+            experiment_id = found.experiment_id if found else client.create_experiment(self.experiment)
             name = self.run_name or (run.run_dir.name if run.run_dir is not None else run.name)
-            self._run_id = self._client.create_run(experiment_id, run_name=name).info.run_id
-            self._save_id(run, self._run_id)
+            run_id = self._run_id = client.create_run(experiment_id, run_name=name).info.run_id
+            self._save_id(run, run_id)
             params = [mlflow.entities.Param(k, (v if isinstance(v, str) else json.dumps(v))[:500])
                       for k, v in self._config(run).items()]
             for i in range(0, len(params), 100):
-                self._client.log_batch(self._run_id, params=params[i: i + 100])
+                client.log_batch(run_id, params=params[i: i + 100])
         else:
-            self._client.update_run(self._run_id, status="RUNNING")
+            client.update_run(run_id, status="RUNNING")
+
+    def _started(self) -> tuple[MlflowClient, str]:
+        """The client and the tracked run's id (later events run only after on_start succeeded)."""
+        assert self._client is not None and self._run_id is not None
+        return self._client, self._run_id
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(k.replace("/", "."), v, now, step) for k, v in metrics.items()]
+        client, run_id = self._started()
         for i in range(0, len(batch), 500):
-            self._client.log_batch(self._run_id, metrics=batch[i: i + 500])
+            client.log_batch(run_id, metrics=batch[i: i + 500])
 
     @side_channel
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
@@ -260,7 +273,8 @@ class MLflow(Tracker):
         numbers = {f"summary.{k}": v for k, v in _numbers(summary).items()}
         self._log(numbers, summary.get("steps", 0))
         status = summary.get("status", "")
-        self._client.set_tag(self._run_id, "jaxtrain.status", status)
+        client, run_id = self._started()
+        client.set_tag(run_id, "jaxtrain.status", status)
         self._status = ("FINISHED" if status in ("completed", "stopped early") else
                         "KILLED" if "signal" in status else "FAILED")
 
@@ -268,10 +282,11 @@ class MLflow(Tracker):
     def after_files(self, run: Run) -> None:
         """The run files as artifacts; the tracked run ends (called once summary.json is written)."""
         if self._client is not None:
+            client, run_id = self._started()
             for path in self._artifacts(run):
-                self._client.log_artifact(self._run_id, str(path))
+                client.log_artifact(run_id, str(path))
             with contextlib.redirect_stdout(io.StringIO()):  # MLflow prints links to stdout
-                self._client.set_terminated(self._run_id, self._status)
+                client.set_terminated(run_id, self._status)
 
 
 WANDB_INIT_TIMEOUT_S = 20.0  # `WandB`'s bound on `wandb.init`: see its docstring
@@ -296,7 +311,7 @@ class WandB(Tracker):
     def __init__(self, project: str = "jaxtrain", mode: str | None = None,
                  init_timeout: float | None = WANDB_INIT_TIMEOUT_S):
         self.project, self.mode, self.init_timeout = project, mode, init_timeout
-        self._run = None
+        self._run: Any = None  # a wandb Run once started (not typed here: wandb's types pull in torch's)
 
     def advice(self) -> str:
         return "WANDB_MODE and wandb login (WANDB_MODE=offline keeps the run's files for wandb sync), or drop " \

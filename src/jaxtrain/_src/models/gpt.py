@@ -122,7 +122,7 @@ class GPT(nnx.Module):
         return logits.reshape(*h.shape[:-1], logits.shape[-1])  # (B, T, V)
 
 
-def num_params(model: nnx.Module, exclude_position: bool = True) -> int:
+def num_params(model: GPT, exclude_position: bool = True) -> int:
     """Parameter count; like nanoGPT, without the position embedding by default."""
     total = sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
     return total - (model.wpe.embedding[...].size if exclude_position else 0)
@@ -135,7 +135,7 @@ def train_flops_per_token(config: GPTConfig, n_params: int) -> float:
 
 
 def sample(
-    model: nnx.Module,
+    model: GPT,
     prompt: jax.Array,
     num_tokens: int,
     key: jax.Array,

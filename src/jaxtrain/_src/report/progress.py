@@ -5,6 +5,7 @@ plain line per log interval, which a file keeps readable (as Keras's `verbose=2`
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -13,6 +14,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -55,7 +57,7 @@ class EpochProgress:
             console=console,
             disable=not enabled,
         )
-        self._task = None
+        self._task: TaskID | None = None
 
     def start_epoch(self, epoch: int, epochs: int, steps: int, completed: int = 0) -> None:
         self._line = [epoch, epochs, steps, completed, time.perf_counter(), completed]
@@ -70,7 +72,7 @@ class EpochProgress:
             self._advance_line(steps, loss, at)
         if self._task is None:
             return
-        fields = {} if loss is None else {"loss": f"loss {loss:.4f}"}
+        fields: dict[str, Any] = {} if loss is None else {"loss": f"loss {loss:.4f}"}
         self._progress.update(self._task, advance=steps, **fields)
 
     def _advance_line(self, steps: int, loss: float | None, at: int | None) -> None:

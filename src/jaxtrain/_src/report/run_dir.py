@@ -115,6 +115,10 @@ class RunDir:
             self.write_json("summary.json", summary)
         except ConfigError:
             pass  # the error that stopped the run is what the user needs to see
+        self.close()
+
+    def close(self) -> None:
+        """Closes the metrics file (`finish` does, after writing summary.json)."""
         try:
             self._metrics.close()
         except OSError:

@@ -28,9 +28,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def _frozen(array: np.ndarray) -> np.ndarray:
+def _frozen(array: ArrayLike) -> np.ndarray:
     array = np.asarray(array, np.int32)
     array.setflags(write=False)
     return array
@@ -73,7 +74,7 @@ class Game:
             [edge_index[i, j] for i, j in itertools.combinations(clique, 2)]
             for clique in itertools.combinations(range(self.n), self.k)
         ]
-        edge_cliques = [[] for _ in edges]
+        edge_cliques: list[list[int]] = [[] for _ in edges]
         for c, clique in enumerate(clique_edges):
             for e in clique:
                 edge_cliques[e].append(c)

@@ -25,6 +25,7 @@ from jaxtrain._src.compiling import shapes_of
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.rl import arena, clique
 from jaxtrain._src.rl.network import Forward
+from jaxtrain._src.rl.replay import ReplayFeed
 from jaxtrain._src.rl.search import SearchConfig
 from jaxtrain._src.rl.selfplay import make_self_play
 
@@ -61,7 +62,7 @@ class SelfPlay(RunHook):
         self._fn = make_self_play(game, forward, search, num_games)
         self._key = jax.random.fold_in(jax.random.key(seed), SELF_PLAY_STREAM)
         self._num_games, self._debug = num_games, debug
-        self._play = None
+        self._play: Callable[..., Any] | None = None  # compiled in on_start
         self.stats: dict[str, float] = {}
 
     def on_start(self, run: Run) -> None:
@@ -72,6 +73,7 @@ class SelfPlay(RunHook):
         if run.loop.position:  # resumed inside an iteration: its games are in the restored ring
             return
         t0 = time.perf_counter()
+        assert self._play is not None and isinstance(run.feed, ReplayFeed)  # fit made one of the ReplayBuffer
         positions, games = self._play(variables_of(run), jax.random.fold_in(self._key, run.epoch))
         run.feed.add(positions)
         length, winner = jax.device_get(games)
@@ -107,13 +109,14 @@ class Arena(RunHook):
 
     def __init__(self, game: clique.Game, forward: Forward, search: SearchConfig, num_games: int, seed: int,
                  every: int = 1, solver: tuple[arena.Player, Any] | None = None, debug: bool = False):
-        player, self._solver = solver if solver is not None else (None, None)
+        player: arena.Player | None = solver[0] if solver is not None else None
+        self._solver: Any = solver[1] if solver is not None else None  # the solver's variables
         self._fn = arena.make_match(game, forward, search, num_games, player)
         self._opponents = {"random": arena.RANDOM, "previous": arena.PREVIOUS,
                            **({"solver": arena.SOLVER} if solver is not None else {})}
         self._key = jax.random.fold_in(jax.random.key(seed), ARENA_STREAM)
         self._every, self._draws, self._debug = every, can_draw(game), debug
-        self._match = None
+        self._match: Callable[..., Any] | None = None  # compiled in on_start
         self._previous: Any = None
 
     def on_start(self, run: Run) -> None:
@@ -130,12 +133,14 @@ class Arena(RunHook):
         if run.epoch % self._every and run.epoch != run.config.epochs:
             return
         t0 = time.perf_counter()
+        assert self._match is not None
         mine, key = variables_of(run), jax.random.fold_in(self._key, run.epoch)
         for name, opponent in self._opponents.items():
             theirs = self._previous if opponent == arena.PREVIOUS else mine
             for seat, first in (("first", True), ("second", False)):
-                result = arena.outcome(*self._match(mine, theirs, self._solver, np.int32(opponent), np.bool_(first),
-                                                    jax.random.fold_in(key, 2 * opponent + first)), first)
+                winner, length = self._match(mine, theirs, self._solver, np.int32(opponent), np.bool_(first),
+                                             jax.random.fold_in(key, 2 * opponent + first))
+                result = arena.outcome(winner, length, first)
                 record[f"val_win_{name}_{seat}"] = result.win
                 if self._draws:
                     record[f"val_draw_{name}_{seat}"] = result.draw

@@ -16,6 +16,7 @@ import optax
 from flax import nnx
 
 from jaxtrain._src.rl import clique
+from jaxtrain._src.state import split_params
 
 Forward = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]  # (variables, (B, E, 2)) -> logits, value
 
@@ -48,7 +49,7 @@ class PolicyValueMLP(nnx.Module):
 def make_forward(model: nnx.Module) -> tuple[Forward, Any]:
     """`(forward, variables)`: a pure `forward(variables, observation)` of `model` and its current
     variables `(params, model_state)`, split as `TrainState` splits them."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = split_params(model)
 
     def forward(variables: Any, observation: jax.Array) -> tuple[jax.Array, jax.Array]:
         return nnx.merge(graphdef, *variables)(observation)

@@ -107,6 +107,8 @@ class ReplayBuffer:
 class ReplayFeed:
     """The `feeds.Feed` of a `ReplayBuffer`: batches sampled from the device ring inside each call."""
 
+    fingerprint = None  # data made in the run: no training set for a resume to compare
+
     def __init__(self, buffer: ReplayBuffer, config: TrainConfig, data_key: jax.Array, layout: Layout):
         if layout.num_devices > 1:
             raise ConfigError(f"a replay buffer trains on one device but the mesh has {layout.num_devices}; "

@@ -174,12 +174,13 @@ def check_memory() -> Check:
     """Each device's memory where `memory_stats()` reports it; the host's RAM for a CPU device."""
     devices = jax.local_devices()
     stats = [d.memory_stats() if d.platform != "cpu" else None for d in devices]
-    if all(s and s.get("bytes_limit") for s in stats):
-        limits = [int(s["bytes_limit"]) for s in stats]
-        used = [int(s.get("bytes_in_use", 0)) for s in stats]
+    reported = [s for s in stats if s and s.get("bytes_limit")]
+    if len(reported) == len(stats):
+        limits = [int(s["bytes_limit"]) for s in reported]
+        used = [int(s.get("bytes_in_use", 0)) for s in reported]
         each = "each " if len(devices) > 1 else ""
         value = f"{each}{format_bytes(min(limits))} limit, {format_bytes(max(used))} in use"
-        data = {"bytes_limit": limits, "bytes_in_use": used}
+        data: dict[str, Any] = {"bytes_limit": limits, "bytes_in_use": used}
         return Check("device memory", "ok", value, "the limit is what XLA's allocator may take (see "
                      "XLA_PYTHON_CLIENT_MEM_FRACTION)", data)
     total, available = _host_ram()
@@ -281,7 +282,7 @@ def check_dispatch(calls: int = 500, repeats: int = 5) -> Check:
 def check_matmul(n: int = 1024, repeats: int = 5) -> Check:
     """float32 n x n matmul rate at JAX's default precision (GFLOP/s, median)."""
     rate, _, _, _ = matmul_rate(n, jnp.float32, repeats)
-    precision = jax.config.jax_default_matmul_precision or "default"
+    precision = jax.config.values["jax_default_matmul_precision"] or "default"
     value = f"{rate / 1e9:,.1f} GFLOP/s ({n}x{n}, float32)"
     detail = f"matmul precision {precision}"
     if jax.default_backend() == "gpu" and precision == "default":
@@ -339,16 +340,16 @@ def check_cudnn_attention() -> Check:
 
 def check_config() -> Check:
     """The JAX settings and XLA_FLAGS that change speed or numerics, against jaxtrain's assumptions."""
-    config = jax.config
+    config = jax.config.values  # by name: the options are attributes that jax.config makes at runtime
     values = {
-        "jax_enable_x64": bool(config.jax_enable_x64),
-        "jax_default_matmul_precision": config.jax_default_matmul_precision,
-        "jax_compilation_cache_dir": config.jax_compilation_cache_dir,
-        "jax_platforms": config.jax_platforms,
+        "jax_enable_x64": bool(config["jax_enable_x64"]),
+        "jax_default_matmul_precision": config["jax_default_matmul_precision"],
+        "jax_compilation_cache_dir": config["jax_compilation_cache_dir"],
+        "jax_platforms": config["jax_platforms"],
         "XLA_FLAGS": os.environ.get("XLA_FLAGS"),
     }
     if jax.process_count() > 1:
-        values["jax_cpu_collectives_implementation"] = config.jax_cpu_collectives_implementation
+        values["jax_cpu_collectives_implementation"] = config["jax_cpu_collectives_implementation"]
     for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):
         if name in os.environ:
             values[name] = os.environ[name]

@@ -57,4 +57,5 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
         pass  # the time budget ended training mid-epoch; the profile is complete
     finally:
         w.close()
-    return None if hook.profile is None else {**hook.profile, "memory": hook.memory}
+    assert hook.profile is not None  # built at the end of a run that finished or reached the budget
+    return {**hook.profile, "memory": hook.memory}

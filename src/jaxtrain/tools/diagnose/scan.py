@@ -178,7 +178,7 @@ class ScanResult:
             raise ConfigError(f"--fail-on {fail_on!r}: choose one of {', '.join(FAIL_ON)}")
         if fail_on == "never":
             return False
-        worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]  # type: ignore[arg-type]
+        worst = SEVERITIES[: SEVERITIES.index(fail_on) + 1]
         return any(f.severity in worst for f in self.findings)
 
 
@@ -278,7 +278,7 @@ class _Module:
         p = self.parent.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             p = self.parent.get(p)
-        return p if p is not None else self.tree  # type: ignore[return-value]
+        return p if p is not None else self.tree
 
     def function(self, node: ast.AST) -> FunctionNode | None:
         scope = self.scope(node)
@@ -295,7 +295,7 @@ class _Module:
         """The bindings of `name` visible at `at`: the innermost scope that binds it."""
         scope: ast.AST | None = self.scope(at)
         while scope is not None:
-            found = self.bindings.get(scope, {}).get(name)  # type: ignore[call-overload]
+            found = self.bindings.get(scope, {}).get(name)  # type: ignore[call-overload]  # scopes are the keys
             if found:
                 return found
             scope = None if isinstance(scope, ast.Module) else self.scope(scope)
@@ -351,8 +351,8 @@ class _Module:
 
     def jitted_function(self, call: ast.Call) -> ast.AST | None:
         """For a call of a jitted function: what was jitted (a def, or the expression given to jit)."""
-        if self.jit_call(call.func):
-            return call.func.args[0]  # type: ignore[attr-defined]
+        if (jit := self.jit_call(call.func)) is not None:
+            return jit.args[0]
         if not isinstance(call.func, ast.Name):
             return None
         for b in self.resolve(call.func.id, call):
@@ -471,7 +471,8 @@ class _Module:
 
     def loops_of(self, node: ast.AST) -> list[ast.AST]:
         """The loops whose every iteration runs `node`, innermost first, up to its function."""
-        loops, child, p = [], node, self.parent.get(node)
+        loops: list[ast.AST] = []
+        child, p = node, self.parent.get(node)
         while p is not None and not isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             if isinstance(p, (ast.For, ast.AsyncFor)) and child in p.body:
                 loops.append(p)
@@ -508,7 +509,7 @@ class _Module:
         runs once per training step: a step loop's body and the eager helpers it calls (two levels)."""
         seen: set[ast.AST] = set()
         for loop in self.step_loops:
-            body = [n for stmt in loop.body for n in _walk_local(stmt)]  # type: ignore[attr-defined]
+            body = [n for stmt in loop.body for n in _walk_local(stmt)]  # type: ignore[attr-defined]  # for or while
             yield from ((n, loop, None) for n in body)
             frontier = [(n, 0) for n in body if isinstance(n, ast.Call)]
             it = getattr(loop, "iter", None)  # `for batch in data.batches(n)`: its loop around `yield` runs per step
@@ -518,27 +519,28 @@ class _Module:
                 seen.add(d)
                 inner = [n for lp in _walk_local_scope(d) if isinstance(lp, LOOPS) and any(
                     isinstance(y, (ast.Yield, ast.YieldFrom)) for y in _walk_local(lp))
-                    for stmt in lp.body for n in _walk_local(stmt)]  # type: ignore[attr-defined]
-                yield from ((n, loop, it.lineno) for n in inner)  # type: ignore[union-attr]
+                    for stmt in lp.body for n in _walk_local(stmt)]
+                yield from ((n, loop, it.lineno) for n in inner)  # type: ignore[union-attr]  # a call here
                 frontier += [(n, 1) for n in inner if isinstance(n, ast.Call)]
             while frontier:
                 call, depth = frontier.pop()
                 if depth >= 2 or self.periodic(call, loop):
                     continue
-                for d in self.callee_defs(call):  # type: ignore[arg-type]
+                for d in self.callee_defs(call):
                     if d in seen or isinstance(d, ast.Lambda) or self.context[d] == "traced":
                         continue
                     seen.add(d)
-                    inner = [n for stmt in d.body for n in _walk_runs(stmt)]  # type: ignore[union-attr]
-                    yield from ((n, loop, call.lineno) for n in inner)  # type: ignore[attr-defined]
+                    inner = [n for stmt in d.body for n in _walk_runs(stmt)]
+                    yield from ((n, loop, call.lineno) for n in inner)
                     frontier += [(n, depth + 1) for n in inner if isinstance(n, ast.Call)]
 
     def callee_defs(self, call: ast.Call) -> list[FunctionNode]:
         """The functions a call runs: `f(...)` through scopes, `obj.method(...)` when exactly one def of this
         file has that name (a method of a class defined here)."""
         if isinstance(call.func, ast.Attribute):
-            defs = [f for f in self.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and f.name == call.func.attr and isinstance(self.parent.get(f), ast.ClassDef)]
+            defs: list[FunctionNode] = [
+                f for f in self.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and f.name == call.func.attr and isinstance(self.parent.get(f), ast.ClassDef)]
             return defs if len(defs) == 1 else []
         return self.resolve_defs(call.func)
 
@@ -588,8 +590,8 @@ class _Module:
         changed = True
         while changed:
             changed = False
-            for target, value in pairs:
-                new = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} - names
+            for bound, value in pairs:
+                new = {n.id for n in ast.walk(bound) if isinstance(n, ast.Name)} - names
                 if new and self.is_numpy(value, names, scope):
                     names |= new
                     changed = True
@@ -631,8 +633,9 @@ class _Module:
     def finding(self, rule: str, node: ast.AST, message: str, severity: Severity | None = None,
                 confidence: str | None = None) -> Finding:
         r = RULES[rule]
-        return Finding(self.path, node.lineno, node.col_offset + 1, rule, severity or r.severity,  # type: ignore
-                       confidence or r.confidence, message, self.function_name(node))
+        where = node.lineno, node.col_offset + 1  # type: ignore[attr-defined]  # statements and expressions only
+        return Finding(self.path, *where, rule, severity or r.severity, confidence or r.confidence, message,
+                       self.function_name(node))
 
     def snippet(self, node: ast.AST, width: int = 60) -> str:
         return _snippet(node, self.source, width)
@@ -664,7 +667,7 @@ def _walk_local_scope(scope: ast.AST) -> Iterator[ast.AST]:
 
 
 def _loop_line(loop: ast.AST) -> str:
-    return f"loop at line {loop.lineno}"  # type: ignore[attr-defined]
+    return f"loop at line {loop.lineno}"  # type: ignore[attr-defined]  # a statement or a comprehension
 
 
 def _via(line: int | None) -> str:
@@ -730,20 +733,20 @@ def _jit_in_loop(m: _Module) -> Iterator[Finding]:
             continue
         jit = m.jit_call(node)
         loops = [lp for lp in m.loops_of(node) if isinstance(lp, LOOPS)] if jit is not None else []
-        if not loops:
+        if jit is None or not loops:
             continue
         p = m.parent.get(node)
         if isinstance(p, ast.Attribute) and p.attr == "lower":
             continue  # ahead-of-time compilation in a loop: deliberate (one program per shape)
         if isinstance(p, ast.Assign) and not all(isinstance(t, ast.Name) for t in p.targets):
             continue  # stored in a cache or container
-        target = jit.args[0]  # type: ignore[union-attr]
+        target = jit.args[0]
         defs = m.resolve_defs(target)
         new_each_time = isinstance(target, (ast.Lambda, ast.Call)) or any(
             lp in set(_ancestors(m, d)) for d in defs for lp in loops)
         called = isinstance(p, ast.Call) and p.func is node
         if isinstance(p, ast.Assign):
-            name = p.targets[0].id  # type: ignore[attr-defined]
+            name = p.targets[0].id  # type: ignore[attr-defined]  # a Name: others were skipped above
             called = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == name
                          for c in ast.walk(loops[0]))
         code = m.snippet(node)
@@ -840,7 +843,7 @@ def _host_sync(m: _Module) -> Iterator[Finding]:
         if _epoch_loop(m, loop):
             continue  # a read once per epoch costs one stall per epoch: fine
         device = m.device_names(m.scope(loop))
-        for stmt in loop.body:  # type: ignore[attr-defined]
+        for stmt in loop.body:  # type: ignore[attr-defined]  # a step loop: a for or while statement
             for node in _walk_local(stmt):
                 if not isinstance(node, ast.Call) or m.periodic(node, loop):
                     continue
@@ -876,7 +879,7 @@ def _is_sgd_product(m: _Module, node: ast.AST) -> bool:
 def _manual_update(m: _Module) -> Iterator[Finding]:
     reported: set[int] = set()
     for node in ast.walk(m.tree):
-        match = None
+        match: ast.AST | None = None
         if isinstance(node, ast.Call) and m.qualname(node.func) in TREE_MAP and node.args and isinstance(
                 node.args[0], ast.Lambda):
             lam = node.args[0]
@@ -958,7 +961,7 @@ def _per_sample_callee(m: _Module, call: ast.Call) -> bool:
         return kind == "grad"
     if PER_SAMPLE_CALLEE.search((m.qualname(call.func) or "").rsplit(".", 1)[-1]):
         return True
-    return any((m.qualname(n.func) or "").startswith(("jax.", "flax.")) or isinstance(n, ast.MatMult)
+    return any(isinstance(n, ast.MatMult) or (m.qualname(n.func) or "").startswith(("jax.", "flax."))
                for d in m.resolve_defs(call.func) for n in ast.walk(d) if isinstance(n, (ast.Call, ast.MatMult)))
 
 
@@ -1002,8 +1005,8 @@ def _no_donation(m: _Module) -> Iterator[Finding]:
         targets: list[tuple[ast.AST, list[FunctionNode], ast.AST]] = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             targets = [(d, [node], d) for d in node.decorator_list if m.is_jit(d)]
-        elif m.jit_call(node) is not None:
-            targets = [(node, m.resolve_defs(node.args[0]), node)]  # type: ignore[attr-defined]
+        elif (call := m.jit_call(node)) is not None:
+            targets = [(call, m.resolve_defs(call.args[0]), call)]
         for jit, defs, at in targets:
             if m.donates(jit):
                 continue
@@ -1215,7 +1218,7 @@ class _Convs:
 
 def _loop_body(m: _Module, call: ast.Call) -> ast.AST | None:
     """The body function given to `lax.scan` / `fori_loop` / `while_loop`, unless the loop is fully unrolled."""
-    position, keyword = LOOP_BODIES[m.qualname(call.func)]  # type: ignore[index]
+    position, keyword = LOOP_BODIES[m.qualname(call.func)]  # type: ignore[index]  # asked of LOOP_BODIES' calls
     unroll = next((k.value for k in call.keywords if k.arg == "unroll"), None)
     if unroll is not None and not (isinstance(unroll, ast.Constant) and type(unroll.value) is int):
         return None  # unroll=True (straight-line code), or a length the code computes: lean towards silence

@@ -45,8 +45,8 @@ def print_batch_size(result: "BatchSizeResult", console: Console, command: str =
     console.print(f"search ended at {result.stopped_by}; {timed}")
     console.print(f"largest batch that fits and trained: [bold]{result.largest:,}[/bold] (a step needs "
                   f"{format_bytes(largest.memory['peak_bytes'])}{call})")
-    if result.throughput:
-        near = [f"{r.batch_size:,}" for r in result.rows if r.trained and r.batch_size != result.best
+    if result.throughput and best.samples_per_s is not None:  # (the best batch trained)
+        near = [f"{r.batch_size:,}" for r in result.rows if r.samples_per_s is not None and r.batch_size != result.best
                 and r.samples_per_s >= 0.9 * best.samples_per_s]
         close = f"; within 10% of it: {', '.join(near)} (one run each: differences this small may be noise)" \
             if near else ""
@@ -80,11 +80,11 @@ def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
 
     mib = 2**20
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    trained = [r for r in result.rows if r.trained]
-    ax.plot([r.batch_size for r in trained], [r.samples_per_s for r in trained], "o-", color="#4c72b0",
-            label="samples/s")
+    rates = {r.batch_size: r.samples_per_s for r in result.rows if r.samples_per_s is not None}  # the trained
+    ax.plot(list(rates), list(rates.values()), "o-", color="#4c72b0", label="samples/s")
     best = result.row(result.best)
-    ax.plot([best.batch_size], [best.samples_per_s], "*", ms=15, color="#c44e52", label=f"best: {best.batch_size:,}")
+    ax.plot([best.batch_size], [rates[best.batch_size]], "*", ms=15, color="#c44e52",
+            label=f"best: {best.batch_size:,}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_xlabel("batch size")
@@ -101,7 +101,7 @@ def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
     memory.set_ylabel("step memory (MiB)", color="#dd8452")
     memory.set_ylim(bottom=0)
     handles = ax.get_legend_handles_labels()[0] + memory.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    ax.legend(handles=handles, fontsize=8, loc="upper left")  # labelled with their labels
     ax.set_title(f"{result.name} on {result.device}: throughput and memory against batch size", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, Path(out), make_parent=True)  # the default is under runs/, which may not exist yet
