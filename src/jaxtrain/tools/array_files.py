@@ -20,9 +20,8 @@ from typing import Any, Iterable
 import jax
 import numpy as np
 
-from jaxtrain._src.data.sources import hdf5_reason, rows_text
-from jaxtrain._src.errors import ConfigError, DataError
-from jaxtrain._src.safe_files import atomic_write, check_target, refuse_same_file
+from jaxtrain import ConfigError, DataError
+from jaxtrain.engine import atomic_write, check_target, hdf5_reason, refuse_same_file, rows_text
 
 SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
 _KINDS = {"O": "Python objects (pickled data is never loaded)", "U": "strings", "S": "byte strings",
