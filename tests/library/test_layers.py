@@ -2,7 +2,8 @@
 
 Every import statement of the package is read, those inside functions included:
 - the core (`jaxtrain._src`) imports neither the public face nor the tools;
-- the public face (`jaxtrain`, `jaxtrain.data`, ...) imports no tool;
+- the public face (`jaxtrain`, `jaxtrain.data`, ..., `jaxtrain.engine`) imports no tool;
+- the tools import no `jaxtrain._src`: only `jaxtrain`, `jaxtrain.engine` and the public namespaces;
 - no module imports itself back through others (no circle);
 and every call of the builders of a training program is in `_src/program.py`.
 """
@@ -174,3 +175,74 @@ def test_the_layer_check_sees_imports_inside_functions(planted, expected, tmp_pa
     path = tmp_path / "planted.py"
     path.write_text(planted)
     assert any(expected.endswith(i) for i in _imports("jaxtrain._src.planted", path))
+
+
+TOOLS = PACKAGE / "tools"
+# tools/bench/ leaves the package for a root benchmarks/ folder (another branch of issue 60), where a
+# benchmark may measure internals; until it has left, the walk passes over it.
+LEAVING = (TOOLS / "bench",)
+PRIVATE = "jaxtrain._src"
+
+
+def _private(name: str) -> bool:
+    return name == PRIVATE or name.startswith(PRIVATE + ".")
+
+
+def _private_imports(source: str, package: str) -> list[tuple[int, str]]:
+    """`(line, statement)` of each import of `jaxtrain._src` in `source` (a module of `package`),
+    inside functions too: `import jaxtrain._src...`, `from jaxtrain._src... import`, `from jaxtrain
+    import _src`, relative forms of them, and `importlib.import_module("jaxtrain._src...")`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
+        else:
+            continue
+        if any(_private(name) for name in names):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_tools_import_no_private_module():
+    # The tools stand on what users may stand on: `jaxtrain`, `jaxtrain.engine`, `jaxtrain.data`, ...
+    paths = [p for p in sorted(TOOLS.rglob("*.py")) if not any(p.is_relative_to(leaving) for leaving in LEAVING)]
+    assert len(paths) > 20  # the walk sees the tools
+    wrong = [f"{p.relative_to(ROOT)}:{line}: {statement}" for p in paths
+             for line, statement in _private_imports(p.read_text(), ".".join(p.relative_to(ROOT).parent.parts))]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("planted", [
+    "import jaxtrain._src.loop\n",
+    "import jaxtrain._src as core\n",
+    "from jaxtrain._src.loop import run_fit\n",
+    "from jaxtrain._src import loop\n",
+    "from jaxtrain import _src\n",
+    "from jaxtrain import fit, _src as core\n",
+    "def f():\n    from jaxtrain._src.memory import format_bytes\n",
+    "class C:\n    def f(self):\n        import jaxtrain._src\n",
+    "from ... import _src\n",
+    "from ..._src.errors import ConfigError\n",
+    "import importlib\nimportlib.import_module('jaxtrain._src.loop')\n",
+])
+def test_the_private_import_check_sees_each_form(planted):
+    # as if planted in jaxtrain/tools/report/, the last line of each plant is the import
+    assert [line for line, _ in _private_imports(planted, "jaxtrain.tools.report")] == [planted.count("\n")]
+
+
+@pytest.mark.parametrize("clean", [
+    "import jaxtrain\n", "import jaxtrain.engine\n", "from jaxtrain import engine, fit\n",
+    "from jaxtrain.engine import build_program\n", "from jaxtrain.data import HDF5Source\n",
+    "from jaxtrain import data as data_lib\n", "from .. import runs\n", "import jaxtrain._srcs\n",
+])
+def test_the_private_import_check_passes_public_imports(clean):
+    assert _private_imports(clean, "jaxtrain.tools.report") == []
