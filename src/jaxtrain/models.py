@@ -2,10 +2,16 @@
 `GPTConfig`, a GPT's shape, is plain settings that the command line's recipe configs name without
 importing JAX."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxtrain._src import models as _models
 from jaxtrain._src.models import __all__, compiled_init  # noqa: F401
+
+if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` imports the same
+    from jaxtrain._src.models.cnn import CNN, Conv2D, SequenceCNN  # noqa: F401
+    from jaxtrain._src.models.gpt import GPT  # noqa: F401
+    from jaxtrain._src.models.gpt_config import GPTConfig  # noqa: F401
+    from jaxtrain._src.models.mlp import MLP  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
