@@ -6,7 +6,7 @@ Inputs are checked where they enter: never unpickled (`allow_pickle=False`), and
 empty, truncated, not of its format, or holds objects, strings, complex numbers or rows of
 another shape or kind than the model takes is refused in one line saying so. An output file is
 written by plain writes (no memory map: a full disk is an error, not a SIGBUS) through
-`jaxtrain._src.safe_files`: whole or not at all, never through a link, never over an input.
+`jaxtrain.engine.atomic_write`: whole or not at all, never through a link, never over an input.
 """
 
 from __future__ import annotations

@@ -412,7 +412,7 @@ def predict_files(run_dir: str | os.PathLike, input_path: str | os.PathLike, out
 def export_run(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: str = "best",
                platforms: tuple[str, ...] = (), weights: str = "raw") -> str:
     """`jaxtrain export`: a recipe run's checkpoint as a self-contained artifact in `out` (see
-    `jaxtrain._src.export`), its saved preprocessing folded in; returns a one-line account."""
+    `jaxtrain.export`), its saved preprocessing folded in; returns a one-line account."""
     from jaxtrain import export
     from jaxtrain.engine import check_export_directory, check_export_platforms
 

@@ -424,7 +424,7 @@ def failed(checks: list[Check]) -> bool:
 
 
 def record_matmul_rate(checks: list[Check], quick: bool) -> None:
-    """Caches the float32 matmul rate of a full checklist (`jaxtrain._src.machine`), where the
+    """Caches the float32 matmul rate of a full checklist (`jaxtrain.engine.record_matmul_rate`), where the
     end-of-run profile of every later run reads it; a quick run's rougher figure is not kept."""
     found = {c.name: c for c in checks}.get("matmul f32")
     device = jax.local_devices()[0]
