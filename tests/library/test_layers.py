@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -45,11 +46,11 @@ def _layer(module: str) -> str:
     return "face"
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    """The package modules `module` imports anywhere in its source (inside functions too)."""
-    found: set[str] = set()
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+def _import_statements(source: str, package: str) -> Iterator[tuple[ast.AST, list[str]]]:
+    """Each import of `source` (a module of `package`), inside functions too, with the dotted names
+    it may import, relative ones made absolute (`from jaxtrain import _src`: `jaxtrain`,
+    `jaxtrain._src`); `importlib.import_module("...")` of a written-out name counts too."""
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -58,8 +59,19 @@ def _imports(module: str, path: Path) -> set[str]:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
         else:
             continue
+        yield node, names
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The package modules `module` imports anywhere in its source (inside functions too)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for _, names in _import_statements(path.read_text(), package):
         for name in names:
             while name and name not in MODULES:  # a name inside a module: the module
                 name = name.rpartition(".")[0]
@@ -192,24 +204,8 @@ def _private_imports(source: str, package: str) -> list[tuple[int, str]]:
     """`(line, statement)` of each import of `jaxtrain._src` in `source` (a module of `package`),
     inside functions too: `import jaxtrain._src...`, `from jaxtrain._src... import`, `from jaxtrain
     import _src`, relative forms of them, and `importlib.import_module("jaxtrain._src...")`."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
-              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
-            names = [str(node.args[0].value)]
-        else:
-            continue
-        if any(_private(name) for name in names):
-            found.append((node.lineno, ast.unparse(node)))
-    return found
+    return [(node.lineno, ast.unparse(node)) for node, names in _import_statements(source, package)
+            if any(_private(name) for name in names)]
 
 
 def test_the_tools_import_no_private_module():
