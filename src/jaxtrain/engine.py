@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.hooks.base import Run, RunHook
     from jaxtrain._src.hooks.profile import ProfileBudgetReached
     from jaxtrain._src.load import load_with_step, read_config
-    from jaxtrain._src.loop import Session as RunOptions
+    from jaxtrain._src.loop import Session as RunOptions  # loop.py takes both names on another branch
     from jaxtrain._src.loop import run_fit as run
     from jaxtrain._src.machine import matmul_rate, measure_matmul_rate, record_matmul_rate, standard_matmul_size
     from jaxtrain._src.memory import compiled_memory, format_bytes, imports_outside_gc, release_compiled_programs
