@@ -75,7 +75,7 @@ class DataBenchConfig:
 def _child(spec: dict) -> dict:
     """One training run (in a fresh process): samples/s, input wait and peak RSS."""
     from jaxtrain._src.config import CheckpointConfig
-    from jaxtrain._src.loop import Session, run_fit
+    from jaxtrain.engine import RunOptions, run
     from jaxtrain.tools.recipes import get_recipe
     from jaxtrain.tools.recipes.mlp_regression import RegressionDataConfig
 
@@ -84,8 +84,8 @@ def _child(spec: dict) -> dict:
     config = dataclasses.replace(recipe.config, epochs=1, steps_per_epoch=spec["steps"], data=data, quiet=True,
                                  checkpoint=CheckpointConfig(enabled=False))
     w = recipe.build(config)
-    result = run_fit(w.model, w.loss_fn, w.train, None, config, preprocess=w.preprocess,
-                 session=Session(console=Console(quiet=True)))
+    result = run(w.model, w.loss_fn, w.train, None, config, preprocess=w.preprocess,
+                 session=RunOptions(console=Console(quiet=True)))
     record = result.history[-1]
     return {"samples_per_s": result.summary["samples_per_s"], "train_time_s": result.summary["train_time_s"],
             "input_wait_fraction": record.get("input_wait_fraction"),

@@ -262,7 +262,7 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
 
         from jaxtrain._src.compile_cache import cache_totals, enable_compile_cache
         from jaxtrain._src.config import from_dict
-        from jaxtrain._src.loop import Session, run_fit
+        from jaxtrain.engine import RunOptions, run
         from jaxtrain.tools.recipes import get_recipe
 
     cache_dir = enable_compile_cache()  # as the `jaxtrain` command does
@@ -272,9 +272,9 @@ def jaxtrain_child(workload: str, values: dict[str, Any]) -> dict[str, Any]:
     config = from_dict(type(recipe.config), values)
     w = recipe.build(config)
     release_compiled_programs()  # as `runs.train` does
-    result = run_fit(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment,
+    result = run(w.model, w.loss_fn, w.train, w.val, config, preprocess=w.preprocess, augment=w.augment,
                  verbosity="summary",
-                 session=Session(name=recipe.name, saved_config=config, console=Console(file=io.StringIO())))
+                 session=RunOptions(name=recipe.name, saved_config=config, console=Console(file=io.StringIO())))
     s = result.summary
     intervals = []
     for r in result.history:

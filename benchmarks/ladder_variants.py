@@ -248,8 +248,8 @@ def jaxtrain_fit(setup: Setup, steps: int, noise: float) -> Trained:
     from rich.console import Console
 
     from jaxtrain import OptimConfig, TrainConfig, data
-    from jaxtrain._src.loop import Session, run_fit
     from jaxtrain._src.models import MLP
+    from jaxtrain.engine import RunOptions, run
 
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(0))
     for layer, n in zip(model.layers, (1, 2, 3)):
@@ -264,11 +264,11 @@ def jaxtrain_fit(setup: Setup, steps: int, noise: float) -> Trained:
         raise ValueError(f"jaxtrain.fit trains whole epochs: steps={steps} is not a multiple of {spe}")
     optim = OptimConfig(name="sgd", lr=LR)
     config = TrainConfig(epochs=steps // spe, batch_size=setup.batch_size, seed=setup.seed, optim=optim)
-    result = run_fit(
+    result = run(
         model, loss_fn, {"x": setup.x, "y": setup.y}, None, config,
         preprocess=data.normalize("x", setup.mean, setup.std, EPS),
         augment=data.gaussian_noise("x", noise) if noise else None,
-        verbosity="summary", session=Session(console=Console(file=io.StringIO())),
+        verbosity="summary", session=RunOptions(console=Console(file=io.StringIO())),
     )
     params = {}
     for layer, n in zip(model.layers, (1, 2, 3)):

@@ -112,15 +112,15 @@ def _time_hand_written(train, preprocess, config: OverheadConfig, seed: int) -> 
 def _time_fit(train, preprocess, config: OverheadConfig, seed: int) -> tuple[float, int]:
     from flax import nnx
 
-    from jaxtrain._src.loop import Session, run_fit
     from jaxtrain._src.models import MLP
+    from jaxtrain.engine import RunOptions, run
 
     model = MLP((128, 512, 512, 64), rngs=nnx.Rngs(seed))
     optim = OptimConfig(name="adam", lr=1e-3)
     train_config = TrainConfig(epochs=1, batch_size=config.batch_size, seed=seed, optim=optim)
     silent = Console(file=io.StringIO())
-    result = run_fit(model, mse_loss, train, None, train_config, preprocess=preprocess, verbosity="summary",
-                     session=Session(console=silent))
+    result = run(model, mse_loss, train, None, train_config, preprocess=preprocess, verbosity="summary",
+                 session=RunOptions(console=silent))
     return result.history[0]["train_time_s"], result.summary["steps_per_call"]
 
 

@@ -415,14 +415,14 @@ def _trace_hook(warmup: int, calls: int, trace_dir: Path):
 
 def profile_jax(config: ProfileBenchConfig, trace_dir: Path) -> dict[str, Any]:
     """Runs the workload through `fit`, traces `steps / K` calls and returns the per-op rows and totals."""
-    from jaxtrain._src.loop import Session, run_fit
+    from jaxtrain.engine import RunOptions, run
 
     recipe, rconfig = recipe_config(config.workload, config)
     w = recipe.build(rconfig)
     hook = _trace_hook(config.warmup, config.steps // config.steps_per_call, trace_dir)
     try:
-        run_fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess, augment=w.augment,
-            verbosity="silent", session=Session(name=recipe.name))
+        run(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess, augment=w.augment,
+            verbosity="silent", session=RunOptions(name=recipe.name))
     finally:
         hook.stop()  # a run that failed while tracing leaves no trace open
         w.close()

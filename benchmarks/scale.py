@@ -253,8 +253,8 @@ def _train_mesh(recipe: Any, config: Any, mesh: str) -> tuple[dict[str, Any], An
     import numpy as np
 
     from jaxtrain._src.hooks import RunHook
-    from jaxtrain._src.loop import Session, run_fit
     from jaxtrain._src.sharding import shard_bytes, state_bytes_per_device
+    from jaxtrain.engine import RunOptions, run
 
     config = dataclasses.replace(config, mesh=mesh)
     w = recipe.build(config)
@@ -265,9 +265,9 @@ def _train_mesh(recipe: Any, config: Any, mesh: str) -> tuple[dict[str, Any], An
 
     keep_run = KeepRun()
     try:
-        result = run_fit(w.model, w.loss_fn, w.train, w.val, config, hooks=[keep_run],
+        result = run(w.model, w.loss_fn, w.train, w.val, config, hooks=[keep_run],
                      preprocess=w.preprocess, augment=w.augment, verbosity="summary",
-                     session=Session(name=recipe.name, console=Console(file=io.StringIO())))
+                     session=RunOptions(name=recipe.name, console=Console(file=io.StringIO())))
     finally:
         w.close()
     run = seen["run"]

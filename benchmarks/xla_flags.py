@@ -152,7 +152,7 @@ def _timing_hook(skip: int):
 def time_workload(workload: str, calls: int, steps_per_call: int, warmup: int, quick: bool) -> dict[str, Any]:
     """Trains `workload` through `fit` for 1 + warmup + calls compiled calls of K steps; the timed calls' ms/step."""
     from benchmarks.profile import ProfileBenchConfig, recipe_config
-    from jaxtrain._src.loop import Session, run_fit
+    from jaxtrain.engine import RunOptions, run
 
     # recipe_config runs warmup + steps / K calls; the first of ours compiles, so one more warm-up call
     pconfig = ProfileBenchConfig(workload=workload, steps=calls * steps_per_call, steps_per_call=steps_per_call,
@@ -161,8 +161,8 @@ def time_workload(workload: str, calls: int, steps_per_call: int, warmup: int, q
     w = recipe.build(rconfig)
     hook = _timing_hook(skip=1 + warmup)
     try:
-        result = run_fit(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess,
-                         augment=w.augment, verbosity="silent", session=Session(name=recipe.name))
+        result = run(w.model, w.loss_fn, w.train, None, rconfig, hooks=[hook], preprocess=w.preprocess,
+                     augment=w.augment, verbosity="silent", session=RunOptions(name=recipe.name))
     finally:
         w.close()
     ms = [s * 1e3 for s in hook.per_step_s]

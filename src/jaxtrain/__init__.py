@@ -3,8 +3,10 @@
 The public API is what this module lists in `__all__` (docs/api.md says what each name is for),
 with the modules `jaxtrain.data`, `jaxtrain.models`, `jaxtrain.hooks`, `jaxtrain.remat` and
 `jaxtrain.distributed`, and `jaxtrain.rl` (it loads mctx, so it is imported only when used).
-Everything under `jaxtrain._src` is private; the command line, recipes and diagnosis tools are
-under `jaxtrain.tools`, above the library (the benchmarks are the repository's, not installed).
+`jaxtrain.engine` is the public low tier under `fit` (the program builder, a run with a tool's
+options, the checkpointer, ...), imported only when used. Everything under `jaxtrain._src` is
+private; the command line, recipes and diagnosis tools are under `jaxtrain.tools`, above the library
+(the benchmarks are the repository's, not installed).
 
 Each public name is imported on first use (PEP 562 `__getattr__`): `import jaxtrain` alone loads
 no JAX, so that `jaxtrain --help` and `--version` answer at once (JAX, Flax and Optax take about

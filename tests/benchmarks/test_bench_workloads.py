@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from jaxtrain._src.loop import Session, run_fit
+from jaxtrain.engine import RunOptions, run
 
 
 def test_frameworks_batch_rows_follow_fits_order():
@@ -35,8 +35,8 @@ def test_frameworks_batch_rows_follow_fits_order():
     n, B, spe, epochs = 50, 4, 5, 2
     data = {"x": np.arange(n, dtype=np.float32)[:, None], "y": np.zeros((n, 1), np.float32)}
     config = TrainConfig(epochs=epochs, batch_size=B, steps_per_epoch=spe, seed=3, optim=OptimConfig(name="sgd"))
-    run_fit(MLP((1, 2, 1), rngs=nnx.Rngs(0)), loss_fn, data, None, config, verbosity="summary",
-            session=Session(console=Console(file=io.StringIO())))
+    run(MLP((1, 2, 1), rngs=nnx.Rngs(0)), loss_fn, data, None, config, verbosity="summary",
+        session=RunOptions(console=Console(file=io.StringIO())))
     np.testing.assert_array_equal(np.stack(seen), batch_rows(3, n, B, spe, epochs))
 
 

@@ -3,8 +3,9 @@
 Every import statement of the package and of the repository's benchmarks/ is read, those inside
 functions included:
 - the core (`jaxtrain._src`) imports neither the public face nor the tools;
-- the public face (`jaxtrain`, `jaxtrain.data`, ...) imports no tool;
+- the public face (`jaxtrain`, `jaxtrain.data`, ..., `jaxtrain.engine`) imports no tool;
 - nothing in the package imports a benchmark (`benchmarks`, at the top, is not installed);
+- the tools import no `jaxtrain._src`: only `jaxtrain`, `jaxtrain.engine` and the public namespaces;
 - no module imports itself back through others (no circle);
 and every call of the builders of a training program is in `_src/program.py`.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -51,11 +53,11 @@ def _layer(module: str) -> str:
     return "face"
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    """The package modules `module` imports anywhere in its source (inside functions too)."""
-    found: set[str] = set()
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+def _import_statements(source: str, package: str) -> Iterator[tuple[ast.AST, list[str]]]:
+    """Each import of `source` (a module of `package`), inside functions too, with the dotted names
+    it may import, relative ones made absolute (`from jaxtrain import _src`: `jaxtrain`,
+    `jaxtrain._src`); `importlib.import_module("...")` of a written-out name counts too."""
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -64,8 +66,19 @@ def _imports(module: str, path: Path) -> set[str]:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
         else:
             continue
+        yield node, names
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The package modules `module` imports anywhere in its source (inside functions too)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for _, names in _import_statements(path.read_text(), package):
         for name in names:
             while name and name not in MODULES:  # a name inside a module: the module
                 name = name.rpartition(".")[0]
@@ -74,7 +87,11 @@ def _imports(module: str, path: Path) -> set[str]:
     return found
 
 
-GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+# `jaxtrain bench` (tools/cli.py: `_benchmarks`) loads the checkout's benchmarks/ by name when there is one,
+# and says in one line that there is none where jaxtrain is installed: the one way in from below, and the
+# only edge the graph leaves out.
+BENCH_DISPATCH = ("jaxtrain.tools.cli", "benchmarks")
+GRAPH = {m: _imports(m, p) - ({BENCH_DISPATCH[1]} if m == BENCH_DISPATCH[0] else set()) for m, p in MODULES.items()}
 ORDER = {"core": 0, "face": 1, "tools": 2, "benchmarks": 3}
 
 
@@ -203,3 +220,55 @@ def test_a_run_is_assembled_in_one_place():
             for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             and node.func.id in kinds]
     assert made == [] and "_MemberRun" in kinds
+
+
+TOOLS = PACKAGE / "tools"
+PRIVATE = "jaxtrain._src"
+
+
+def _private(name: str) -> bool:
+    return name == PRIVATE or name.startswith(PRIVATE + ".")
+
+
+def _private_imports(source: str, package: str) -> list[tuple[int, str]]:
+    """`(line, statement)` of each import of `jaxtrain._src` in `source` (a module of `package`),
+    inside functions too: `import jaxtrain._src...`, `from jaxtrain._src... import`, `from jaxtrain
+    import _src`, relative forms of them, and `importlib.import_module("jaxtrain._src...")`."""
+    return [(node.lineno, ast.unparse(node)) for node, names in _import_statements(source, package)
+            if any(_private(name) for name in names)]
+
+
+def test_the_tools_import_no_private_module():
+    # The tools stand on what users may stand on: `jaxtrain`, `jaxtrain.engine`, `jaxtrain.data`, ...
+    paths = sorted(TOOLS.rglob("*.py"))
+    assert len(paths) > 20  # the walk sees the tools
+    wrong = [f"{p.relative_to(ROOT)}:{line}: {statement}" for p in paths
+             for line, statement in _private_imports(p.read_text(), ".".join(p.relative_to(ROOT).parent.parts))]
+    assert wrong == []
+
+
+@pytest.mark.parametrize("planted", [
+    "import jaxtrain._src.loop\n",
+    "import jaxtrain._src as core\n",
+    "from jaxtrain._src.loop import run\n",
+    "from jaxtrain._src import loop\n",
+    "from jaxtrain import _src\n",
+    "from jaxtrain import fit, _src as core\n",
+    "def f():\n    from jaxtrain._src.memory import format_bytes\n",
+    "class C:\n    def f(self):\n        import jaxtrain._src\n",
+    "from ... import _src\n",
+    "from ..._src.errors import ConfigError\n",
+    "import importlib\nimportlib.import_module('jaxtrain._src.loop')\n",
+])
+def test_the_private_import_check_sees_each_form(planted):
+    # as if planted in jaxtrain/tools/report/, the last line of each plant is the import
+    assert [line for line, _ in _private_imports(planted, "jaxtrain.tools.report")] == [planted.count("\n")]
+
+
+@pytest.mark.parametrize("clean", [
+    "import jaxtrain\n", "import jaxtrain.engine\n", "from jaxtrain import engine, fit\n",
+    "from jaxtrain.engine import build_program\n", "from jaxtrain.data import HDF5Source\n",
+    "from jaxtrain import data as data_lib\n", "from .. import runs\n", "import jaxtrain._srcs\n",
+])
+def test_the_private_import_check_passes_public_imports(clean):
+    assert _private_imports(clean, "jaxtrain.tools.report") == []

@@ -105,6 +105,7 @@ def test_cli_table_and_a_bad_option(capsys):
 @on_cpu
 def test_gpu_checks_judge_results_when_the_backend_says_gpu(monkeypatch):
     """The GPU-only checks' logic, run on a CPU that claims to be a GPU (no GPU in CI)."""
+    from jaxtrain import engine
     from jaxtrain._src.models import attention
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -112,10 +113,10 @@ def test_gpu_checks_judge_results_when_the_backend_says_gpu(monkeypatch):
     bf16 = doctor.check_bf16_matmul(n=128, repeats=1)
     assert bf16.status == "ok" and bf16.data["relative_error"] < doctor.BF16_TOLERANCE
     assert doctor.check_cudnn_attention().status == "warn"  # no cuDNN on a CPU: the XLA fallback is named
-    monkeypatch.setattr(attention, "cudnn", attention.xla)  # a working fused path: compared with float32
+    monkeypatch.setattr(engine, "cudnn_attention", attention.xla)  # a working fused path: compared with float32
     check = doctor.check_cudnn_attention()
     assert check.status == "ok" and check.data["max_abs_diff"] < doctor.ATTENTION_TOLERANCE
-    monkeypatch.setattr(attention, "cudnn", lambda q, k, v: attention.xla(q, k, v) * 1.5)  # a wrong kernel
+    monkeypatch.setattr(engine, "cudnn_attention", lambda q, k, v: attention.xla(q, k, v) * 1.5)  # a wrong kernel
     assert doctor.check_cudnn_attention().status == "fail"
 
 

@@ -119,7 +119,7 @@ def test_a_trial_out_of_memory_steps_down(mlp_regression, monkeypatch, throughpu
     _, config, workload = mlp_regression
     tried = []
 
-    def fit_or_oom(model, loss_fn, train, val, config, *, hooks, **kwargs):  # run_fit's signature
+    def fit_or_oom(model, loss_fn, train, val, config, *, hooks, **kwargs):  # jaxtrain.engine.run's signature
         tried.append(config.batch_size)
         if config.batch_size >= 4:
             raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.0GiB")
@@ -130,7 +130,7 @@ def test_a_trial_out_of_memory_steps_down(mlp_regression, monkeypatch, throughpu
         timer.on_epoch_end(None, {})
         return types.SimpleNamespace(summary={"final_train_loss": 0.5, "compiled_memory": None})
 
-    monkeypatch.setattr(tune, "run_fit", fit_or_oom)
+    monkeypatch.setattr(tune, "run", fit_or_oom)
     result = tune.batch_size(workload, config, 1.0, max_batch=8, throughput=throughput)
     assert result.largest == 2 and result.stopped_by == "max_batch=8"
     assert result.row(4).failure == "out of memory" and result.row(4).fits  # it fit the cap, not the device

@@ -221,8 +221,3 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
         raise ConfigError(f"track={config.track!r} needs a run directory (run_dir=...): the trackers upload its "
                           "files and keep the tracked run's id there")
     check_path_length(run_dir, "run_dir")
-
-
-# TODO(merge): the tools' old names; removed once they import jaxtrain.engine
-Session = RunOptions
-run_fit = run

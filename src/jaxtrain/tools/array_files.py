@@ -6,7 +6,7 @@ Inputs are checked where they enter: never unpickled (`allow_pickle=False`), and
 empty, truncated, not of its format, or holds objects, strings, complex numbers or rows of
 another shape or kind than the model takes is refused in one line saying so. An output file is
 written by plain writes (no memory map: a full disk is an error, not a SIGBUS) through
-`jaxtrain._src.safe_files`: whole or not at all, never through a link, never over an input.
+`jaxtrain.engine.atomic_write`: whole or not at all, never through a link, never over an input.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from typing import Any, Iterable
 import jax
 import numpy as np
 
-from jaxtrain._src.data.sources import hdf5_reason, rows_text
-from jaxtrain._src.errors import ConfigError, DataError
-from jaxtrain._src.safe_files import atomic_write, check_target, refuse_same_file
+from jaxtrain import ConfigError, DataError
+from jaxtrain.engine import atomic_write, check_target, hdf5_reason, refuse_same_file, rows_text
 
 SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
 _KINDS = {"O": "Python objects (pickled data is never loaded)", "U": "strings", "S": "byte strings",

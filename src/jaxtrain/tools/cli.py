@@ -17,9 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from jaxtrain import __version__
-from jaxtrain._src.errors import ConfigError, JaxtrainError, rendering
-from jaxtrain._src.safe_files import remove_partials
+from jaxtrain import ConfigError, JaxtrainError, __version__
+from jaxtrain.engine import remove_partials, rendering
 
 USAGE = """usage: jaxtrain COMMAND ...
 
@@ -355,7 +354,7 @@ def _export(args: Sequence[str]) -> int:
 
 
 def _plot(args: Sequence[str]) -> int:
-    from jaxtrain._src.report import plot_run
+    from jaxtrain.engine import plot_run
 
     rest = list(args)
     _, out = _pop_option(rest, "--out")
@@ -702,8 +701,7 @@ def _profile(args: Sequence[str]) -> int:
         raise ConfigError(f"missing recipe; {PROFILE_USAGE} (see `jaxtrain recipes`)")
     from rich.console import Console
 
-    from jaxtrain._src.report.memory_report import memory_lines
-    from jaxtrain._src.report.profile_report import profile_lines
+    from jaxtrain.engine import memory_lines, profile_lines
     from jaxtrain.tools.recipes import get_recipe
 
     recipe = get_recipe(args[0])
@@ -731,7 +729,7 @@ def _profile(args: Sequence[str]) -> int:
 def _summary(args: Sequence[str]) -> int:
     import json
 
-    from jaxtrain._src.report.model_summary import summary_lines
+    from jaxtrain.engine import summary_lines
     from jaxtrain.tools import runs
     from jaxtrain.tools.recipes import get_recipe
 
@@ -805,17 +803,18 @@ def _data_generate(args: Sequence[str]) -> int:
     prog = "jaxtrain data generate WORKLOAD OUT.h5"
     positional = [a for a in args[:2] if not a.startswith("-")]
     if len(positional) < 2 and not ("-h" in args or "--help" in args):
-        from jaxtrain._src.data.generate import WORKLOADS
+        from jaxtrain.engine import WORKLOADS
 
         raise ConfigError(f"usage: {prog} --samples N [OPTIONS]; WORKLOAD is one of: {', '.join(WORKLOADS)}")
     o = parse_config(GenerateOptions, None, list(args[len(positional):]), prog)  # --help exits here, before JAX
     from rich.console import Console
 
-    from jaxtrain._src.data.generate import check_arguments, generate_dataset
+    from jaxtrain.data import generate_dataset
+    from jaxtrain.engine import check_generate_arguments
     from jaxtrain.tools.report.data_report import print_generated, row_progress
 
     workload, out = positional
-    check_arguments(workload, out, o.samples, o.seq_len, o.chunk_rows, o.compression, o.seed, o.force)
+    check_generate_arguments(workload, out, o.samples, o.seq_len, o.chunk_rows, o.compression, o.seed, o.force)
     console = Console()
     with row_progress(workload, o.samples, console, quiet=o.quiet) as on_rows:
         result = generate_dataset(workload, out, o.samples, seq_len=o.seq_len, chunk_rows=o.chunk_rows,
@@ -845,7 +844,7 @@ def _data_inspect(args: Sequence[str]) -> int:
 
     from rich.console import Console
 
-    from jaxtrain._src.data.inspect import inspect_file
+    from jaxtrain.data import inspect_file
     from jaxtrain.tools.peak_memory import peak_rss_bytes
     from jaxtrain.tools.report.data_report import print_inspection
 
@@ -924,8 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sweep": lambda: _sweep(rest),
                 "profile": lambda: _profile(rest)}
     if _compiles(command, rest):
-        from jaxtrain._src.compile_cache import enable_compile_cache
-        from jaxtrain._src.memory import limit_free_heap
+        from jaxtrain import enable_compile_cache, limit_free_heap
 
         enable_compile_cache()  # programs compiled by an earlier run load from disk (JAXTRAIN_COMPILE_CACHE=off)
         limit_free_heap()  # the C heap's free memory given back, not kept by XLA's threads (JAXTRAIN_HEAP=off)
@@ -998,11 +996,11 @@ def entry_point() -> None:
 
     try:
         if sys.argv[1:2] and _compiles(sys.argv[1], sys.argv[2:]):
-            from jaxtrain._src.memory import imports_outside_gc
+            from jaxtrain.engine import imports_outside_gc
 
             previous = signal.signal(signal.SIGINT, interrupt)
             with imports_outside_gc():
-                import jaxtrain._src.loop  # noqa: F401 - JAX, Flax, Optax, jaxtrain: every compiling command's
+                from jaxtrain.engine import run  # noqa: F401 - the loop's module: JAX, Flax, Optax, jaxtrain
             signal.signal(signal.SIGINT, previous)
         code = main()
     except (KeyboardInterrupt, ImportError) as e:  # before `main` took over (it says the same); nothing written yet

@@ -60,12 +60,8 @@ from typing import Any, Callable, Iterator, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain import Hook, TrainingStopped
-from jaxtrain._src.config import MAX_SEED, flat_dict, to_dict
-from jaxtrain._src.errors import ConfigError, JaxtrainError, NonFiniteLossError, argument, setting
-from jaxtrain._src.memory import format_bytes
-from jaxtrain._src.report.run_dir import refuse_links
-from jaxtrain._src.run_guard import lock_directory
+from jaxtrain import ConfigError, Hook, JaxtrainError, NonFiniteLossError, TrainingStopped
+from jaxtrain.engine import MAX_SEED, argument, flat_dict, format_bytes, lock_directory, refuse_links, setting, to_dict
 from jaxtrain.tools.recipes.base import Recipe
 
 __all__ = ["Space", "SweepStopped", "apply_values", "load_study", "parse_space", "print_report", "print_result",
@@ -438,7 +434,7 @@ def _check_population(recipe: Recipe, config: Any, population: int) -> None:
         return
     import jax
 
-    from jaxtrain._src.sharding import make_layout
+    from jaxtrain.engine import make_layout
     from jaxtrain.tools.tune import _device_memory, _StepMemory
 
     w = recipe.build(config)

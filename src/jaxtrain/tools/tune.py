@@ -36,17 +36,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxtrain import Hook
-from jaxtrain._src import data as data_lib
-from jaxtrain._src.checks import abstract_batch
-from jaxtrain._src.config import TrainConfig
-from jaxtrain._src.errors import ConfigError, NonFiniteLossError
-from jaxtrain._src.feeds import budget_bytes
-from jaxtrain._src.loop import Session, run_fit
-from jaxtrain._src.memory import compiled_memory, format_bytes
-from jaxtrain._src.program import build_program
-from jaxtrain._src.report import device_description
-from jaxtrain._src.sharding import Layout, make_layout
+from jaxtrain import ConfigError, Hook, NonFiniteLossError, TrainConfig
+from jaxtrain import data as data_lib
+from jaxtrain.engine import (
+    Layout,
+    RunOptions,
+    abstract_batch,
+    budget_bytes,
+    build_program,
+    compiled_memory,
+    device_description,
+    format_bytes,
+    make_layout,
+    run,
+)
 from jaxtrain.tools.recipes.base import Recipe, Workload
 
 __all__ = ["BatchSizeResult", "BatchTrial", "LRRange", "analyse_lr_range", "batch_size", "format_lr", "lr_range",
@@ -451,9 +454,9 @@ class _Trainer:
         timer = _CallTimer()
         nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
         try:
-            out = run_fit(self._w.model, self._w.loss_fn, self._w.train, None, config, hooks=[timer],
+            out = run(self._w.model, self._w.loss_fn, self._w.train, None, config, hooks=[timer],
                       preprocess=self._w.preprocess, augment=self._w.augment, verbosity="silent",
-                          session=Session(name=self._name))
+                          session=RunOptions(name=self._name))
         except NonFiniteLossError:
             return dataclasses.replace(row, failure="loss not finite")
         except Exception as e:
@@ -628,14 +631,14 @@ def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 
     per_epoch = min(steps, data_lib.num_rows(w.train, "train") // config.samples_per_step)  # epochs of fresh orders
     if per_epoch < 1:
         raise ConfigError(f"the training set has fewer samples than one step of {config.samples_per_step}")
-    run = dataclasses.replace(
+    range_config = dataclasses.replace(
         config, optim=optim, epochs=math.ceil(steps / per_epoch), steps_per_epoch=per_epoch,
         steps_per_call=math.gcd(per_epoch, steps_per_call),
         on_nan="skip", log_every=10**9, tensorboard=False, ema=0.0, track="",
         checkpoint=dataclasses.replace(config.checkpoint, enabled=False),
         early_stopping=dataclasses.replace(config.early_stopping, patience=0))
     losses = _Losses()
-    run_fit(w.model, w.loss_fn, w.train, None, run, hooks=[losses], preprocess=w.preprocess, augment=w.augment,
-            verbosity="silent", session=Session(name=recipe.name))
+    run(w.model, w.loss_fn, w.train, None, range_config, hooks=[losses], preprocess=w.preprocess, augment=w.augment,
+        verbosity="silent", session=RunOptions(name=recipe.name))
     schedule = min_lr * (max_lr / min_lr) ** (jnp.arange(steps) / (steps - 1))
     return analyse_lr_range([float(x) for x in schedule], losses.losses[:steps])

@@ -30,9 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain._src import machine
-from jaxtrain._src.machine import matmul_rate
-from jaxtrain._src.memory import format_bytes
+from jaxtrain import engine
+from jaxtrain.engine import format_bytes, matmul_rate
 
 Status = Literal["ok", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
@@ -311,23 +310,23 @@ def check_bf16_matmul(n: int = 4096, repeats: int = 5) -> Check:
 
 def check_cudnn_attention() -> Check:
     """On a GPU: cuDNN's fused attention in bf16 runs and agrees with float32 attention."""
-    from jaxtrain._src.models import attention
+    from jaxtrain.engine import attention_path, cudnn_attention, heads_major_attention
 
     backend = jax.default_backend()
     if backend != "gpu":
         return Check("cudnn attention", "skip", f"n/a on {backend}", "causal attention takes the "
-                     f"{attention.choose_path(jnp.bfloat16)} path here")
+                     f"{attention_path(jnp.bfloat16)} path here")
     B, T, nh, hs = ATTENTION_SHAPE
     q, k, v = (jax.random.normal(key, (B, T, nh, hs), jnp.float32) for key in jax.random.split(jax.random.key(0), 3))
     try:
-        got = jax.jit(attention.cudnn)(*(a.astype(jnp.bfloat16) for a in (q, k, v)))  # (B, T, nh, hs) bf16
+        got = jax.jit(cudnn_attention)(*(a.astype(jnp.bfloat16) for a in (q, k, v)))  # (B, T, nh, hs) bf16
         got = np.asarray(got.astype(jnp.float32))
     except (NotImplementedError, RuntimeError, ValueError) as e:  # cuDNN missing, too old, or shapes refused
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160].rstrip(".")
         return Check("cudnn attention", "warn", "unavailable", f"{reason}; causal attention falls back to XLA's "
                      "(slower, memory quadratic in T): install cuDNN >= 9 (pip install -U \"jax[cuda12]\")")
     rounded = [a.astype(jnp.bfloat16).astype(jnp.float32) for a in (q, k, v)]
-    reference = np.asarray(jax.jit(attention.heads_major)(*rounded))
+    reference = np.asarray(jax.jit(heads_major_attention)(*rounded))
     error = float(np.max(np.abs(got - reference)))
     value = f"runs; max |diff| vs float32 {error:.1e} (B={B}, T={T}, nh={nh}, hs={hs})"
     data = {"max_abs_diff": error, "tolerance": ATTENTION_TOLERANCE}
@@ -371,7 +370,8 @@ def check_config() -> Check:
         return Check("jax config", "warn", value, "; ".join(warnings), values)
     detail = "jaxtrain sets none of these (only a multi-process job: gloo CPU collectives)"
     if not cache:
-        from jaxtrain._src.compile_cache import ENV, command_cache_dir
+        from jaxtrain.engine import COMPILE_CACHE_ENV as ENV
+        from jaxtrain.engine import command_cache_dir
 
         kept = command_cache_dir()
         detail += (f"; the jaxtrain command keeps compiled programs in {kept} ({ENV}=off: none), your own "
@@ -425,10 +425,10 @@ def failed(checks: list[Check]) -> bool:
 
 
 def record_matmul_rate(checks: list[Check], quick: bool) -> None:
-    """Caches the float32 matmul rate of a full checklist (`jaxtrain._src.machine`), where the
+    """Caches the float32 matmul rate of a full checklist (`jaxtrain.engine.record_matmul_rate`), where the
     end-of-run profile of every later run reads it; a quick run's rougher figure is not kept."""
     found = {c.name: c for c in checks}.get("matmul f32")
     device = jax.local_devices()[0]
-    if quick or found is None or found.status != "ok" or found.data.get("n") != machine.standard_matmul_size(device):
+    if quick or found is None or found.status != "ok" or found.data.get("n") != engine.standard_matmul_size(device):
         return
-    machine.record_matmul_rate(device, found.data["gflop_s"] * 1e9, found.data["n"])
+    engine.record_matmul_rate(device, found.data["gflop_s"] * 1e9, found.data["n"])

@@ -14,7 +14,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain import ConfigError
 
 if TYPE_CHECKING:
     from jaxtrain.tools.recipes.base import Recipe, RecipeConfig
@@ -33,9 +33,9 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
     Raises:
       ConfigError: `seconds` is not positive.
     """
-    from jaxtrain._src import distributed
-    from jaxtrain._src.hooks.profile import ProfileBudgetReached, ProfileHook
-    from jaxtrain._src.loop import Session, run_fit
+    from jaxtrain import distributed
+    from jaxtrain.engine import ProfileBudgetReached, RunOptions, run
+    from jaxtrain.hooks import ProfileHook
 
     if not seconds > 0:
         raise ConfigError(f"--seconds {seconds:g} must be > 0")
@@ -46,13 +46,13 @@ def profile_recipe(recipe: "Recipe", config: "RecipeConfig", seconds: float = DE
     w = recipe.build(config)
     import jax
 
-    from jaxtrain._src.machine import measure_matmul_rate
+    from jaxtrain.engine import measure_matmul_rate
 
     peak = measure_matmul_rate(jax.local_devices()[0])  # recorded too: later runs' profiles read it
     hook = ProfileHook(budget_s=seconds, trace_dir=trace_dir, peak_flop_s=peak)
     try:
-        run_fit(w.model, w.loss_fn, w.train, None, config, hooks=[hook, *w.hooks], preprocess=w.preprocess,
-            augment=w.augment, verbosity="silent", session=Session(name=recipe.name))
+        run(w.model, w.loss_fn, w.train, None, config, hooks=[hook, *w.hooks], preprocess=w.preprocess,
+            augment=w.augment, verbosity="silent", session=RunOptions(name=recipe.name))
     except ProfileBudgetReached:
         pass  # the time budget ended training mid-epoch; the profile is complete
     finally:

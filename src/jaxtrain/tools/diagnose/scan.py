@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal, Sequence
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain import ConfigError
 
 Severity = Literal["high", "medium", "low"]
 SEVERITIES: tuple[Severity, ...] = ("high", "medium", "low")
@@ -80,7 +80,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "NumPy runs on the host, one op at a time, between device steps: the step cannot start until it is "
          "done and its result copied over.",
          "Do the preprocessing in JAX inside the compiled step: `jaxtrain.fit(..., preprocess="
-         "jaxtrain._src.data.normalize(...), augment=jaxtrain.data.gaussian_noise(...))` traces it into the step, "
+         "jaxtrain.data.normalize(...), augment=jaxtrain.data.gaussian_noise(...))` traces it into the step, "
          "with randomness from keys.",
          "1.1-1.5x per step; more on GPU, where the device waits for the host", "medium"),
     Rule("host-sync", "medium", "device value read back on the host every step",

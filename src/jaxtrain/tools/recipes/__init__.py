@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jaxtrain._src.errors import ConfigError
+from jaxtrain import ConfigError
 
 if TYPE_CHECKING:
     from jaxtrain.tools.recipes.base import Recipe, RecipeConfig

@@ -18,8 +18,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
-from jaxtrain._src.config import CheckpointConfig, OptimConfig
-from jaxtrain._src.errors import ConfigError
+from jaxtrain import CheckpointConfig, ConfigError, OptimConfig
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
 
 if TYPE_CHECKING:  # JAX is imported by the functions that use it: the config and --help need none
@@ -101,11 +100,10 @@ class AlphaZeroConfig(RecipeConfig):
 
 
 def build_model(config: AlphaZeroConfig, info: dict | None = None) -> nnx.Module:
-    from jaxtrain._src.models import compiled_init
-    from jaxtrain._src.rl import clique
-    from jaxtrain._src.rl.network import PolicyValueMLP
+    from jaxtrain.models import compiled_init
+    from jaxtrain.rl import Game, PolicyValueMLP
 
-    game = clique.Game(config.vertices, config.k)
+    game = Game(config.vertices, config.k)
     return compiled_init(lambda rngs: PolicyValueMLP(game.num_edges, config.width, config.depth, rngs=rngs),
                          config.seed)
 
@@ -114,19 +112,24 @@ def solver_for(game: Any) -> Any:
     """The exact solver as an arena opponent `(player, variables)`, or None when the game is too big."""
     if game.num_edges > MAX_SOLVED_EDGES:
         return None
-    from jaxtrain._src.rl import solver
+    from jaxtrain.engine import solver_player
 
-    return solver.solver_player(game)
+    return solver_player(game)
 
 
 def build(config: AlphaZeroConfig) -> Workload:
-    from jaxtrain._src.rl import clique
-    from jaxtrain._src.rl.hooks import Arena, SelfPlay
-    from jaxtrain._src.rl.network import alphazero_loss, make_forward, make_symmetry_augment
-    from jaxtrain._src.rl.replay import ReplayBuffer
-    from jaxtrain._src.rl.search import SearchConfig
+    from jaxtrain.rl import (
+        Arena,
+        Game,
+        ReplayBuffer,
+        SearchConfig,
+        SelfPlay,
+        alphazero_loss,
+        make_forward,
+        make_symmetry_augment,
+    )
 
-    game = clique.Game(config.vertices, config.k)
+    game = Game(config.vertices, config.k)
     model = build_model(config)
     forward, _ = make_forward(model)
     search = SearchConfig(simulations=config.simulations, policy=config.policy)

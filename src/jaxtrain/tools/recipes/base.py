@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from jaxtrain._src.config import DistConfig, TrainConfig
-from jaxtrain._src.errors import DataError
+from jaxtrain import DataError, DistConfig, TrainConfig
 
 if TYPE_CHECKING:  # the configs import no JAX: `jaxtrain train RECIPE --help` reads them alone
     from flax import nnx
 
-    from jaxtrain._src.step import Augment, LossFn, Preprocess
+    from jaxtrain.engine import Augment, LossFn, Preprocess
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,9 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable
 
-from jaxtrain._src.config import DataConfig, OptimConfig
-from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.models.gpt_config import GPTConfig
+from jaxtrain import ConfigError, DataConfig, OptimConfig
+from jaxtrain.models import GPTConfig
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
 
 if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: the configs and --help need none
@@ -31,8 +30,8 @@ if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: 
     import numpy as np
     from flax import nnx
 
-    from jaxtrain._src.data.datasets import CharTokenizer
-    from jaxtrain._src.models.gpt import GPT
+    from jaxtrain.data import CharTokenizer
+    from jaxtrain.models import GPT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +109,7 @@ are gathered from the text in the step: stored whole they would take 1 GB at thi
 def text_ids(config: CharGPTConfig) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
     """(train ids, validation ids, tokenizer): the first 90% of the text and the rest, cut to
     `data.limit` characters in the same proportion when it is set."""
-    from jaxtrain._src.data.datasets import load_tinyshakespeare
+    from jaxtrain.data import load_tinyshakespeare
 
     train_ids, val_ids, tokenizer = load_tinyshakespeare()
     if config.data.limit:
@@ -173,7 +172,7 @@ def build(config: CharGPTConfig) -> Workload:
 def _starts(positions: np.ndarray) -> np.ndarray:
     import numpy as np
 
-    from jaxtrain._src.data.arrays import aligned_empty
+    from jaxtrain.data import aligned_empty
 
     out = aligned_empty(positions.shape, np.int32)  # on a CPU, the device uses it in place: no second copy
     out[...] = positions
@@ -183,7 +182,7 @@ def _starts(positions: np.ndarray) -> np.ndarray:
 def build_model(config: CharGPTConfig, info: dict) -> GPT:
     from flax import nnx
 
-    from jaxtrain._src.models.gpt import GPT
+    from jaxtrain.models import GPT
 
     return GPT(len(info["vocabulary"]), config.model, remat=config.remat, rngs=nnx.Rngs(config.seed))
 

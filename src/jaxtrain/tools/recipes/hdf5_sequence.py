@@ -15,16 +15,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
-from jaxtrain._src.config import DataConfig, OptimConfig
-from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain import ConfigError, DataConfig, DataError, OptimConfig
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload, split_rows
 
 if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: the configs and --help need none
     import jax
     from flax import nnx
 
-    from jaxtrain._src.data.sources import HDF5Source
-    from jaxtrain._src.models import SequenceCNN
+    from jaxtrain.data import HDF5Source
+    from jaxtrain.models import SequenceCNN
 
 Task = Literal["regression", "classification"]
 
@@ -97,7 +96,7 @@ def classification_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax
 
 
 def build(config: HDF5SequenceConfig) -> Workload:
-    from jaxtrain._src.data.sources import HDF5Source
+    from jaxtrain.data import HDF5Source
 
     d = config.data
     if not d.path:
@@ -171,7 +170,7 @@ class InRange:
 
 
 def build_model(config: HDF5SequenceConfig, info: dict) -> SequenceCNN:
-    from jaxtrain._src.models import SequenceCNN, compiled_init
+    from jaxtrain.models import SequenceCNN, compiled_init
 
     m = config.model
     return compiled_init(lambda rngs: SequenceCNN(info["vocab"], info["outputs"], embed=m.embed, channels=m.channels,

@@ -17,8 +17,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from jaxtrain._src.config import DataConfig
-from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain import ConfigError, DataConfig, DataError
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload, split_rows
 
 if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: the configs and --help need none
@@ -26,7 +25,7 @@ if TYPE_CHECKING:  # JAX and NumPy are imported by the functions that use them: 
     import numpy as np
     from flax import nnx
 
-    from jaxtrain._src.models import MLP
+    from jaxtrain.models import MLP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +101,7 @@ def make_data(config: RegressionDataConfig) -> tuple[dict[str, np.ndarray], dict
     Rows 0..N-1 of `jaxtrain.data.synthetic.regression_rows`: with the default sizes, the rows of
     `jaxtrain data generate mlp-regression OUT.h5 --samples N --seed SEED`; the last val_samples validate.
     """
-    from jaxtrain._src.data.synthetic import regression_rows
+    from jaxtrain.engine import regression_rows
 
     rows = regression_rows(config.seed, 0, config.samples, features=config.features, targets=config.targets,
                            teacher_width=config.teacher_width, label_noise=config.label_noise)
@@ -128,8 +127,7 @@ def open_hdf5(config: RegressionDataConfig) -> tuple[Any, Any, np.ndarray, np.nd
     the .npy shards in `config.npy`."""
     import numpy as np
 
-    from jaxtrain._src.data.adapters import NpySource
-    from jaxtrain._src.data.sources import HDF5Source
+    from jaxtrain.data import HDF5Source, NpySource
 
     val_rows = config.val_samples
     if config.path and config.npy:
@@ -171,7 +169,7 @@ def host_memory_bytes() -> int:
 
 
 def _check_fits(what: str, nbytes: int, advice: str) -> None:
-    from jaxtrain._src.memory import format_bytes
+    from jaxtrain.engine import format_bytes
 
     if nbytes > host_memory_bytes():
         raise ConfigError(f"{what} would take about {format_bytes(nbytes)}, more than this machine's "
@@ -179,7 +177,7 @@ def _check_fits(what: str, nbytes: int, advice: str) -> None:
 
 
 def build(config: MLPRegressionConfig) -> Workload:
-    from jaxtrain._src import data as data_lib
+    from jaxtrain import data as data_lib
 
     _check_no_remat(config)  # before any data is made or opened
     d = config.data
@@ -215,7 +213,7 @@ def build_model(config: MLPRegressionConfig, info: dict) -> MLP:
     _check_fits(f"an MLP {'→'.join(f'{n:,}' for n in sizes)} ({params:,} parameters, with gradients and Adam's "
                 "two moments)", 16 * params, "lower model.hidden")
 
-    from jaxtrain._src.models import MLP, compiled_init
+    from jaxtrain.models import MLP, compiled_init
 
     return compiled_init(lambda rngs: MLP(sizes, rngs=rngs), config.seed)
 

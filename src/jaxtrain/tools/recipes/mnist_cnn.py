@@ -10,15 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
-from jaxtrain._src.config import DataConfig, OptimConfig
-from jaxtrain._src.errors import ConfigError
+from jaxtrain import ConfigError, DataConfig, OptimConfig
 from jaxtrain.tools.recipes.base import Recipe, RecipeConfig, Workload
 
 if TYPE_CHECKING:  # JAX is imported by the functions that use it: the configs and --help need none
     import jax
     from flax import nnx
 
-    from jaxtrain._src.models import CNN
+    from jaxtrain.models import CNN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +67,8 @@ def cross_entropy(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array
 
 
 def build(config: MNISTConfig) -> Workload:
-    from jaxtrain._src import data as data_lib
-    from jaxtrain._src.data.datasets import load_mnist
+    from jaxtrain import data as data_lib
+    from jaxtrain.data import load_mnist
 
     train, test = load_mnist(config.data.dataset)
     if config.data.limit:
@@ -81,7 +80,7 @@ def build(config: MNISTConfig) -> Workload:
 
 
 def build_model(config: MNISTConfig, info: dict) -> CNN:
-    from jaxtrain._src.models import CNN, compiled_init
+    from jaxtrain.models import CNN, compiled_init
 
     return compiled_init(lambda rngs: CNN(remat=config.remat, rngs=rngs), config.seed)
 

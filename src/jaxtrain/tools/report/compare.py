@@ -15,9 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from jaxtrain._src.errors import ConfigError
-from jaxtrain._src.memory import format_bytes
-from jaxtrain._src.report.plots import log_scale_with_plain_labels, save_figure
+from jaxtrain import ConfigError
+from jaxtrain.engine import format_bytes, log_scale_with_plain_labels, save_figure
 
 # Where a run lives (it differs between any two runs) and how much it printed: not what it did.
 IGNORED_KEYS = ("run_dir", "quiet", "verbosity")

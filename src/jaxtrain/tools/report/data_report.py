@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from jaxtrain._src.data.generate import GenerateResult
+from jaxtrain.engine import GenerateResult
 
 
 @contextlib.contextmanager

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain._src.memory import format_bytes
-from jaxtrain._src.report.plots import save_figure
+from jaxtrain.engine import format_bytes, save_figure
 
 if TYPE_CHECKING:
     from jaxtrain.tools.tune import BatchSizeResult, LRRange
