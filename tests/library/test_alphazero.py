@@ -152,6 +152,7 @@ def test_match_against_the_solver_and_random_players():
         assert (np.asarray(length) >= 5).all() and set(np.unique(np.asarray(winner))) <= {-1, 1}
 
 
+@pytest.mark.xla_defaults
 def test_loss_masks_coloured_edges_and_matches_a_numpy_reference():
     model, _, _ = _net()
     rng = np.random.default_rng(7)

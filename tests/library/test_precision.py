@@ -16,6 +16,8 @@ from jaxtrain._src.loop import Session, run_fit
 from jaxtrain._src.models import MLP
 from jaxtrain._src.precision import FLOAT32_SHARE_NOTED, LossScaleState, Policy, loss_scaling
 
+pytestmark = pytest.mark.xla_defaults  # precision and accumulation against float32 and one big batch
+
 
 def _fit(train, model=None, **overrides):
     config = TrainConfig(**{"epochs": 1, "batch_size": 16, "steps_per_call": 2, "log_every": 1, **overrides})

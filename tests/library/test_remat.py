@@ -19,6 +19,8 @@ from jaxtrain._src import remat
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.models import CNN, GPT, GPTConfig, SequenceCNN
 
+pytestmark = pytest.mark.xla_defaults  # remat's loss and gradients equal no remat's
+
 ATOL = 1e-6
 MODES = ["blocks", "full"]
 
