@@ -129,6 +129,7 @@ def test_self_play_positions_targets_and_outcomes_are_consistent():
         np.testing.assert_allclose(policy[t][rows].sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.xla_defaults
 def test_debug_mode_plays_the_same_moves_without_jit():
     _, forward, variables = _net()
     play = make_self_play(SIM, forward, SearchConfig(simulations=2), 2, moves=1)
