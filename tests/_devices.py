@@ -6,13 +6,14 @@ in a child whose `XLA_FLAGS` add `--xla_force_host_platform_device_count=n` (wit
 `JAX_PLATFORMS=cpu`, so the `n` devices are virtual CPU devices on any machine).
 
 `@pytest.mark.xla_defaults`: run a test with XLA's own code generation, without the suite's
-`SUITE_XLA_FLAGS` (see `suite_xla_flags`), for the few checks whose claim is about the bits XLA's
-defaults produce.
+`SUITE_XLA_FLAGS` (see `suite_xla_flags`): the numerics, bit-for-bit and resume checks, whose claims
+are about the program users run (tests/README.md names them).
 
 The first marked test of a module to run starts the child, which runs every test of that module
 with the same marks selected in this session (one start-up of Python, JAX and the module instead of
 one per test), and each outer test then passes, fails or skips as its own run in the child did; a
-failure shows the child's output. Inside the child (marked by `CHILD_ENV`) the tests run normally.
+failure shows the child's output. A test that re-runs in a child has its fixtures set up there only.
+Inside the child (marked by `CHILD_ENV`) the tests run normally.
 Registered by `tests/conftest.py`.
 """
 
@@ -29,8 +30,8 @@ from pathlib import Path
 import pytest
 
 MARKERS = ("devices(n): needs at least n JAX devices; re-run in a subprocess with n virtual CPU devices if fewer",
-           "xla_defaults: checks bits of XLA's default code generation; re-run in a subprocess without the suite's "
-           "XLA_FLAGS")
+           "xla_defaults: a numerics or bit-for-bit check of the code XLA's defaults generate; re-run in a subprocess "
+           "without the suite's XLA_FLAGS")
 CHILD_ENV = "JAXTRAIN_TEST_DEVICES_CHILD"  # set to n (0: no devices asked) in the child process
 TIMEOUT_S = 300  # per test run in the child
 _FLAG = "--xla_force_host_platform_device_count"
@@ -158,21 +159,40 @@ def _wants(item: pytest.Item) -> Wants:
     return required_devices(item), item.get_closest_marker("xla_defaults") is not None
 
 
-def pyfunc_call(item: pytest.Function) -> bool | None:
-    """The `pytest_pyfunc_call` hook: True when the test was run in a child, None to run it here."""
+def child_wants(item: pytest.Item) -> Wants | None:
+    """What `item` asks for when it re-runs in a child of this process; None when it runs here."""
     n, defaults = wants = _wants(item)
-    if n is None and not defaults:
+    if (n is None and not defaults) or os.environ.get(CHILD_ENV):
         return None
     import jax
 
-    if os.environ.get(CHILD_ENV):
-        if n is not None and jax.device_count() < n:
+    fewer_devices = n is not None and jax.device_count() < n
+    if fewer_devices or (defaults and SUITE_XLA_FLAGS in os.environ.get("XLA_FLAGS", "")):
+        return wants
+    return None
+
+
+def runtest_setup(item: pytest.Item) -> None:
+    """The `pytest_runtest_setup` hook (before pytest's own): a test that re-runs in a child sets its
+    fixtures up there, so here none is (a fixture already in `funcargs` is not set up again). Without
+    this, a module fixture that trains runs (tests/library/test_forms.py, tests/e2e/test_bench_faults.py)
+    trained them here too, for nothing."""
+    if isinstance(item, pytest.Function) and child_wants(item) is not None:
+        item.funcargs.update((name, None) for name in item.fixturenames if name not in item.funcargs)
+
+
+def pyfunc_call(item: pytest.Function) -> bool | None:
+    """The `pytest_pyfunc_call` hook: True when the test was run in a child, None to run it here."""
+    n = required_devices(item)
+    if os.environ.get(CHILD_ENV) and n is not None:
+        import jax
+
+        if jax.device_count() < n:
             flags = os.environ.get("XLA_FLAGS")
             pytest.fail(f"the child process has {jax.device_count()} devices despite XLA_FLAGS={flags!r}",
                         pytrace=False)
-        return None
-    fewer_devices = n is not None and jax.device_count() < n
-    if not fewer_devices and not (defaults and SUITE_XLA_FLAGS in os.environ.get("XLA_FLAGS", "")):
+    wants = child_wants(item)
+    if wants is None:
         return None
     run_in_child(item, wants)
     return True

@@ -105,6 +105,11 @@ def _compilation_cache(config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _devices.runtest_setup(item)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
     return _devices.pyfunc_call(pyfuncitem)
 

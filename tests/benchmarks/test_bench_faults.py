@@ -27,6 +27,7 @@ def quick(tmp_path_factory) -> tuple[int, str, dict]:
     return code, printed.getvalue().rstrip(), json.loads(out.read_text())
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 def test_a_run_with_an_average_of_its_weights_resumes_bit_for_bit_after_sigkill(quick):
     """Killed mid-epoch (bit-flip: then one bit flipped in its newest checkpoint) or during an async save,
@@ -41,6 +42,7 @@ def test_a_run_with_an_average_of_its_weights_resumes_bit_for_bit_after_sigkill(
     assert results["moments"]["async-save"] == results["moments"]["bit-flip"] == ONE
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 def test_quick_faults_benchmark_handles_each_moment_against_one_reference_run(quick):
     code, printed, results = quick

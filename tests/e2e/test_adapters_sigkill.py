@@ -96,6 +96,7 @@ def _child(tmp_path, kind, run_dir, kill_at, out):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["map", "grain"])
 def test_sigkill_then_resume_equals_the_uninterrupted_run(tmp_path, kind):

@@ -41,6 +41,7 @@ def reference_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 def test_sigterm_saves_and_exits_with_a_resume_hint(tmp_path, reference_run):
     run_dir = tmp_path / "run"

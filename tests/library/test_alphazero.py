@@ -129,6 +129,7 @@ def test_self_play_positions_targets_and_outcomes_are_consistent():
         np.testing.assert_allclose(policy[t][rows].sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.xla_defaults
 def test_debug_mode_plays_the_same_moves_without_jit():
     _, forward, variables = _net()
     play = make_self_play(SIM, forward, SearchConfig(simulations=2), 2, moves=1)
@@ -152,6 +153,7 @@ def test_match_against_the_solver_and_random_players():
         assert (np.asarray(length) >= 5).all() and set(np.unique(np.asarray(winner))) <= {-1, 1}
 
 
+@pytest.mark.xla_defaults
 def test_loss_masks_coloured_edges_and_matches_a_numpy_reference():
     model, _, _ = _net()
     rng = np.random.default_rng(7)

@@ -16,6 +16,8 @@ from jaxtrain._src.models import attention
 from jaxtrain._src.models import gpt as gpt_module
 from jaxtrain._src.models.gpt import GPT, GPTConfig
 
+pytestmark = pytest.mark.xla_defaults  # attention paths against a float64 reference
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_ATOL = 3e-2
 CPU_PATHS = ["heads_major", "heads_minor", "xla"]

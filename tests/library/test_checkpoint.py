@@ -37,6 +37,7 @@ def _run(run_dir, resume=False, data=None, **overrides):
                verbosity="summary", session=RunOptions(console=silent()))
 
 
+@pytest.mark.xla_defaults
 def test_state_round_trip_and_shape_check():
     tx = optax.adam(1e-3)
     _, state = init_state(small_mlp(), tx, jax.random.key(3))
@@ -48,6 +49,7 @@ def test_state_round_trip_and_shape_check():
         unflatten_state(other, flatten_state(state))
 
 
+@pytest.mark.xla_defaults
 def test_resume_from_every_checkpoint_is_bit_exact(tmp_path):
     reference = _run(tmp_path / "full")
     ckpt_dir = tmp_path / "full" / "checkpoints"
@@ -70,6 +72,7 @@ def test_resume_from_every_checkpoint_is_bit_exact(tmp_path):
         assert log_rows(run) == log_rows(tmp_path / "full")
 
 
+@pytest.mark.xla_defaults
 def test_format_1_checkpoints_still_resume(tmp_path):
     """A checkpoint written by jaxtrain 0.1 (flat metadata, format 1) resumes to the same result."""
     reference = _run(tmp_path / "full", log_every=1000)
@@ -172,6 +175,7 @@ def test_full_disk_gives_one_clear_error_and_keeps_earlier_checkpoints(tmp_path)
         unmount(mount)
 
 
+@pytest.mark.xla_defaults
 def test_eval_and_load(tmp_path, capsys):
     from jaxtrain.tools.cli import main  # in-process: nothing here needs a separate process
 
@@ -223,6 +227,7 @@ def test_bad_resume_input_is_one_line_exit_2_and_overwrites_nothing(tmp_path, ca
     assert after == before
 
 
+@pytest.mark.xla_defaults
 def test_load_a_python_fit_run_with_a_template(tmp_path):
     from flax import nnx
 
@@ -241,6 +246,7 @@ def test_load_a_python_fit_run_with_a_template(tmp_path):
         jaxtrain.load(tmp_path / "py", model=nnx.eval_shape(lambda: MLP((8, 32, 3), rngs=nnx.Rngs(0))))
 
 
+@pytest.mark.xla_defaults
 def test_load_reads_no_data(tmp_path, monkeypatch):
     """Recipe runs restore weights into `Recipe.model(config, model.json)`: building the workload
     (which reads the datasets) is not needed, so here it is made to fail."""

@@ -4,7 +4,9 @@ what each module compiled."""
 
 import os
 import types
+from pathlib import Path
 
+import _devices
 import conftest
 import jax
 import jax.numpy as jnp
@@ -56,6 +58,52 @@ def test_marked_test_runs_with_xlas_default_code_generation():
     assert SUITE_XLA_FLAGS not in os.environ.get("XLA_FLAGS", "")
     if os.environ.get(CHILD_ENV):  # re-run in a child: no devices asked, the rest of XLA_FLAGS kept
         assert os.environ[CHILD_ENV] == "0" and os.environ[DEFAULTS_ENV]
+
+
+@pytest.mark.slow
+def test_a_test_run_in_a_child_sets_its_fixtures_up_there_only(pytester, monkeypatch, tmp_path):
+    """A module fixture of a marked test is built once, in the child: here it would be built for nothing."""
+    log = tmp_path / "built.txt"
+    monkeypatch.setenv("XLA_FLAGS", SUITE_XLA_FLAGS)  # as in the suite, also where it runs with XLA's defaults
+    monkeypatch.delenv(DEFAULTS_ENV, raising=False)
+    pytester.makepyfile(test_marked=f"""
+        import os
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def built():
+            with open({str(log)!r}, "a") as f:
+                f.write(os.environ.get({CHILD_ENV!r}, "here") + "\\n")
+
+        @pytest.mark.xla_defaults
+        def test_one(built, tmp_path):
+            assert os.environ.get({CHILD_ENV!r}) == "0"
+
+        @pytest.mark.xla_defaults
+        def test_two(built):
+            pass
+        """)
+    pytester.makeconftest(f"""
+        import sys
+        import pytest
+
+        sys.path.insert(0, {str(Path(_devices.__file__).parent)!r})
+        import _devices
+
+        def pytest_configure(config):
+            for marker in _devices.MARKERS:
+                config.addinivalue_line("markers", marker)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_setup(item):
+            _devices.runtest_setup(item)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_pyfunc_call(pyfuncitem):
+            return _devices.pyfunc_call(pyfuncitem)
+        """)  # the suite's hooks; in the child they run the tests as they are
+    pytester.runpytest_inprocess("-p", "no:xdist", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    assert log.read_text().split() == ["0"]
 
 
 @pytest.mark.parametrize("limit, kept", [(0, False), (2**60, True)])

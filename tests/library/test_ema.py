@@ -11,6 +11,8 @@ import jaxtrain
 from jaxtrain import TrainConfig
 from jaxtrain._src.optim import ema_params
 
+pytestmark = pytest.mark.xla_defaults  # the average against a NumPy reference
+
 
 def _numpy_params(params):
     return [np.asarray(x, np.float64) for x in jax.tree.leaves(params)]

@@ -37,6 +37,7 @@ def test_loss_decreases_and_model_is_updated_in_place():
     assert leaves_close(nnx.state(model, nnx.Param), before) > 1e-3
 
 
+@pytest.mark.xla_defaults
 def test_same_seed_gives_identical_losses():
     data = regression_data(300)
     a, b = _fit(data, seed=3), _fit(data, seed=3)
@@ -46,6 +47,7 @@ def test_same_seed_gives_identical_losses():
     assert c.history[0]["train_loss"] != a.history[0]["train_loss"]
 
 
+@pytest.mark.xla_defaults
 def test_steps_per_call_does_not_change_the_result():
     data = regression_data(400)  # 25 steps per epoch: K=7 leaves a remainder call of 4
     one = _fit(data, steps_per_call=1, epochs=2)
@@ -73,6 +75,7 @@ def test_more_epochs_do_not_compile_more():
     assert counts[0] == counts[1] > 0
 
 
+@pytest.mark.xla_defaults
 def test_validation_loss_matches_numpy_with_partial_batch():
     train, val = regression_data(256), regression_data(37, seed=5)
     result = _fit(train, val, eval_batch_size=16)  # 2 full batches and 5 left over
@@ -101,6 +104,7 @@ class _BNNet(nnx.Module):
         return self.out(self.dropout(jax.nn.relu(self.bn(self.linear(x))), rngs=rngs))
 
 
+@pytest.mark.xla_defaults
 def test_non_param_state_is_carried_and_eval_uses_eval_mode():
     def loss(model, batch, key):
         err = model(batch["x"], rngs=nnx.Rngs(dropout=key)) - batch["y"]
@@ -203,6 +207,7 @@ def test_steps_per_call_choice_from_two_timed_lengths():
     assert patient.check(128, 5.0) is None and patient.k == 128
 
 
+@pytest.mark.xla_defaults
 def test_a_short_run_with_slow_calls_runs_k_a_on_k_bs_program():
     from jaxtrain._src.choosers import AutoSteps
 

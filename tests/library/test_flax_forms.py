@@ -66,6 +66,7 @@ def _run(run_dir, resume=False):
                session=RunOptions(console=silent(), plots=False))
 
 
+@pytest.mark.xla_defaults
 def test_a_model_holding_rng_streams_trains_in_training_mode_evaluates_in_evaluation_mode_and_resumes_bit_for_bit(
         tmp_path):
     full = _run(tmp_path / "full")

@@ -18,6 +18,8 @@ from jaxtrain._src import loop
 from jaxtrain._src.choosers import AutoSteps, StepForm
 from jaxtrain._src.report.profile_report import profile_lines
 
+pytestmark = pytest.mark.xla_defaults  # every form trains to the scan's weights
+
 DATA, VAL = regression_data(320), regression_data(70, seed=1)  # 20 steps of 16; 4 batches + 6 rows of val
 
 

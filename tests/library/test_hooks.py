@@ -86,6 +86,7 @@ def test_the_summary_holds_each_hooks_seconds_between_the_calls(tmp_path):
     assert list(seconds.values()) == sorted(seconds.values(), reverse=True)
 
 
+@pytest.mark.xla_defaults
 def test_lambda_hook_and_learning_rate_from_the_schedule():
     rows = []
     optim = OptimConfig(lr=0.01, schedule="warmup-cosine", warmup_steps=5, min_lr=0.001)
@@ -98,6 +99,7 @@ def test_lambda_hook_and_learning_rate_from_the_schedule():
         np.testing.assert_allclose(row["lr"], float(schedule(row["step"] - 1)), rtol=1e-6)
 
 
+@pytest.mark.xla_defaults
 def test_custom_optax_chain_trains_and_logs_its_injected_learning_rate():
     everything = regression_data(400)
     train, val = {k: v[:320] for k, v in everything.items()}, {k: v[320:] for k, v in everything.items()}
@@ -187,6 +189,7 @@ def test_tensorboard_without_a_directory_is_a_clear_error():
             verbosity="summary", session=RunOptions(console=silent()))
 
 
+@pytest.mark.xla_defaults
 def test_automatic_k_inside_fit_with_injected_thresholds():
     data = regression_data(800)  # 50 steps per epoch; probes of 2 and 4 steps, 3 of each
     one = run(small_mlp(), mse, data, None, _config(steps_per_call=1), verbosity="summary",
@@ -219,6 +222,7 @@ def test_automatic_k_inside_fit_with_injected_thresholds():
         assert leaves_close(result.state.params, one.state.params) <= 1e-6
 
 
+@pytest.mark.xla_defaults
 def test_any_pytree_streams_and_large_validation_is_evaluated_streamed():
     everything = regression_data(400)
     as_dict = {k: v[:300] for k, v in everything.items()}
@@ -261,6 +265,7 @@ def test_bad_arguments_are_one_clear_error():
         EarlyStoppingConfig(patience=-1)
 
 
+@pytest.mark.xla_defaults
 def test_hook_state_survives_a_resume(tmp_path):
     """EarlyStopping's counters are saved in checkpoints: a run resumed mid-way stops where an
     uninterrupted one stops."""

@@ -10,6 +10,8 @@ from jaxtrain._src.models import CNN
 from jaxtrain._src.models.cnn import avg_pool_2x2, conv2d_same
 from jaxtrain._src.models.gpt import GPT, GPTConfig, sample
 
+pytestmark = pytest.mark.xla_defaults  # models against NumPy / lax references
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 

@@ -13,6 +13,9 @@ from conftest import leaves_close, mse, regression_data, small_mlp
 from jaxtrain import CheckpointConfig, OptimConfig, TrainConfig, fit
 from jaxtrain._src.optim import build_optimizer
 
+# The bits of XLA's own code generation: under the suite's flags the two differ in the 7th digit.
+pytestmark = pytest.mark.xla_defaults
+
 DATA = regression_data(192)
 
 
@@ -37,7 +40,6 @@ def test_runs_that_differ_only_in_numbers_compile_their_training_program_once():
         assert [c["cached"] for c in other.summary["profile"]["compiles"] if c["what"] == "train call"] == [False]
 
 
-@pytest.mark.xla_defaults  # the bits of XLA's own code generation (the suite's flags differ in the 7th digit)
 def test_numbers_in_the_state_train_as_numbers_in_the_program():
     c = config(3e-3, 1e-2, b1=0.8)
     held = fit(small_mlp(0), mse, DATA, None, c, verbosity="silent")

@@ -6,6 +6,8 @@ import pytest
 
 from jaxtrain import OptimConfig, build_optimizer, build_schedule
 
+pytestmark = pytest.mark.xla_defaults  # optimizers against NumPy references
+
 RTOL = 1e-5
 ATOL = 1e-6  # float32 results near zero
 

@@ -51,6 +51,7 @@ def _counting_transfers(monkeypatch) -> list[int]:
     return count
 
 
+@pytest.mark.xla_defaults
 def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of_their_own(tmp_path, monkeypatch):
     members = [Member(small_mlp(i), config(lr), run_dir=tmp_path / f"m{i}") for i, lr in enumerate(LRS)]
     transfers = _counting_transfers(monkeypatch)
@@ -84,6 +85,7 @@ def test_tuple_members_equal_their_lone_runs_bit_for_bit_with_run_directories_of
     assert leaves_close(resumed.state.params, alone.state.params) == 0.0 and len(resumed.history) == 3
 
 
+@pytest.mark.xla_defaults
 def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path, monkeypatch):
     # as on a GPU: arrays on a CPU device count as off the host, so the members' saves take host
     # copies (one transfer each) and CRC-32s, and the lone runs checksum on the device
@@ -119,6 +121,7 @@ def test_stacked_members_agree_with_their_lone_runs_to_1e_5(tmp_path, monkeypatc
     assert saved(results[0]) == saved(alone)
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.parametrize("formulation, tolerance", [("tuple", 0.0), ("stacked", 1e-5)])
 def test_a_member_its_hook_stops_ends_there_and_the_others_train_on(tmp_path, formulation, tolerance):
     # stacked: a member's state is unstacked only when read; the stopped one's survives the next calls
@@ -163,6 +166,7 @@ def test_members_that_cannot_share_a_population_are_one_line(tmp_path):
     assert np.isfinite(results[1].best_val_loss)
 
 
+@pytest.mark.xla_defaults
 def test_a_population_stopped_mid_epoch_resumes_to_the_uninterrupted_result_bit_for_bit(tmp_path):
     prune = LambdaHook(on_epoch_end=lambda run, record: run.stop("pruned") if run.epoch == 1 else None)
 

@@ -28,6 +28,7 @@ def _max_abs_diff(a, b) -> float:
                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
+@pytest.mark.xla_defaults
 def test_grad_accum_equals_one_batch_of_all_micro_batches():
     """--grad-accum 4 at batch 16 takes the steps of batch 64: parameters within 1e-6 (absolute),
     and the per-step losses (means of the micro-batch means) within 1e-6."""
@@ -51,6 +52,7 @@ def test_grad_accum_needs_the_memory_of_one_micro_batch():
     assert acc_temp < 0.5 * big_temp, (acc_temp, big_temp)
 
 
+@pytest.mark.xla_defaults
 def test_loss_scaling_skips_non_finite_updates_and_adapts_the_scale():
     tx = loss_scaling(optax.sgd(1.0), init=8.0, period=2)
     params = {"w": jnp.ones(3)}
@@ -68,6 +70,7 @@ def test_loss_scaling_skips_non_finite_updates_and_adapts_the_scale():
     assert float(state.scale) == 8.0 and int(state.good_steps) == 0 and int(state.skipped) == 1
 
 
+@pytest.mark.xla_defaults
 def test_fp16_recovers_from_an_overflow(tmp_path):
     """A loss scale of 2^30 overflows float16 gradients: each such update is skipped and the scale
     halved until the gradients fit; training then continues to a finite, lower loss. The scale and
@@ -141,6 +144,7 @@ def test_a_bf16_run_whose_layers_stay_float32_says_so_in_one_note(capsys):
     assert float32_share(lambda m, b, k: (m(b["x"]).mean(), {}), rnn, steps, bf16) > FLOAT32_SHARE_NOTED
 
 
+@pytest.mark.xla_defaults
 def test_bf16_computes_in_bf16_and_keeps_float32_state():
     seen = {}
 
@@ -172,6 +176,7 @@ def test_bad_precision_and_accumulation_are_one_line_errors():
         _fit(regression_data(100), batch_size=32, grad_accum=10)
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 @pytest.mark.devices(2)
 def test_precision_and_accumulation_on_a_mesh():
@@ -201,6 +206,7 @@ def test_precision_and_accumulation_on_a_mesh():
     assert _max_abs_diff(runs[0].state.params, runs[1].state.params) <= 1e-6
 
 
+@pytest.mark.xla_defaults
 def test_streamed_accumulation_equals_one_big_batch():
     """From a streamed source, too: the stream hands each step batch_size x grad_accum rows."""
     data = regression_data(256)
@@ -210,6 +216,7 @@ def test_streamed_accumulation_equals_one_big_batch():
     assert _max_abs_diff(accumulated.state.params, one.state.params) <= 1e-6
 
 
+@pytest.mark.xla_defaults
 def test_fp16_loss_scale_is_checkpointed_and_resumed_exactly(tmp_path):
     """The loss scale and the skipped count live in the optimizer state: a run resumed from its
     checkpoint after epoch 1 ends exactly where an uninterrupted one does."""

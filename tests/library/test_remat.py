@@ -56,6 +56,7 @@ def _gpt_reference():
     return _value_and_grad(_gpt("none"), _gpt_loss, _gpt_batch())
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.parametrize("mode", MODES)
 def test_gpt_loss_and_gradients_equal_remat_none(mode):
     _assert_same(_value_and_grad(_gpt(mode), _gpt_loss, _gpt_batch()), _gpt_reference())
@@ -75,11 +76,13 @@ def _cnn_reference():
     return _value_and_grad(CNN(rngs=nnx.Rngs(0)), _image_loss, _image_batch())
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.parametrize("mode", MODES)
 def test_cnn_loss_and_gradients_equal_remat_none(mode):
     _assert_same(_value_and_grad(CNN(remat=mode, rngs=nnx.Rngs(0)), _image_loss, _image_batch()), _cnn_reference())
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.parametrize("mode", MODES)
 def test_sequence_cnn_loss_and_gradients_equal_remat_none(mode):
     def build(m):
@@ -112,6 +115,7 @@ def test_remat_lowers_the_compiled_temporary_memory_of_a_gpt():
     assert full < none and blocks < none, (none, blocks, full)
 
 
+@pytest.mark.xla_defaults
 def test_a_user_model_remats_its_blocks_and_keeps_their_state_updates():
     """`jaxtrain.remat.call` in a model of one's own: a module with non-parameter state (a call
     counter, like batch-norm statistics) and a function of a module both work."""
@@ -183,6 +187,7 @@ def test_recipes_build_their_models_with_the_remat_setting():
     assert char_gpt.RECIPE.presets["long"].model.block_size == 1024
 
 
+@pytest.mark.xla_defaults
 def test_remat_trains_like_none_in_the_engine():
     """Through `make_train_step` inside `lax.scan` (how fit runs it): the same losses, 3 steps."""
     from jaxtrain._src.state import init_state

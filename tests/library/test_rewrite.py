@@ -19,6 +19,8 @@ from jax.extend.core import jaxprs_in_params
 from jaxtrain._src import remat
 from jaxtrain._src.rewrite import conv_general_dilated_im2col, max_pool_slices, rewrite_convs
 
+pytestmark = pytest.mark.xla_defaults  # the XLA:CPU rewrite against the original convolutions
+
 TOL = 1e-5
 SLOW_PRIMITIVES = {"conv_general_dilated", "reduce_window_max", "select_and_scatter_add", "select_and_gather_add"}
 

@@ -81,6 +81,7 @@ def test_a_directory_holding_a_run_refuses_a_new_one_unless_overwrite(tmp_path):
     assert second.summary["steps"] == 10 and first.summary["steps"] == 20
 
 
+@pytest.mark.xla_defaults
 def test_resume_refuses_settings_that_change_the_result_and_allows_more_epochs(tmp_path):
     run_dir = tmp_path / "run"
     _fit(run_dir)
@@ -102,6 +103,7 @@ def test_resume_refuses_settings_that_change_the_result_and_allows_more_epochs(t
     assert leaves_close(resumed.state.params, straight.state.params) <= 1e-6
 
 
+@pytest.mark.xla_defaults
 def test_resume_with_no_checkpoint_starts_from_the_beginning_and_equals_an_uninterrupted_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
     # What a run killed in its first epoch leaves: its config and a few metrics rows, no checkpoint.

@@ -84,6 +84,7 @@ def test_resuming_an_early_stopped_run_trains_nothing_every_time(tmp_path, capsy
     assert _fit(run_dir, config=more, resume=True).summary["steps"] == 12
 
 
+@pytest.mark.xla_defaults
 def test_a_run_stopped_by_a_hook_resumes_to_the_uninterrupted_result():
     """A time budget (a hook's `run.stop`) splits a run over several jobs: the resume trains on, where a
     run early stopping stopped has nothing to train (the test above)."""

@@ -66,6 +66,7 @@ def test_bad_meshes_on_the_command_line_exit_2(capsys):
         assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 @pytest.mark.devices(4)
 def test_meshes_train_like_one_device_fsdp_splits_the_state_and_checkpoints_reshard(tmp_path, capsys):
@@ -97,6 +98,7 @@ def test_meshes_train_like_one_device_fsdp_splits_the_state_and_checkpoints_resh
     assert "--batch-size 30 does not split over the mesh's 4 devices" in capsys.readouterr().err
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 @pytest.mark.devices(4)
 @pytest.mark.skipif(not os.environ.get("JAXTRAIN_DATA_DIR"), reason="needs the offline Tiny Shakespeare file")
@@ -114,6 +116,7 @@ def test_char_gpt_on_meshes_matches_one_device():
         assert_close(result, reference)
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 @pytest.mark.devices(4)
 def test_every_mesh_and_placement_visits_the_same_batches():

@@ -17,6 +17,8 @@ from jaxtrain._src.models import MLP
 from jaxtrain._src.state import init_state
 from jaxtrain._src.step import make_train_step
 
+pytestmark = pytest.mark.xla_defaults  # one step against a float64 NumPy reference
+
 RTOL = 1e-5
 ATOL = 1e-6  # float32 parameters of size ~0.5 and losses of size ~1
 SIZES = (5, 8, 6, 3)  # D_in, two ReLU hidden layers, D_out

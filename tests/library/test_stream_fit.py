@@ -6,12 +6,15 @@ import shutil
 import h5py
 import jax
 import numpy as np
+import pytest
 from conftest import mse, regression_data, silent, small_mlp
 
 from jaxtrain import CheckpointConfig, DataConfig, TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer
 from jaxtrain._src.data.sources import ArraySource, HDF5Source
 from jaxtrain._src.loop import RunOptions, run
+
+pytestmark = pytest.mark.xla_defaults  # streamed runs equal in-memory ones; streamed resume is bit-exact
 
 CHUNK = 16  # rows per HDF5 chunk; 301 rows: not a multiple of the chunk or the batch (16)
 

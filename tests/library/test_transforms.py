@@ -7,6 +7,8 @@ import pytest
 
 from jaxtrain._src.data import compose, gaussian_noise, normalize
 
+pytestmark = pytest.mark.xla_defaults  # in-graph preprocessing against NumPy
+
 
 def test_normalize_matches_numpy():
     x = np.random.default_rng(0).normal(3.0, 2.0, (64, 5)).astype(np.float32)

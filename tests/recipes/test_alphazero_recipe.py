@@ -67,6 +67,7 @@ def _checkpoint(run_dir, step):
     return {k: np.asarray(v) for k, v in flat.items()}
 
 
+@pytest.mark.xla_defaults
 @pytest.mark.slow
 def test_sigkill_and_resume_equals_an_uninterrupted_run(tmp_path):
     """Parameters, optimizer state, RNG and the replay ring of the resumed run's last checkpoint

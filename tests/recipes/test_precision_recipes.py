@@ -9,6 +9,8 @@ import pytest
 from jaxtrain.tools import runs
 from jaxtrain.tools.recipes import RECIPES
 
+pytestmark = pytest.mark.xla_defaults  # bf16 against float32 on real recipes
+
 # recipe -> (preset, overrides, data overrides)
 SMALL = {
     "char-gpt": ("seed", dict(steps_per_epoch=50, epochs=2, batch_size=16, eval_batch_size=160, steps_per_call=25),

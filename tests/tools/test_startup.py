@@ -206,6 +206,7 @@ def test_hand_written_script_makes_the_recipes_data():
     np.testing.assert_array_equal(y, rows["targets"])
 
 
+@pytest.mark.xla_defaults
 def test_recipes_built_as_one_program_get_the_eager_weights():
     # `compiled_init` must not change a run: the same weights, bit for bit, as building the
     # model op by op (the reference), for every recipe that uses it.
