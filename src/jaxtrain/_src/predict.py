@@ -182,15 +182,14 @@ class _Overflow:
         self.rows, self.seen, self.first = 0, 0, -1
 
     def count(self, outputs: Any) -> Any:
-        bad = None
-        for y in jax.tree.leaves(outputs):
+        leaves = jax.tree.leaves(outputs)
+        bad = np.zeros(len(leaves[0]) if leaves else 0, bool)  # (valid rows,)
+        for y in leaves:
             if y.dtype.kind in "fc" and y.ndim:
-                rows = ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
-                bad = rows if bad is None else bad | rows
-        if bad is not None and bad.any():
-            self.first = self.first if self.rows else self.seen + int(np.argmax(bad))
-            self.rows += int(bad.sum())
-        self.seen += len(jax.tree.leaves(outputs)[0]) if jax.tree.leaves(outputs) else 0
+                bad |= ~np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        if bad.any() and not self.rows:
+            self.first = self.seen + int(np.argmax(bad))
+        self.rows, self.seen = self.rows + int(bad.sum()), self.seen + len(bad)
         return outputs
 
 
