@@ -469,3 +469,6 @@ def test_workers_opening_a_new_sqlite_study_at_the_same_instant_do_not_race(tmp_
         for worker in workers:
             worker.join()
         assert errors == []
+    with sweep._one_creator(f"sqlite:///{tmp_path / 'options.db'}?timeout=5"):  # the URL's options name no file
+        pass
+    assert (tmp_path / "options.db").is_file() and not list(tmp_path.glob("options.db?*"))

@@ -502,7 +502,7 @@ def _one_creator(url: str) -> Iterator[None]:
     already exists" or a second schema version row. An exclusive `flock` on the database file (SQLite's own
     locks are `fcntl` ones, which `flock` does not touch) orders them; the second finds the tables made.
     Other storages, or a file that cannot be opened (SQLAlchemy says why), go unlocked."""
-    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    path = url[len("sqlite:///"):].partition("?")[0] if url.startswith("sqlite:///") else ""  # no ?options
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644) if path and path != ":memory:" else None
     except OSError:
