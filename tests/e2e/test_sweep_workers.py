@@ -8,12 +8,14 @@ the same command; a worker dies with its parent, SIGKILL included."""
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 from _runs import draws_of_workers
@@ -26,9 +28,10 @@ FLAGS = ["--data.samples", "3000", "--data.val-samples", "200", "--data.features
          "--data.teacher-width", "8", "--model.hidden", "32", "--epochs", "3"]
 
 
-@pytest.fixture
-def postgres(tmp_path):
-    server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    """One server for the module (starting it is the slow part); each test has a study of its own."""
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
     yield server.get_uri()
     server.cleanup()
 
@@ -114,6 +117,44 @@ def test_workers_on_postgresql_survive_a_killed_worker(tmp_path, postgres):
         warnings.filterwarnings("ignore", message="Heartbeat of storage")  # asked by hand, as workers would
         drawn = draws_of_workers(job)
     assert len(set(drawn)) == 16, drawn
+
+
+def test_the_cluster_templates_run_workers_of_one_study(tmp_path, postgres):
+    """examples/slurm/sweep-array.sbatch and examples/kubernetes/sweep-indexed-job.yaml as written (the
+    recipe fixed smaller), run here as one array task and one pod: two workers of one PostgreSQL study.
+    The pod has an indexed Job's environment, a cluster JAX would detect (and, without the `kubernetes`
+    package, refuse to join in one line): its trials train alone all the same."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "STORAGE": postgres, "TRIALS": "4", "SEED": "0"}
+    slurm = subprocess.Popen(
+        ["bash", str(root / "examples/slurm/sweep-array.sbatch")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**env, "VENV": sys.prefix, "SWEEPS_ROOT": str(tmp_path), "SLURM_JOB_NAME": "sweep-mlp",
+                        "SLURM_ARRAY_TASK_ID": "0", "RECIPE_FLAGS": " ".join(SMALL)})
+    job = yaml.safe_load((root / "examples/kubernetes/sweep-indexed-job.yaml").read_text())
+    pod = job["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    values = {"TRIALS": "4", "STORAGE": postgres}  # the pod's env: the secret's URL, the count
+    assert {e["name"] for e in container["env"]} == set(values)
+    command = [re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], part) for part in container["command"]]
+    [mount] = container["volumeMounts"]
+    command = [part.replace(mount["mountPath"], str(tmp_path)) for part in command]  # the shared volume, here
+    assert command[:3] == ["jaxtrain", "sweep", "mlp-regression"]
+    pod_env = {**env, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "JOB_COMPLETION_INDEX": "1"}
+    kube = subprocess.Popen([sys.executable, "-m", "jaxtrain", *command[1:3], *SMALL, *command[3:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=pod_env)
+    for worker in (slurm, kube):
+        printed, _ = worker.communicate(timeout=240)
+        assert worker.returncode == 0, printed
+
+    assert job["spec"]["completionMode"] == "Indexed"
+    study = optuna.load_study(study_name="sweep-mlp", storage=postgres)
+    states = optuna.trial.TrialState
+    finished = [t for t in study.trials if t.state in (states.COMPLETE, states.PRUNED)]  # the median pruner's
+    assert len(finished) == 4 and len({t.params["optim.lr"] for t in finished}) == 4, study.trials
+    for t in finished:  # one directory each, under the one OUT both templates name
+        assert (tmp_path / "sweep-mlp" / f"trial-{t.number:04d}" / "summary.json").is_file()
 
 
 SMALL = ["--data.samples", "600", "--data.val-samples", "88", "--data.features", "8", "--data.targets", "4",

@@ -244,13 +244,16 @@ class EarlyStoppingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DistConfig:
-    """Many processes (hosts) through jax.distributed. Without a coordinator, a SLURM job of several
-    tasks or an Open MPI job is detected and joined; otherwise the run is one process."""
+    """Many processes (hosts) through jax.distributed. Without a coordinator, a job JAX's own detection
+    finds is joined (a SLURM step of several tasks, an Open MPI job, a pod of a Kubernetes indexed Job
+    or JobSet, a host of a Cloud TPU slice; `jaxtrain.distributed.detected_cluster()` says which);
+    otherwise the run is one process."""
 
     coordinator: str = ""
     """host:port where process 0 serves JAX's coordination service (every process gives the same)."""
     num_processes: int = 0
-    """Processes in the job (with a coordinator)."""
+    """Processes in the job (with a coordinator). 1 without a coordinator: this process trains alone
+    even inside a detected cluster (what each worker of a sweep does)."""
     process_id: int = -1
     """This process's index, 0 .. num_processes-1 (with a coordinator)."""
     timeout_s: float = 60.0
@@ -261,8 +264,9 @@ class DistConfig:
         _plain_numbers(self)
         _check_positive("dist.timeout_s", self.timeout_s)
         if not self.coordinator:
-            _check(self.num_processes == 0 and self.process_id == -1,
-                   "dist.num_processes and dist.process_id need dist.coordinator (host:port of process 0)")
+            _check(self.num_processes in (0, 1) and self.process_id == -1,
+                   "dist.num_processes (but 1: alone) and dist.process_id need dist.coordinator (host:port of "
+                   "process 0)")
             return
         _check(re.fullmatch(r"[^\s:]+:\d{1,5}", self.coordinator) is not None,
                f"dist.coordinator={self.coordinator!r} must be host:port, e.g. node001:12345")

@@ -1,7 +1,8 @@
 """Many processes: joining a job through `jax.distributed`, and not hanging when a peer dies.
 
-`initialize(config)` starts JAX's multi-controller runtime from a `DistConfig`, or from a
-SLURM job of several tasks or an Open MPI job (JAX's own cluster detection), before anything
+`initialize(config)` starts JAX's multi-controller runtime from a `DistConfig`, or, without a
+coordinator, from whatever cluster JAX's own detection finds (a SLURM step of several tasks, an Open
+MPI job, a pod of a Kubernetes indexed Job or JobSet, a host of a Cloud TPU slice), before anything
 touches a device. Each process then sees every device of the job in `jax.devices()`; the mesh
 spans them all and the same compiled program runs in every process.
 
@@ -34,13 +35,56 @@ _watchdog: "_Watchdog | None" = None
 
 
 def detected_cluster() -> str | None:
-    """'SLURM' or 'Open MPI' when this process is one task of such a job with several tasks (a
-    SLURM job step started by srun: the batch script's own shell is not a task)."""
+    """The kind of job of several processes this process is one of, as `jax.distributed.initialize()`
+    would find it without arguments: 'SLURM', 'Open MPI', 'Kubernetes' or 'Cloud TPU'; None when alone.
+
+    Each test reads the environment only (plus, on a Cloud TPU VM, its metadata, as JAX does), and a
+    job of one process is not a cluster: a SLURM batch script's own shell is no task of a step, a
+    lone pod or a one-host TPU VM trains alone.
+    """
     if int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_STEP_NODELIST" in os.environ:
         return "SLURM"
     if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
         return "Open MPI"
+    # An indexed Job (JobSets are made of them) numbers its pods: JOB_COMPLETION_INDEX is the process id.
+    if "KUBERNETES_SERVICE_HOST" in os.environ and "JOB_COMPLETION_INDEX" in os.environ:
+        return "Kubernetes"
+    if _tpu_hosts() > 1:
+        return "Cloud TPU"
     return None
+
+
+def _tpu_hosts() -> int:
+    """The hosts of the Cloud TPU slice(s) this VM belongs to (JAX's own detection); 0 off a TPU VM."""
+    try:
+        from jax._src import cloud_tpu_init
+        from jax._src.clusters import cloud_tpu_cluster as tpu
+    except ImportError:  # a JAX without them: nothing to detect
+        return 0
+    if not cloud_tpu_init.running_in_cloud_tpu_vm:
+        return 0
+    for env in (tpu.GkeTpuCluster, tpu.GceTpuCluster):
+        try:
+            if env.is_env_present():
+                return int(env.get_process_count())
+        except Exception:  # noqa: BLE001 - metadata server unreachable and the like: not a slice we can join
+            continue
+    return 0
+
+
+def _check_kubernetes_client() -> None:
+    """JAX finds the other pods of a Kubernetes Job through its API, with the `kubernetes` package.
+
+    Raises:
+      ConfigError: the package is missing.
+    """
+    try:
+        import kubernetes  # type: ignore[import-not-found]  # noqa: F401 - optional: jax[k8s] installs it
+    except ImportError:
+        raise ConfigError("this process is a pod of a Kubernetes indexed Job, and JAX finds the Job's other pods "
+                          "with the `kubernetes` package: pip install 'jax[k8s]' (or give "
+                          f"{setting('dist.coordinator')}, {setting('dist.num_processes')} and "
+                          f"{setting('dist.process_id')} yourself)") from None
 
 
 def initialize(config: DistConfig = DistConfig()) -> int:
@@ -54,9 +98,13 @@ def initialize(config: DistConfig = DistConfig()) -> int:
     """
     if jax.distributed.is_initialized():
         return jax.process_count()
+    if config.num_processes == 1 and not config.coordinator:  # alone by choice, whatever the environment
+        return 1
     cluster = None if config.coordinator else detected_cluster()
     if not config.coordinator and cluster is None:
         return 1
+    if cluster == "Kubernetes":
+        _check_kubernetes_client()
     where = config.coordinator or f"the {cluster} job's first node"
     timeout = max(1, round(config.timeout_s))
     if config.coordinator:  # JAX aborts the process when it cannot connect: check first, clearly

@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterator, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from jaxtrain import ConfigError, Hook, JaxtrainError, NonFiniteLossError, TrainingStopped
+from jaxtrain import ConfigError, DistConfig, Hook, JaxtrainError, NonFiniteLossError, TrainingStopped
 from jaxtrain.engine import MAX_SEED, argument, flat_dict, format_bytes, lock_directory, refuse_links, setting, to_dict
 from jaxtrain.tools.recipes.base import Recipe
 
@@ -191,6 +191,12 @@ def apply_values(config: Any, values: dict[str, Any]) -> Any:
     for name, value in values.items():
         config = _replace(config, name.split("."), value, name)
     return config
+
+
+def _alone(dist: DistConfig) -> DistConfig:
+    """A trial trains in its worker alone: the workers of a SLURM array or a Kubernetes indexed Job share
+    the study, not one JAX runtime (a job JAX would detect and join otherwise)."""
+    return dist if dist.coordinator else dataclasses.replace(dist, num_processes=1)
 
 
 def _replace(config: Any, path: list[str], value: Any, name: str) -> Any:
@@ -516,6 +522,22 @@ def _one_creator(url: str) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
+def _created_once(open_storage: Callable[[], Any], attempts: int = 5) -> Any:
+    """`open_storage()`, again when another worker was creating the same new database's tables at the same
+    instant (a server's "duplicate key" / "already exists"; workers on several machines share no lock): the
+    next attempt finds the tables made. Any other error, or the same one `attempts` times, is raised."""
+    for attempt in range(attempts):
+        try:
+            return open_storage()
+        except Exception as e:
+            reason = _first_line(getattr(e, "orig", None) or e).lower()
+            raced = _sqlalchemy_error(e) == "database" and ("duplicate key" in reason or "already exists" in reason)
+            if not raced or attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def _storage_errors(where: str, flag: str, opening: bool = False) -> Iterator[None]:
     """The study's storage failing as one line naming it (`where`, chosen by `flag`): a URL
@@ -700,10 +722,10 @@ class _Job:
         with _storage_errors(self.where, self.flag, opening=True), warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
             with _one_creator(self.url):
-                storage = optuna.storages.RDBStorage(
+                storage = _created_once(lambda: optuna.storages.RDBStorage(
                     self.url, engine_kwargs=engine, heartbeat_interval=self.heartbeat,
                     grace_period=3 * self.heartbeat,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3))
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)))
             if self.url.startswith("sqlite"):
                 _immediate_transactions(storage.engine)
             # each trial reseeds the sampler (`prepare`): this seed draws nothing
@@ -806,7 +828,8 @@ class _Job:
         values = {s.name: s.suggest(trial) for s in self.spaces}
         run_dir = Path(self.out) / f"trial-{trial.number:04d}"
         _refuse_links(Path(self.out), [run_dir.name])  # planted while the sweep runs
-        trial_config = dataclasses.replace(apply_values(self.config, values), quiet=True, run_dir="")
+        trial_config = dataclasses.replace(apply_values(self.config, values), quiet=True, run_dir="",
+                                           dist=_alone(self.config.dist))
         # the command that trains the trial again: in a run directory of its own (the default, under
         # runs/), since the trial's own already holds the trial and would refuse a second run
         command = shlex.join(["jaxtrain", "train", self.recipe.name, *without_flags(self.flags, [*values, "run_dir"]),
