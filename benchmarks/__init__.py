@@ -23,6 +23,7 @@ BENCHMARKS = {
     "ema": ("ema", "EmaBenchConfig"),
     "faults": ("faults", "FaultsBenchConfig"),
     "frameworks": ("frameworks", "FrameworksConfig"),
+    "gpu": ("gpu", "GpuBenchConfig"),
     "ladder": ("ladder", "LadderConfig"),
     "overhead": ("overhead", "OverheadConfig"),
     "precision": ("precision", "PrecisionBenchConfig"),

@@ -19,13 +19,13 @@ Prints member-steps per second and the ratio to `lone`, and checks each member o
 `tuple` against its lone run (largest parameter difference). XLA_FLAGS is set here, before JAX
 starts.
 
-    python examples/population_formulations.py [P ...]
+    python examples/population_formulations.py [P ...] [--only lone,vmap] [--steps K] [--repeats R]
 """
 
+import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import time
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
@@ -42,8 +42,14 @@ from jaxtrain._src.program import build_program  # noqa: E402
 from jaxtrain.data import make_rows  # noqa: E402
 from jaxtrain.models import MLP  # noqa: E402
 
-K, REPEATS, BATCH = 100, 5, 32
-POPULATIONS = [int(p) for p in sys.argv[1:]] or [4, 8, 16]
+parser = argparse.ArgumentParser(description="P trials of one shape at once: formulations timed side by side")
+parser.add_argument("populations", nargs="*", type=int, default=[4, 8, 16], help="P, one table each")
+parser.add_argument("--only", default="", help="comma-separated formulations (default: all)")
+parser.add_argument("--steps", type=int, default=100, help="K steps fused per timed call")
+parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats (medians)")
+args = parser.parse_args()
+K, REPEATS, BATCH = args.steps, args.repeats, 32
+POPULATIONS = args.populations
 
 
 def loss(model, batch, key):
@@ -90,7 +96,9 @@ for P in POPULATIONS:
     split = jax.jit(jax.shard_map(scanned(jax.vmap(step, in_axes=(0, None))), mesh=mesh,
                                   in_specs=(PartitionSpec("members"), PartitionSpec(), PartitionSpec()),
                                   out_specs=PartitionSpec("members")))
-    solo = [member(seed, lr, inject=False) for seed, lr in zip(range(P), np.geomspace(1e-4, 1e-2, P))]
+    wanted = args.only.split(",") if args.only else ["lone-config", "tuple"]
+    solo = ([member(seed, lr, inject=False) for seed, lr in zip(range(P), np.geomspace(1e-4, 1e-2, P))]
+            if {"lone-config", "tuple"} & set(wanted) else [])  # P programs built: only when timed
     solo_runs = [jax.jit(scanned(p.train_step)) for p in solo]
 
     def steps(states, b):
@@ -110,22 +118,26 @@ for P in POPULATIONS:
         "lone-config": lambda: sum(timed(f, s, x[0], y[0]) for f, s in zip(solo_runs, solo_states)),
         "tuple": lambda: timed(tupled, solo_states, x[0], y[0]),
     }
+    if args.only:
+        runs = {name: run for name, run in runs.items() if name in args.only.split(",")}
     seconds = {name: [] for name in runs}
     for _ in range(REPEATS):
         for name, run in runs.items():
             seconds[name].append(run())
-    base = statistics.median(seconds["lone"])
+    base = statistics.median(seconds["lone"]) if "lone" in seconds else float("nan")
     print(f"P={P}: {K} steps of batch {BATCH} per member; {REPEATS} interleaved repeats, medians")
     for name, values in seconds.items():
         median = statistics.median(values)
         print(f"  {name:11s} {P * K / median:9,.0f} member-steps/s  {base / median:5.2f}x lone")
-    alone = [lone(s, x[0], y[0]) for s in states]
-    batched = vmapped(together, x[0], y[0])
-    diff = max(float(jnp.max(jnp.abs(a - b[i]))) for i, one in enumerate(alone)
-               for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(batched.params)))
-    print(f"  vmap member vs its lone run: largest parameter difference {diff:.2e}")
-    alone = [f(s, x[0], y[0]) for f, s in zip(solo_runs, solo_states)]
-    joint = tupled(solo_states, x[0], y[0])
-    diff = max(float(jnp.max(jnp.abs(a - b))) for one, other in zip(alone, joint)
-               for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(other.params)))
-    print(f"  tuple member vs its lone run: largest parameter difference {diff:.2e}")
+    if "vmap" in runs:  # each member of the stacked program against its lone run
+        alone = [lone(s, x[0], y[0]) for s in states]
+        batched = vmapped(together, x[0], y[0])
+        diff = max(float(jnp.max(jnp.abs(a - b[i]))) for i, one in enumerate(alone)
+                   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(batched.params)))
+        print(f"  vmap member vs its lone run: largest parameter difference {diff:.2e}")
+    if "tuple" in runs:
+        alone = [f(s, x[0], y[0]) for f, s in zip(solo_runs, solo_states)]
+        joint = tupled(solo_states, x[0], y[0])
+        diff = max(float(jnp.max(jnp.abs(a - b))) for one, other in zip(alone, joint)
+                   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(other.params)))
+        print(f"  tuple member vs its lone run: largest parameter difference {diff:.2e}")
