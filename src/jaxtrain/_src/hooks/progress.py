@@ -25,6 +25,7 @@ class ProgressHook(RunHook):
     def __init__(self, console: Console, bar: bool = True, result_only: bool = False):
         self.console, self._bar_enabled, self.result_only = console, bar and not result_only, result_only
         self._bar: EpochProgress | None = None
+        self._calibrating = False  # the call being made is one of the run's first, timed ones (`calls.calibrate`)
 
     def message(self, text: str) -> None:
         if not self.result_only:
@@ -40,13 +41,27 @@ class ProgressHook(RunHook):
         return self._bar
 
     def on_epoch_start(self, run: Run) -> None:
-        self._started().start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch, completed=run.loop.position)
+        self._started().start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch,
+                                    completed=run.loop.position, compile_s=run.calls.compile_s)
+        self._calibrating = run.calls.calibrating
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
-        self._started().advance(k)
+        if self._calibrating and run.loop.position < run.feed.steps_per_epoch:
+            # one of the run's first calls, timed one by one beside the forms' timings (`calls.calibrate`):
+            # its steps have finished; the rate starts after it, at the pace the run keeps
+            self._started().restart(run.loop.position, run.calls.compile_s)
+        else:
+            self._settle(run)
+        self._calibrating = run.calls.calibrating
 
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
-        self._started().advance(0, row["loss"], at=row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch)
+        if not self._calibrating:
+            self._settle(run)  # a row fetched at the epoch's end: every step has finished
+        self._started().log(row["loss"], at=row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch)
+
+    def _settle(self, run: Run) -> None:
+        """The bar counts the steps whose calls have finished, not the call still queued (`Run.queued`)."""
+        self._started().update(run.loop.position - run.queued, run.calls.compile_s)
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         self._started().end_epoch()
