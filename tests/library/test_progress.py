@@ -21,10 +21,22 @@ from jaxtrain._src.report import EpochProgress
 STEPS_PER_S, BATCH, STEPS, LOG_EVERY = 2.0, 8, 20, 2  # the true throughput: 16 samples/s
 
 
-def _simulate(k: int, terminal: bool, monkeypatch: pytest.MonkeyPatch, timed: int = 0) -> tuple[str, list[str]]:
+class _Output:
+    """A call's output: ready once the fake clock passed its finish time (`jax.Array.is_ready`)."""
+
+    def __init__(self, now: list[float], finish: float):
+        self.now, self.finish = now, finish
+
+    def is_ready(self) -> bool:
+        return self.now[0] >= self.finish
+
+
+def _simulate(k: int, terminal: bool, monkeypatch: pytest.MonkeyPatch, timed: int = 0,
+              sync: bool = False) -> tuple[str, list[str]]:
     """One epoch of STEPS steps in calls of `k` through `ProgressHook`; returns the printed text and
     the bar's rate column as rendered after each call (empty for lines). The first `timed` calls are
-    the run's calibration: each waits for its steps and takes 5 times as long (the forms timed beside it)."""
+    the run's calibration: each waits for its steps and takes 5 times as long (the forms timed beside it).
+    `sync`: the dispatch returns once the call computed (XLA:CPU often runs it on the dispatching thread)."""
     now = [0.0]
     monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     out = io.StringIO()
@@ -49,12 +61,14 @@ def _simulate(k: int, terminal: bool, monkeypatch: pytest.MonkeyPatch, timed: in
         if len(finishes) <= timed:  # a timed call: the host waits for it
             now[0] = device_free = device_free + 4 * k / STEPS_PER_S
             run.calls.calibrating = len(finishes) < timed
+        elif sync:
+            now[0] = device_free
         elif len(finishes) > 1:
             now[0] = max(now[0], finishes[-2])  # wait for the previous call
         run.loop.position += k
         run.step, run.queued = run.step + k, k  # as `Run.advance`
         rows(run.loop.position - k)
-        hook.after_call(run, k, {})
+        hook.after_call(run, k, {"loss": _Output(now, device_free)})
         if terminal:
             task = hook._bar._progress.tasks[0]
             columns = [c for c in hook._bar._progress.columns if isinstance(c, ProgressColumn)]
@@ -62,18 +76,22 @@ def _simulate(k: int, terminal: bool, monkeypatch: pytest.MonkeyPatch, timed: in
     now[0] = finishes[-1]  # the epoch waits for its last call
     run.queued = 0  # as `Run.end_epoch`
     rows(STEPS)
-    hook._started().end_epoch()
+    hook.result_only = True  # the epoch's end without its summary block
+    hook.on_epoch_end(run, {})
     return out.getvalue(), renders
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 @pytest.mark.parametrize("k", [1, 2, 10, STEPS], ids=["k1", "k2", "k10", "fused-epoch"])
-def test_progress_lines_read_the_true_rate_and_eta_from_the_first_line(k, monkeypatch):
-    text, _ = _simulate(k, terminal=False, monkeypatch=monkeypatch)
+def test_progress_lines_read_the_true_rate_and_eta_from_the_first_line(k, sync, monkeypatch):
+    text, _ = _simulate(k, terminal=False, monkeypatch=monkeypatch, sync=sync)
     lines = [line.split() for line in text.splitlines() if line.startswith("  epoch 1/1 step")]
     assert len(lines) == STEPS // LOG_EVERY
     for line in lines:
         rate = float(line[line.index("samples/s") - 1].replace(",", ""))
         assert rate == pytest.approx(STEPS_PER_S * BATCH, rel=0.2), line  # the first reading too
+    if sync:
+        return
     # the ETA: the steps not yet finished at the true rate (the first line's, one call in)
     first = lines[0]
     step = int(first[3].split("/")[0])
