@@ -45,7 +45,8 @@ def _simulate(k: int, terminal: bool, monkeypatch: pytest.MonkeyPatch, timed: in
     hook._bar = EpochProgress(console, BATCH)
     run = types.SimpleNamespace(epoch=1, step=0, queued=0, config=types.SimpleNamespace(epochs=1),
                                 feed=types.SimpleNamespace(steps_per_epoch=STEPS),
-                                loop=types.SimpleNamespace(position=0), calls=types.SimpleNamespace(compile_s=0.0, calibrating=timed > 0))
+                                loop=types.SimpleNamespace(position=0),
+                                calls=types.SimpleNamespace(compile_s=0.0, calibrating=timed > 0))
     logged, renders, device_free, finishes = 0, [], 0.0, []
 
     def rows(done: int) -> None:  # every log window whose steps finished, fetched now

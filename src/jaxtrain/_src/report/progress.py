@@ -12,7 +12,7 @@ first reading on, and is the same for every line printed at one moment (the rows
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from rich.console import Console
 from rich.progress import (
