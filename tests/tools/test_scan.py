@@ -746,3 +746,24 @@ def run(w, pairs):
     return w
 """
     assert "host-sync" in _rules_at(source).get(_line_of(source, "print(value)"), set())
+
+
+def test_a_logging_helper_given_the_steps_loss_every_step_is_a_host_sync_and_a_batch_cast_is_numpy():
+    source = HEADER + """
+def log_step(step, value):
+    print(f"step {step}: {value:.4f}")
+
+@jax.jit
+def train_step(w, xb, yb):
+    value, g = jax.value_and_grad(loss_fn)(w, xb, yb)
+    return w - 0.01 * g, value
+
+def run(w, loader):
+    for step, (x, y) in enumerate(loader):
+        w, value = train_step(w, np.float32(x) / 255.0, y)
+        log_step(step, value)
+    return w
+"""
+    found = _rules_at(source)
+    assert "host-sync" in found.get(_line_of(source, 'print(f"step {step}'), set())  # `value` is the step's loss
+    assert "numpy-in-loop" in found.get(_line_of(source, "np.float32(x)"), set())

@@ -243,6 +243,7 @@ class _Module:
             for n in ast.walk(tree))
         self._device: dict[ast.AST, set[str]] = {}
         self._assigned: dict[ast.AST, dict[str, list[tuple[int, ast.AST]]]] = {}
+        self._callers: dict[ast.AST, list[ast.Call]] = {}
         self._trains: dict[FunctionNode, bool] = {}
         self._numpy: dict[ast.AST, set[str]] = {}
         self.context = self._contexts()
@@ -614,9 +615,25 @@ class _Module:
             if current:
                 return self.device_value(current[-1][1], depth)
         before = [a for a in assigns if a[0] < line]
-        if not before:  # an argument or a global
-            return not isinstance(scope, ast.Module) and name.id in self.device_names(self.tree)
-        return self.device_value(before[-1][1], depth)
+        if before:
+            return self.device_value(before[-1][1], depth)
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and depth < 3:  # an argument: as callers pass it
+            params = [a.arg for a in [*scope.args.posonlyargs, *scope.args.args]]
+            passed = self._passed(scope, name.id, params) if name.id in params else iter(())
+            if any(self.device_value(arg, depth + 1) for arg in passed):
+                return True
+        return not isinstance(scope, ast.Module) and name.id in self.device_names(self.tree)  # a global
+
+    def _passed(self, f: ast.FunctionDef | ast.AsyncFunctionDef, param: str, params: list[str]) -> Iterator[ast.AST]:
+        """What the calls of `f` in this file (by name) pass as its argument `param`."""
+        if f not in self._callers:
+            self._callers[f] = [c for c in ast.walk(self.tree) if isinstance(c, ast.Call)
+                                and isinstance(c.func, ast.Name) and f in self.resolve_defs(c.func)]
+        i = params.index(param)
+        for call in self._callers[f]:
+            if i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+                yield call.args[i]
+            yield from (k.value for k in call.keywords if k.arg == param)
 
     def device_value(self, value: ast.AST, depth: int = 0) -> bool:
         """An expression on the device: a device call, or arithmetic, indexing or a method of device values."""
@@ -862,6 +879,8 @@ def _numpy_in_loop(m: _Module) -> Iterator[Finding]:
         name = m.qualname(node.func) or ""
         numpy = name.startswith("numpy.") and not name.startswith("numpy.testing.") and name not in (
             "numpy.asarray", "numpy.array", "numpy.float32")
+        if name in ("numpy.float32", "numpy.float64") and node.args:  # a cast of a batch, not of a scalar setting
+            numpy = isinstance(node.args[0], ast.Name) and bool(BATCH_NAME.match(node.args[0].id))
         if name in ("numpy.asarray", "numpy.array"):  # of host data; of a device value it is a host sync
             numpy = bool(node.args) and not any(isinstance(n, ast.Name) and m.device_at(n) for n in ast.walk(
                 node.args[0]))
