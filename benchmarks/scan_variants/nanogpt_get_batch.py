@@ -18,7 +18,7 @@ def get_batch():
     return jax.device_put(x), jax.device_put(y)  # scan: per-batch-transfer
 
 
-def make_train_step(model_apply, tx):
+def compile_train_step(model_apply, tx):
     @jax.jit
     def train_step(params, opt_state, x, y, key):
         def loss_fn(p):
@@ -35,7 +35,7 @@ def make_train_step(model_apply, tx):
 def main(model_apply, params):
     tx = optax.adamw(6e-4)
     opt_state = tx.init(params)
-    train_step = make_train_step(model_apply, tx)
+    train_step = compile_train_step(model_apply, tx)
     key = jax.random.PRNGKey(1337)
     iter_num, losses = 0, []
     while True:
