@@ -5,6 +5,7 @@ scan-corpus on a corpus of one file.
 `pytest -n 2 --dist loadfile` spreads the slow quick runs over both workers.)"""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,24 @@ def test_scan_corpus_benchmark_counts_recall_precision_and_clean_violations(tmp_
     with pytest.raises(ConfigError, match="1 of 1 corpus files are not in .*nothing measured"):
         main(ScanCorpusConfig(corpus=str(tmp_path / "corpus.json"), cache=str(tmp_path / "empty")))
 
+
+
+def test_scan_corpus_reads_the_labels_of_a_variant_written_here_from_its_comments(tmp_path):
+    """A `local` corpus entry (benchmarks/scan_variants/) is a file of the repository labelled by `# scan:` comments;
+    the variants the corpus names exist and carry labels."""
+    from benchmarks.scan_corpus import labels, measure
+
+    root = tmp_path / "repo"
+    (root / "variants").mkdir(parents=True)
+    (root / "variants" / "v.py").write_text(
+        "import jax\nimport jax.numpy as jnp\n\n"
+        "@jax.jit\ndef step(w, x):\n    return w - 0.1 * jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)\n\n"
+        "def train(w, batches):\n    for x in batches:\n        x = jnp.asarray(x)  # scan: per-batch-transfer\n"
+        "        w = step(w, x)  # scan: clean\n    return w\n")
+    corpus = {"rules": ["per-batch-transfer"], "files": [{"local": "variants/v.py", "modelled_on": "somewhere"}]}
+    result = measure(corpus, tmp_path / "no-cache", root=root)
+    assert (result["labelled"], result["found"], result["clean_lines"]) == (1, 1, 1)
+    assert result["clean_violations"] == []
+    repo = Path(__file__).resolve().parents[2]
+    local = [e for e in json.loads((repo / "docs" / "scan_corpus.json").read_text())["files"] if "local" in e]
+    assert local and all(labels((repo / e["local"]).read_text())[0] for e in local if "clean" not in e["local"])

@@ -655,3 +655,115 @@ def train(w, xs, ys, epochs):
     assert not _rules_at(source).get(line)
 
 
+
+
+# Issue 61, item 9: the shapes of scripts written elsewhere (benchmarks/scan_variants/ and the public entries of
+# docs/scan_corpus.json); a name is on the device or the host where it is read, not wherever it is ever bound.
+def _line_of(source: str, text: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+def test_a_batch_rebound_by_its_own_copy_to_the_device_is_a_per_batch_copy():
+    source = HEADER + """
+@jax.jit
+def train_step(w, xb, yb):
+    return w - 0.01 * jax.grad(loss_fn)(w, xb, yb)
+
+def run(w, X, Y, n_steps, bs):
+    for i in range(n_steps):
+        xb = (X[i * bs:(i + 1) * bs] - X.mean(0)) / X.std(0)
+        xb = jnp.array(xb)
+        w = train_step(w, xb, jnp.array(Y[i * bs:(i + 1) * bs]))
+    return w
+"""
+    found = _rules_at(source)
+    assert "per-batch-transfer" in found.get(_line_of(source, "xb = jnp.array(xb)"), set())
+    assert "numpy-in-loop" in found.get(_line_of(source, "X.mean(0)"), set())  # host arithmetic, copied after
+
+
+def test_numpy_of_a_batch_before_its_device_put_is_preprocessing_and_waiting_on_it_is_a_sync():
+    source = HEADER + """
+@jax.jit
+def update(w, batch):
+    return w - 0.01 * jax.grad(loss_fn)(w, batch["x"], batch["y"])
+
+def run(w, dataset, num_steps):
+    step = 0
+    while step < num_steps:
+        batch = next(dataset)
+        batch = {"x": np.asarray(batch["x"], np.float32) / 255.0, "y": batch["y"]}
+        batch = jax.device_put(batch)
+        w = update(w, batch)
+        w.block_until_ready()
+        step += 1
+    return w
+"""
+    found = _rules_at(source)
+    assert found.get(_line_of(source, "np.asarray(batch")) == {"numpy-in-loop"}  # host data: not a sync
+    assert "per-batch-transfer" in found.get(_line_of(source, "jax.device_put(batch)"), set())
+    assert "host-sync" in found.get(_line_of(source, "w.block_until_ready()"), set())
+
+
+def test_a_helper_the_loop_calls_every_step_that_copies_the_batch_and_returns_a_float_is_found():
+    source = HEADER + """
+@functools.partial(jax.jit, donate_argnums=0)
+def update(w, xb, yb):
+    value, g = jax.value_and_grad(loss_fn)(w, xb, yb)
+    return w - 0.01 * g, value
+
+def train_one_batch(w, xb, yb):
+    xb = jnp.asarray(xb, dtype=jnp.float32)
+    w, value = update(w, xb, yb)
+    return w, float(value)
+
+def fit(w, batches, epochs):
+    for epoch in range(epochs):
+        total = 0.0
+        for xb, yb in batches():
+            w, value = train_one_batch(w, xb, yb)
+            total += value
+        print(epoch, total)
+    return w
+"""
+    found = _rules_at(source)
+    assert "per-batch-transfer" in found.get(_line_of(source, "xb = jnp.asarray(xb"), set())
+    assert "host-sync" in found.get(_line_of(source, "return w, float(value)"), set())
+    assert not found.get(_line_of(source, "print(epoch, total)"))  # once per epoch, of a host float
+
+
+def test_a_value_read_before_the_line_that_rebinds_it_in_the_loop_is_the_previous_steps():
+    source = HEADER + """
+@jax.jit
+def train_step(w, xb, yb):
+    value, g = jax.value_and_grad(loss_fn)(w, xb, yb)
+    return w - 0.01 * g, value
+
+def run(w, pairs):
+    value = 0.0
+    for xb, yb in pairs:
+        print(value)
+        w, value = train_step(w, xb, yb)
+    return w
+"""
+    assert "host-sync" in _rules_at(source).get(_line_of(source, "print(value)"), set())
+
+
+def test_a_logging_helper_given_the_steps_loss_every_step_is_a_host_sync_and_a_batch_cast_is_numpy():
+    source = HEADER + """
+def log_step(step, value):
+    print(f"step {step}: {value:.4f}")
+
+@jax.jit
+def train_step(w, xb, yb):
+    value, g = jax.value_and_grad(loss_fn)(w, xb, yb)
+    return w - 0.01 * g, value
+
+def run(w, loader):
+    for step, (x, y) in enumerate(loader):
+        w, value = train_step(w, np.float32(x) / 255.0, y)
+        log_step(step, value)
+    return w
+"""
+    found = _rules_at(source)
+    assert "host-sync" in found.get(_line_of(source, 'print(f"step {step}'), set())  # `value` is the step's loss
+    assert "numpy-in-loop" in found.get(_line_of(source, "np.float32(x)"), set())

@@ -173,6 +173,7 @@ class Run(Generic[S]):
       resumed_step: the checkpoint step the run resumed from, or None.
       t_start: `time.perf_counter()` at the start of `fit`.
       stop_signal: SIGINT/SIGTERM number once one arrived (a checkpoint hook saves, the loop stops).
+      queued: steps of the call queued last, not yet known to have finished (0 once the epoch ends).
       stop_reason: set by a hook to end training after the current epoch (early stopping).
       last_checkpoint: describes the newest good checkpoint, for error messages.
       resume_hint: how to continue this run, for the message of a stopped run.
@@ -197,6 +198,7 @@ class Run(Generic[S]):
     resumed_step: int | None = None
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     stop_signal: int | None = None
+    queued: int = 0
     stop_reason: str | None = None
     last_checkpoint: Callable[[], str] = lambda: "no checkpoint was saved"
     resume_hint: str = "no run directory, so no checkpoint was saved"
@@ -233,8 +235,10 @@ class Run(Generic[S]):
 
     def advance(self, k: int, stop_signal: int | None) -> None:
         """A call of `k` steps was queued: the run's step and position move on; `stop_signal` is the
-        SIGINT/SIGTERM seen so far (a checkpoint hook saves on it)."""
+        SIGINT/SIGTERM seen so far (a checkpoint hook saves on it). The loop waits for the call
+        before it queues the next, so every step but the call's `k` (`queued`) has finished."""
         self.loop.position += k
+        self.queued = k
         self.step += k
         self.stop_signal = stop_signal
 
@@ -246,6 +250,7 @@ class Run(Generic[S]):
         """The epoch's record joins the history and every hook hears it (metrics and evaluation
         fill it, then the rest); the next epoch starts at its beginning. False: a hook stopped
         the run (`stop_reason`)."""
+        self.queued = 0  # the loop waited for the epoch's last call
         self.loop.train_time_s += record["train_time_s"]
         self.loop.history.append(record)
         self.each("on_epoch_end", record)

@@ -17,6 +17,15 @@ from jaxtrain._src.report.plots import plot_run
 FINISHED = ("completed", "stopped early")
 
 
+def _finished(metrics: Any) -> bool:
+    """Whether a call's outputs are computed, without waiting (False where that cannot be told)."""
+    leaves = jax.tree.leaves(metrics)
+    try:
+        return bool(leaves) and all(leaf.is_ready() for leaf in leaves)
+    except AttributeError:  # a population member's shared transfer, say
+        return False
+
+
 class ProgressHook(RunHook):
     """Prints the header and blocks; with `bar`, a rich progress bar (steps/s, samples/s, ETA,
     the last logged loss). With `result_only` (verbosity "result"), only the final result: a script's log
@@ -25,6 +34,8 @@ class ProgressHook(RunHook):
     def __init__(self, console: Console, bar: bool = True, result_only: bool = False):
         self.console, self._bar_enabled, self.result_only = console, bar and not result_only, result_only
         self._bar: EpochProgress | None = None
+        self._calibrating = False  # the call being made is one of the run's first, timed ones (`calls.calibrate`)
+        self._rows: list[tuple[float, int]] = []  # (loss, step of the epoch) of rows not yet shown
 
     def message(self, text: str) -> None:
         if not self.result_only:
@@ -40,15 +51,38 @@ class ProgressHook(RunHook):
         return self._bar
 
     def on_epoch_start(self, run: Run) -> None:
-        self._started().start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch, completed=run.loop.position)
+        self._started().start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch,
+                                    completed=run.loop.position, compile_s=run.calls.compile_s)
+        self._calibrating = run.calls.calibrating
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
-        self._started().advance(k)
+        bar = self._started()
+        if self._calibrating and run.loop.position < run.feed.steps_per_epoch:
+            # one of the run's first calls, timed one by one beside the forms' timings (`calls.calibrate`):
+            # its steps have finished; the rate starts after it, at the pace the run keeps
+            bar.restart(run.loop.position, run.calls.compile_s)
+        else:  # XLA:CPU often computes a call before its dispatch returns: then its steps count now
+            bar.update(run.loop.position - (0 if _finished(metrics) else run.queued), run.calls.compile_s)
+        self._calibrating = run.calls.calibrating
+        self._print_rows(run)
 
     def on_log(self, run: Run, row: dict[str, Any]) -> None:
-        self._started().advance(0, row["loss"], at=row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch)
+        """A row fetched during a call's events is shown with that call's reading (`after_call`, the
+        progress hook hears it last); one fetched at the epoch's end, at once: every step has finished."""
+        self._rows.append((row["loss"], row["step"] - (run.epoch - 1) * run.feed.steps_per_epoch))
+        if not run.queued:
+            self._print_rows(run)
+
+    def _print_rows(self, run: Run) -> None:
+        bar = self._started()
+        if not run.queued and not self._calibrating:
+            bar.update(run.loop.position, run.calls.compile_s)
+        for loss, at in self._rows:
+            bar.log(loss, at)
+        self._rows.clear()
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
+        self._print_rows(run)
         self._started().end_epoch()
         if self.result_only:
             return
@@ -58,6 +92,7 @@ class ProgressHook(RunHook):
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         if self._bar is not None:
+            self._print_rows(run)
             self._bar.end_epoch()
         if summary["status"] in FINISHED:
             if self.result_only:  # a path or a metric's name is not markup

@@ -198,7 +198,7 @@ UPDATE_CALLS = re.compile(r"(^|\.)(apply_updates|apply_gradients)$")
 DEFAULT_ALIASES = {"jax": "jax", "jnp": "jax.numpy", "np": "numpy", "nnx": "flax.nnx", "lax": "jax.lax",
                    "optax": "optax", "h5py": "h5py", "eqx": "equinox", "pd": "pandas"}
 LR_NAME = re.compile(r"(^|_)(lr|learning_rate|eta|step_size|alpha)$|^LR$", re.IGNORECASE)
-GRAD_NAME = re.compile(r"grad|^g\d*$|^g_|^d(w|b|p|params|theta|weights?|bias)\d*$", re.IGNORECASE)
+GRAD_NAME = re.compile(r"grad|^g\d*$|^g_|^d(w|b|p|params|theta|weights?|bias)\d*$|^updates?$", re.IGNORECASE)
 BATCH_NAME = re.compile(r"^(x|xs|y|ys|X|Y|batch|inputs?|targets|x_?batch|batch_?x|xb|yb|images)$")
 BATCH_SIZE_NAME = re.compile(r"^(b|bs|batch_size|batch|n_?rows|num_samples|n_samples)$", re.IGNORECASE)
 PER_SAMPLE_CALLEE = re.compile(r"model|net|forward|apply|predict|mlp|loss|logits|score", re.IGNORECASE)
@@ -242,6 +242,8 @@ class _Module:
             (getattr(n, "module", None) or a.name).split(".")[0] in ("jax", "flax", "equinox") for a in n.names)
             for n in ast.walk(tree))
         self._device: dict[ast.AST, set[str]] = {}
+        self._assigned: dict[ast.AST, dict[str, list[tuple[int, ast.AST]]]] = {}
+        self._callers: dict[ast.AST, list[ast.Call]] = {}
         self._trains: dict[FunctionNode, bool] = {}
         self._numpy: dict[ast.AST, set[str]] = {}
         self.context = self._contexts()
@@ -555,22 +557,98 @@ class _Module:
                     return True
         return False
 
+    def device_call(self, call: ast.Call) -> bool:
+        """A call whose result is on the device: a step, a gradient, a jax/flax/optax function (not
+        `jax.device_get` or a tree map), or local functions that all compute with jax."""
+        name = self.qualname(call.func) or ""
+        local = [d for d in self.resolve_defs(call.func) if not isinstance(d, ast.Lambda)]
+        return bool(self.step_call_kind(call) or (name.split(".")[0] in ("jax", "flax", "optax")
+                                                  and name != "jax.device_get" and name not in TREE_MAP) or (
+            local and all(self.computes_with_jax(d) for d in local)))
+
     def device_names(self, scope: ast.AST) -> set[str]:
-        """Names in `scope` bound to results of steps, gradients or jax calls (values on the device)."""
+        """Names in `scope` bound (anywhere in it) to results of steps, gradients or jax calls (values
+        on the device). `device_at` asks where a name is read."""
         if scope in self._device:
             return self._device[scope]
         names = self._device[scope] = set()
         for node in _walk_local_scope(scope):
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
-                call = node.value
-                name = self.qualname(call.func) or ""
-                local = [d for d in self.resolve_defs(call.func) if not isinstance(d, ast.Lambda)]
-                if self.step_call_kind(call) or (name.split(".")[0] in ("jax", "flax", "optax")
-                                                 and name != "jax.device_get" and name not in TREE_MAP) or (
-                        local and all(self.computes_with_jax(d) for d in local)):
+                if self.device_call(node.value):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         return names
+
+    def _assignments(self, scope: ast.AST) -> dict[str, list[tuple[int, ast.AST]]]:
+        """name -> (line, value) of each assignment in `scope` (a tuple target gets the whole value), in order."""
+        if scope not in self._assigned:
+            found: dict[str, list[tuple[int, ast.AST]]] = {}
+            for node in _walk_local_scope(scope):
+                if isinstance(node, ast.Assign):
+                    pairs = [(t, node.value) for t in node.targets]
+                elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                    pairs = [(node.target, node.value)]
+                elif isinstance(node, (ast.For, ast.AsyncFor)):
+                    pairs = [(node.target, node.iter)]
+                else:
+                    continue
+                for target, value in pairs:
+                    for n in ast.walk(target):
+                        if isinstance(n, ast.Name):
+                            found.setdefault(n.id, []).append((node.lineno, value))
+            self._assigned[scope] = {k: sorted(v, key=lambda a: a[0]) for k, v in found.items()}
+        return self._assigned[scope]
+
+    def device_at(self, name: ast.Name, depth: int = 0) -> bool:
+        """Whether `name` holds a device value where it is read: its last assignment before that line in
+        its function (in a loop, one later in the body is the previous iteration's), so `x = jnp.asarray(x)`
+        copies a host `x` and `np.asarray(batch)` of a batch put on the device two lines later reads host data.
+        Names not assigned in the function (arguments, globals) are not on the device unless the module
+        binds them to device values."""
+        scope, line = self.scope(name), name.lineno
+        assigns = self._assignments(scope).get(name.id, [])
+        loops = [lp for lp in self.loops_of(name) if isinstance(lp, LOOPS)]
+        if loops:  # in a loop: this iteration's assignment before the read, else the previous iteration's
+            start, end = loops[0].lineno, loops[0].end_lineno or loops[0].lineno
+            inside = [a for a in assigns if start <= a[0] <= end]  # a for loop's target is bound at its line
+            current = [a for a in inside if a[0] < line] or inside
+            if current:
+                return self.device_value(current[-1][1], depth)
+        before = [a for a in assigns if a[0] < line]
+        if before:
+            return self.device_value(before[-1][1], depth)
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and depth < 3:  # an argument: as callers pass it
+            params = [a.arg for a in [*scope.args.posonlyargs, *scope.args.args]]
+            passed = self._passed(scope, name.id, params) if name.id in params else iter(())
+            if any(self.device_value(arg, depth + 1) for arg in passed):
+                return True
+        return not isinstance(scope, ast.Module) and name.id in self.device_names(self.tree)  # a global
+
+    def _passed(self, f: ast.FunctionDef | ast.AsyncFunctionDef, param: str, params: list[str]) -> Iterator[ast.AST]:
+        """What the calls of `f` in this file (by name) pass as its argument `param`."""
+        if f not in self._callers:
+            self._callers[f] = [c for c in ast.walk(self.tree) if isinstance(c, ast.Call)
+                                and isinstance(c.func, ast.Name) and f in self.resolve_defs(c.func)]
+        i = params.index(param)
+        for call in self._callers[f]:
+            if i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+                yield call.args[i]
+            yield from (k.value for k in call.keywords if k.arg == param)
+
+    def device_value(self, value: ast.AST, depth: int = 0) -> bool:
+        """An expression on the device: a device call, or arithmetic, indexing or a method of device values."""
+        if depth > 3:
+            return False
+        if isinstance(value, ast.Call):
+            if self.device_call(value):
+                return True
+            return isinstance(value.func, ast.Attribute) and self.device_value(value.func.value, depth + 1)
+        if isinstance(value, ast.Name):
+            return self.device_at(value, depth + 1)
+        if isinstance(value, (ast.BinOp, ast.UnaryOp, ast.Subscript, ast.Attribute, ast.Tuple, ast.List)):
+            return any(self.device_value(n, depth + 1) for n in ast.iter_child_nodes(value)
+                       if isinstance(n, (ast.Name, ast.Call, ast.BinOp, ast.Subscript, ast.Attribute)))
+        return False
 
     def numpy_names(self, scope: ast.AST) -> set[str]:
         """Names in `scope` (or the module) bound to NumPy arrays or generators: results of `np.*` calls,
@@ -777,8 +855,8 @@ def _per_batch_transfer(m: _Module) -> Iterator[Finding]:
         arg = node.args[0]
         if isinstance(arg, ast.Constant) or m.periodic(node, loop) or m.in_context(node) == "traced":
             continue
-        if isinstance(arg, ast.Name) and arg.id in m.device_names(m.scope(node)):
-            continue  # already on the device: no copy
+        if isinstance(arg, ast.Name) and m.device_at(arg):
+            continue  # already on the device where it is read: no copy
         yield m.finding("per-batch-transfer", node, f"`{m.snippet(node)}` copies host data to the device every step "
                         f"({_loop_line(loop)}{_via(via)})")
 
@@ -801,9 +879,10 @@ def _numpy_in_loop(m: _Module) -> Iterator[Finding]:
         name = m.qualname(node.func) or ""
         numpy = name.startswith("numpy.") and not name.startswith("numpy.testing.") and name not in (
             "numpy.asarray", "numpy.array", "numpy.float32")
+        if name in ("numpy.float32", "numpy.float64") and node.args:  # a cast of a batch, not of a scalar setting
+            numpy = isinstance(node.args[0], ast.Name) and bool(BATCH_NAME.match(node.args[0].id))
         if name in ("numpy.asarray", "numpy.array"):  # of host data; of a device value it is a host sync
-            device = m.device_names(m.scope(node))
-            numpy = bool(node.args) and not any(isinstance(n, ast.Name) and n.id in device for n in ast.walk(
+            numpy = bool(node.args) and not any(isinstance(n, ast.Name) and m.device_at(n) for n in ast.walk(
                 node.args[0]))
         if isinstance(node.func, ast.Attribute):
             owner = node.func.value
@@ -815,14 +894,31 @@ def _numpy_in_loop(m: _Module) -> Iterator[Finding]:
                             f"({_loop_line(loop)}{_via(via)})")
     for node, loop, via in m.per_step_nodes():  # arithmetic on NumPy arrays: (x[rows] - mean) / std
         if isinstance(node, (ast.BinOp, ast.UnaryOp)) and not isinstance(m.parent.get(node), (ast.BinOp, ast.UnaryOp)) \
-                and not m.periodic(node, loop) and m.is_numpy(node, m.numpy_names(m.scope(node)), m.scope(node)):
+                and not m.periodic(node, loop) and (m.is_numpy(node, m.numpy_names(m.scope(node)), m.scope(node))
+                                                    or _copied_after(m, node)):
             yield m.finding("numpy-in-loop", node, f"`{m.snippet(node)}` computes with NumPy arrays on the host every "
                             f"step ({_loop_line(loop)}{_via(via)})")
+
+
+def _copied_after(m: _Module, node: ast.AST) -> bool:
+    """Array arithmetic assigned to a name that its function copies to the device afterwards (`xb = (X[rows] -
+    mu) / sd` then `jnp.array(xb)`): the arithmetic ran on the host, whatever `X` is (an argument, say)."""
+    p = m.parent.get(node)
+    if not (isinstance(p, ast.Assign) and p.value is node and len(p.targets) == 1
+            and isinstance(p.targets[0], ast.Name)):
+        return False
+    if not any(isinstance(n, (ast.Subscript, ast.Call)) for n in ast.walk(node)) or any(
+            isinstance(n, ast.Name) and m.device_at(n) for n in ast.walk(node)):
+        return False  # scalar arithmetic, or computed on the device
+    name, scope = p.targets[0].id, m.scope(p)
+    return any(isinstance(c, ast.Call) and m.qualname(c.func) in TRANSFER and c.args and isinstance(c.args[0], ast.Name)
+               and c.args[0].id == name and c.lineno > p.lineno for c in _walk_local_scope(scope))
 
 
 SYNC_BUILTINS = {"float", "int", "bool"}
 SYNC_FUNCTIONS = {"numpy.asarray", "numpy.array", "jax.device_get"}
 SYNC_METHODS = {"item", "tolist"}
+WAITS = ("jax.block_until_ready", "block_until_ready")  # a wait whatever it is given: it exists to wait
 LOG_CALLS = re.compile(r"^(print|.*\.(info|debug|warning|log))$")
 
 
@@ -839,22 +935,22 @@ def _epoch_loop(m: _Module, loop: ast.AST) -> bool:
 
 @_check("host-sync")
 def _host_sync(m: _Module) -> Iterator[Finding]:
-    for loop in m.step_loops:
-        if _epoch_loop(m, loop):
-            continue  # a read once per epoch costs one stall per epoch: fine
-        device = m.device_names(m.scope(loop))
-        for stmt in loop.body:  # type: ignore[attr-defined]  # a step loop: a for or while statement
-            for node in _walk_local(stmt):
-                if not isinstance(node, ast.Call) or m.periodic(node, loop):
-                    continue
-                name = m.qualname(node.func) or ""
-                mentions = any(isinstance(n, ast.Name) and n.id in device
-                               for a in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(a))
-                method = isinstance(node.func, ast.Attribute) and node.func.attr in SYNC_METHODS and any(
-                    isinstance(n, ast.Name) and n.id in device for n in ast.walk(node.func.value))
-                if method or ((name in SYNC_BUILTINS or name in SYNC_FUNCTIONS or LOG_CALLS.match(name)) and mentions):
-                    yield m.finding("host-sync", node, f"`{m.snippet(node)}` waits for the device every step "
-                                    f"({_loop_line(loop)})")
+    seen: set[ast.AST] = set()
+    for node, loop, via in m.per_step_nodes():  # the loop's body and the helpers it calls every step
+        if not isinstance(node, ast.Call) or node in seen or m.periodic(node, loop) or _epoch_loop(m, loop):
+            continue  # (a read once per epoch costs one stall per epoch: fine)
+        if m.in_context(node) == "traced":
+            continue
+        seen.add(node)
+        name = m.qualname(node.func) or ""
+        mentions = any(isinstance(n, ast.Name) and m.device_at(n)
+                       for a in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(a))
+        method = isinstance(node.func, ast.Attribute) and node.func.attr in SYNC_METHODS and any(
+            isinstance(n, ast.Name) and m.device_at(n) for n in ast.walk(node.func.value))
+        waits = name in WAITS or (isinstance(node.func, ast.Attribute) and node.func.attr in WAITS)
+        if waits or method or ((name in SYNC_BUILTINS or name in SYNC_FUNCTIONS or LOG_CALLS.match(name)) and mentions):
+            yield m.finding("host-sync", node, f"`{m.snippet(node)}` waits for the device every step "
+                            f"({_loop_line(loop)}{_via(via)})")
 
 
 def _is_sgd_product(m: _Module, node: ast.AST) -> bool:
