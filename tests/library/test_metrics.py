@@ -65,7 +65,7 @@ def _close(got, want, names):
 def test_epoch_metrics_are_exact_over_the_epoch_and_the_ragged_validation_set(grad_accum):
     train, val = _data(96), _data(53, seed=1)  # validation: 3 batches of 16 and a ragged 5
     model = Net(nnx.Rngs(0))
-    config = TrainConfig(epochs=1, batch_size=16, eval_batch_size=16, grad_accum=grad_accum)
+    config = TrainConfig(epochs=1, batch_size=16, eval_batch_size=16, steps_per_call=6, grad_accum=grad_accum)
     # a learning rate of 0: the model is the same at every step, so the epoch's counts are the whole set's
     record = run(model, loss_fn, train, val, config, optimizer=optax.sgd(0.0), verbosity="summary",
                  session=RunOptions(console=silent())).history[-1]
@@ -103,3 +103,22 @@ def test_evaluate_is_exact_over_every_row_and_compiles_once():
     assert extra["top1"] == got["accuracy"]
     with pytest.raises(jaxtrain.ConfigError, match="batch_size"):
         jaxtrain.evaluate(model, loss_fn, data, batch_size=0)
+
+
+def test_the_training_sums_of_a_stat_survive_a_resume_through_json():
+    import json
+
+    from jaxtrain._src.hooks.metrics import Sums
+
+    scores, labels = np.array([[2.0, 1.0], [-1.0, 3.0], [0.5, -0.5]]), np.array([[1, 0], [1, 1], [0, 0]])
+    steps = [jax.device_get(metrics.F1()(s, t)) for s, t in zip(scores, labels)]  # one Stat per step
+    stacked = lambda stats: metrics.Stat(stats[0].metric, {p: np.stack([s.parts[p] for s in stats])  # noqa: E731
+                                                           for p in stats[0].parts})
+    whole = Sums()
+    whole.add({"loss": np.zeros(3)}, {"f1": stacked(steps)})
+    before = Sums()
+    before.add({"loss": np.zeros(2)}, {"f1": stacked(steps[:2])})
+    resumed = Sums(**json.loads(json.dumps(before.to_json())))
+    resumed.add({"loss": np.array([np.nan])}, {"f1": stacked(steps[2:])})  # a skipped step's counts are left out
+    assert resumed.means()["f1"] == 2 * 2 / (2 * 2 + 1 + 1)  # tp 2, fp 1, fn 1 over the first two steps
+    assert whole.means()["f1"] == 2 * 2 / (2 * 2 + 2 + 1)  # the third step's false positive counted
