@@ -65,12 +65,12 @@ def _fields(data: Any, inputs: Any) -> tuple[Any, Inputs]:
                               f"in the order the model takes them")
         return dict(zip(names, data)), names
     if isinstance(data, dict) or is_source(data):
-        names = list(data.keys() if isinstance(data, dict) else data.row_shapes)
+        fields = list(data.keys() if isinstance(data, dict) else data.row_shapes)
         if inputs is None:
-            if len(names) != 1:
-                raise ConfigError(f"the inputs have the fields {', '.join(names)}: pass inputs= the one the model "
+            if len(fields) != 1:
+                raise ConfigError(f"the inputs have the fields {', '.join(fields)}: pass inputs= the one the model "
                                   f"is called on (a tuple of them for a model called with several arrays)")
-            inputs = names[0]
+            inputs = fields[0]
         return data, check_inputs(inputs)
     if not hasattr(data, "shape") or not getattr(data, "ndim", 0):
         raise ConfigError(f"predict takes an array of samples (a leading batch axis), a dict of them, a tuple of "
