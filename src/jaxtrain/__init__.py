@@ -1,7 +1,7 @@
 """jaxtrain: fast, memory-efficient neural-network training on JAX by default.
 
 The public API is what this module lists in `__all__` (docs/api.md says what each name is for),
-with the modules `jaxtrain.data`, `jaxtrain.models`, `jaxtrain.hooks`, `jaxtrain.remat` and
+with the modules `jaxtrain.data`, `jaxtrain.models`, `jaxtrain.hooks`, `jaxtrain.metrics`, `jaxtrain.remat` and
 `jaxtrain.distributed`, and `jaxtrain.rl` (it loads mctx, so it is imported only when used).
 `jaxtrain.engine` is the public low tier under `fit` (the program builder, a run with a tool's
 options, the checkpointer, ...), imported only when used. Everything under `jaxtrain._src` is
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr__` imports the same
-    from jaxtrain import data, distributed, hooks, models, remat
+    from jaxtrain import data, distributed, hooks, metrics, models, remat
     from jaxtrain._src.checkpoint import CheckpointError
     from jaxtrain._src.compile_cache import enable_compile_cache
     from jaxtrain._src.config import (
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
         TrainConfig,
     )
     from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, NonFiniteLossError
+    from jaxtrain._src.evaluate import evaluate
     from jaxtrain._src.export import export
     from jaxtrain._src.hooks.base import Hook, LambdaHook, RunView
     from jaxtrain._src.load import load
@@ -71,6 +72,7 @@ _HOMES = {
     "build_optimizer": "jaxtrain._src.optim",
     "build_schedule": "jaxtrain._src.optim",
     "enable_compile_cache": "jaxtrain._src.compile_cache",
+    "evaluate": "jaxtrain._src.evaluate",
     "export": "jaxtrain._src.export",
     "fit": "jaxtrain._src.loop",
     "fit_population": "jaxtrain._src.population",
@@ -80,7 +82,7 @@ _HOMES = {
     "predict": "jaxtrain._src.predict",
     "save_weights": "jaxtrain._src.weights",
 }
-_MODULES = ("data", "distributed", "hooks", "models", "remat")
+_MODULES = ("data", "distributed", "hooks", "metrics", "models", "remat")
 
 __all__ = [
     "CheckpointConfig",
@@ -107,6 +109,7 @@ __all__ = [
     "data",
     "distributed",
     "enable_compile_cache",
+    "evaluate",
     "export",
     "fit",
     "fit_population",
@@ -114,6 +117,7 @@ __all__ = [
     "limit_free_heap",
     "load",
     "load_weights",
+    "metrics",
     "models",
     "predict",
     "remat",

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.data.synthetic import WORKLOADS, regression_rows
     from jaxtrain._src.data.transforms import from_spec, to_spec
     from jaxtrain._src.errors import argument, rendering, setting
+    from jaxtrain._src.evaluate import evaluate_state
     from jaxtrain._src.export import check_directory as check_export_directory
     from jaxtrain._src.export import check_platforms as check_export_platforms
     from jaxtrain._src.feeds import budget_bytes
@@ -98,6 +99,7 @@ _HOMES = {
     "compiled_memory": ("jaxtrain._src.memory", "compiled_memory"),
     "cudnn_attention": ("jaxtrain._src.models.attention", "cudnn"),
     "device_description": ("jaxtrain._src.report.blocks", "device_description"),
+    "evaluate_state": ("jaxtrain._src.evaluate", "evaluate_state"),
     "flat_dict": ("jaxtrain._src.config", "flat_dict"),
     "format_bytes": ("jaxtrain._src.memory", "format_bytes"),
     "from_dict": ("jaxtrain._src.config", "from_dict"),
@@ -172,6 +174,7 @@ __all__ = [
     "compiled_memory",
     "cudnn_attention",
     "device_description",
+    "evaluate_state",
     "flat_dict",
     "format_bytes",
     "from_dict",

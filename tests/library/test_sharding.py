@@ -162,3 +162,24 @@ def test_every_mesh_and_placement_visits_the_same_batches():
             np.testing.assert_array_equal(visits(mesh, kind), expected, err_msg=f"{kind} on {mesh}")
 
 
+
+
+@pytest.mark.xla_defaults
+@pytest.mark.slow
+@pytest.mark.devices(4)
+def test_exact_metrics_add_every_devices_rows():
+    """F1, top-k and accuracy counts of a batch split over 4 devices (and of a validation tail of 5 rows, which
+    each device evaluates whole) come out as one device's over the whole set (test_metrics.py's reference)."""
+    import optax
+    from flax import nnx
+    from test_metrics import Net, _data, _reference, loss_fn
+
+    from jaxtrain import TrainConfig
+
+    train, val = _data(96), _data(53, seed=1)
+    model = Net(nnx.Rngs(0))
+    config = TrainConfig(epochs=1, batch_size=16, eval_batch_size=16, steps_per_call=6, mesh="data=4")
+    record = fit(model, loss_fn, train, val, config, optimizer=optax.sgd(0.0), verbosity="silent").history[-1]
+    for prefix, data in (("train_", train), ("val_", val)):
+        want = _reference(np.asarray(model(data["x"]), np.float64), data["y"])
+        assert max(abs(record[prefix + k] - v) for k, v in want.items()) <= 1e-6, prefix

@@ -35,6 +35,7 @@ from flax import nnx
 
 from jaxtrain._src import data as data_lib
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument, setting
+from jaxtrain._src.metrics import is_stat
 from jaxtrain._src.state import in_mode, split_params
 from jaxtrain._src.step import Augment, Batch, LossFn, Preprocess
 
@@ -397,9 +398,11 @@ def _check_outputs(out: Any, batch_size: int) -> None:
     for name, value in metrics.items():
         if not isinstance(name, str):
             raise ConfigError(f"metric names must be strings; loss_fn returned a metric named {name!r}")
+        if is_stat(value):  # sums and counts (jaxtrain.metrics), added up over the epoch
+            continue
         if not isinstance(value, jax.ShapeDtypeStruct):
             raise ConfigError(f"metric {name!r} is a {type(value).__name__}; metrics must be scalar batch means "
-                              "such as jnp.mean(...)")
+                              "such as jnp.mean(...) or jaxtrain.metrics' (e.g. metrics.F1()(logits, labels))")
         if value.shape != ():
             per_sample = ", one value per sample" if value.shape[:1] == (batch_size,) else ""
             raise ConfigError(f"metric {name!r} has shape {value.shape}{per_sample}; return a scalar batch mean "

@@ -191,11 +191,11 @@ class _Stacked:
     def step(self, state: "PopulationState", batch: Any) -> tuple["PopulationState", tuple[dict, ...]]:
         members, metrics = jax.vmap(self.programs[0].train_step, in_axes=(0, None))(state.members, batch)
         return (PopulationState(state.step + 1, members),
-                tuple({k: v[i] for k, v in metrics.items()} for i in range(self.P)))
+                tuple({k: jax.tree.map(lambda x: x[i], v) for k, v in metrics.items()} for i in range(self.P)))
 
     def eval_step(self, state: "PopulationState", batch: Any) -> dict[str, jax.Array]:
         metrics = jax.vmap(self.programs[0].eval_step, in_axes=(0, None))(state.members, batch)
-        return {f"{i}/{k}": v[i] for i in range(self.P) for k, v in metrics.items()}
+        return {f"{i}/{k}": jax.tree.map(lambda x: x[i], v) for i in range(self.P) for k, v in metrics.items()}
 
 
 def _stackable(members: Sequence[RunSpec]) -> str | None:

@@ -36,20 +36,49 @@ DEFAULT_BATCH_SIZE = 256
 _JITTED: dict[Any, Callable] = {}  # the jitted forwards of the latest models predicted with (see `Forward.jitted`)
 
 
-def _fields(data: Any, inputs: str | None) -> tuple[Any, str]:
-    """`data` as a dict of fields, and the field the model is called on."""
+Inputs = str | tuple[str, ...]  # the field the model is called on, or the fields of its positional arguments
+
+
+def check_inputs(inputs: Any) -> Inputs:
+    """`inputs` as a field name or a tuple of them (a list becomes a tuple)."""
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(k, str) for k in inputs):
+        return tuple(inputs)
+    if not isinstance(inputs, str):
+        raise ConfigError(f"inputs={inputs!r} must be a field name, or a tuple of names for a model called with "
+                          f"several arrays, e.g. inputs=('image', 'text') for model(batch['image'], batch['text'])")
+    return inputs
+
+
+def call_model(inputs: Inputs) -> Callable[[nnx.Module, dict], Any]:
+    """`model(batch[inputs])`, or with a tuple `model(batch[a], batch[b], ...)`."""
+    if isinstance(inputs, str):
+        return lambda model, batch: model(batch[inputs])
+    return lambda model, batch: model(*(batch[k] for k in inputs))
+
+
+def _fields(data: Any, inputs: Any) -> tuple[Any, Inputs]:
+    """`data` as a dict of fields, and the field(s) the model is called on."""
+    if isinstance(data, (tuple, list)) and data and all(hasattr(x, "shape") for x in data):
+        names = check_inputs(inputs) if inputs is not None else tuple(f"x{i}" for i in range(len(data)))
+        if isinstance(names, str) or len(names) != len(data):
+            raise ConfigError(f"predict got {len(data)} arrays but inputs={inputs!r}: name one field per array, "
+                              f"in the order the model takes them")
+        return dict(zip(names, data)), names
     if isinstance(data, dict) or is_source(data):
-        names = list(data.keys() if isinstance(data, dict) else data.row_shapes)
+        fields = list(data.keys() if isinstance(data, dict) else data.row_shapes)
         if inputs is None:
-            if len(names) != 1:
-                raise ConfigError(f"the inputs have the fields {', '.join(names)}: pass inputs= the one the model "
-                                  f"is called on")
-            inputs = names[0]
-        return data, inputs
+            if len(fields) != 1:
+                raise ConfigError(f"the inputs have the fields {', '.join(fields)}: pass inputs= the one the model "
+                                  f"is called on (a tuple of them for a model called with several arrays)")
+            inputs = fields[0]
+        return data, check_inputs(inputs)
     if not hasattr(data, "shape") or not getattr(data, "ndim", 0):
-        raise ConfigError(f"predict takes an array of samples (a leading batch axis), a dict of them or a row "
-                          f"source; got {type(data).__name__}")
-    inputs = inputs or "x"
+        raise ConfigError(f"predict takes an array of samples (a leading batch axis), a dict of them, a tuple of "
+                          f"them (a model called with several arrays) or a row source; got {type(data).__name__}")
+    inputs = check_inputs(inputs or "x")
+    if not isinstance(inputs, str):
+        raise ConfigError(f"predict got one array but inputs={inputs!r} names {len(inputs)} fields: pass a dict "
+                          f"or a tuple of arrays, one per field")
     return {inputs: data}, inputs
 
 
@@ -59,12 +88,13 @@ class Forward:
     Args:
       model: the trained Flax NNX model.
       preprocess: `batch -> batch`, traced into the forward (the training run's preprocessing).
-      inputs: the field of the (preprocessed) batch the model is called on.
+      inputs: the field of the (preprocessed) batch the model is called on, or a tuple of fields
+        for a model called with several arrays, `model(batch[a], batch[b])`.
       layout: the mesh to run on (batches split over its data axis); default one device.
       forward: `forward(model, batch) -> outputs`, for models not called as `model(batch[inputs])`.
     """
 
-    def __init__(self, model: nnx.Module, preprocess: Preprocess | None = None, inputs: str = "x",
+    def __init__(self, model: nnx.Module, preprocess: Preprocess | None = None, inputs: Inputs = "x",
                  layout: Layout | None = None, forward: Callable[[nnx.Module, dict], Any] | None = None):
         self.layout = layout if layout is not None else make_layout("data=1")
         self.graphdef = eval_graphdef(model)  # eval mode; the model itself is left as it was
@@ -72,9 +102,9 @@ class Forward:
         variables = (params, rest)
         self.shardings = self.layout.state_shardings(variables)
         self.variables = self.layout.put(variables, self.shardings)
-        self.inputs, self.preprocess = inputs, preprocess
+        self.inputs, self.preprocess = check_inputs(inputs), preprocess
         self._forward = forward
-        self.call = forward if forward is not None else (lambda m, batch: m(batch[self.inputs]))
+        self.call = forward if forward is not None else call_model(self.inputs)
         self._compiled: dict[Any, Any] = {}
 
     def function(self) -> Callable[[Any, dict], Any]:
@@ -147,7 +177,7 @@ def _refuse_nonfinite(block: dict[str, np.ndarray], start: int) -> None:
 
 
 def predict_batches(model: nnx.Module | Forward, data: Any, *, batch_size: int | None = None,
-                    preprocess: Preprocess | None = None, inputs: str | None = None,
+                    preprocess: Preprocess | None = None, inputs: Inputs | None = None,
                     layout: Layout | None = None, allow_nonfinite: bool = False) -> Iterator[Any]:
     """The model's outputs (NumPy pytrees) batch by batch, in the order of `data`'s rows; see
     `predict`. While one batch's outputs are copied back, the next batch is computing."""
@@ -198,7 +228,7 @@ def _host(outputs: Any, valid: int) -> Any:
 
 
 def predict(model: nnx.Module, data: Any, *, batch_size: int | None = None, preprocess: Preprocess | None = None,
-            inputs: str | None = None, layout: Layout | None = None, allow_nonfinite: bool = False) -> Any:
+            inputs: Inputs | None = None, layout: Layout | None = None, allow_nonfinite: bool = False) -> Any:
     """The trained model's outputs for every row of `data`, as NumPy arrays.
 
     Runs the evaluation-mode forward (dropout off, batch-norm running statistics), compiled once
@@ -207,14 +237,17 @@ def predict(model: nnx.Module, data: Any, *, batch_size: int | None = None, prep
 
     Args:
       model: the trained Flax NNX model, e.g. `jaxtrain.load(run_dir, model=...)`.
-      data: an array of samples (leading batch axis), a dict of such arrays, or a row source such
-        as `jaxtrain.data.HDF5Source` (read in contiguous blocks).
+      data: an array of samples (leading batch axis), a dict of such arrays, a tuple of them for a
+        model called with several arrays (`model(a, b)`), or a row source such as
+        `jaxtrain.data.HDF5Source` (read in contiguous blocks).
       batch_size: rows per compiled call (default 256, or fewer rows if `data` has fewer); on a
         mesh, rounded up to a multiple of its devices.
       preprocess: the training run's `batch -> batch` preprocessing (e.g. `jaxtrain.data.normalize`),
         applied inside the compiled forward exactly as in evaluation.
       inputs: the field of the batch the model is called on, `model(batch[inputs])`; a bare array
-        is that field (default "x"); a dict with one field needs none.
+        is that field (default "x"); a dict with one field needs none. A tuple of fields calls the
+        model with several arrays: `inputs=("image", "text")` is `model(batch["image"], batch["text"])`
+        (a tuple of arrays as `data` names them "x0", "x1", ... unless `inputs` names them).
       layout: a mesh (`jaxtrain.distributed`'s layouts) to split batches over; default one device.
       allow_nonfinite: predict input rows that hold NaN or Inf (refused by default: DataError
         naming the first few rows).
@@ -224,6 +257,7 @@ def predict(model: nnx.Module, data: Any, *, batch_size: int | None = None, prep
 
     Example:
       >>> y = jaxtrain.predict(model, x_raw, preprocess=jaxtrain.data.normalize("x", mean, std))
+      >>> y = jaxtrain.predict(two_tower, {"user": u, "item": i}, inputs=("user", "item"))
     """
     parts = list(predict_batches(model, data, batch_size=batch_size, preprocess=preprocess, inputs=inputs,
                                  layout=layout, allow_nonfinite=allow_nonfinite))

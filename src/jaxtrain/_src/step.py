@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxtrain._src import metrics as metrics_lib
 from jaxtrain._src.precision import Policy, current_scale
 from jaxtrain._src.state import TrainState, split_params
 
@@ -77,7 +78,7 @@ def make_train_step(
             loss = loss.astype(jnp.float32)
             new_model_state = split_params(model)[2]  # e.g. updated batch-norm stats
             new_model_state = jax.tree.map(_same_dtype, new_model_state, model_state)  # statistics stay float32
-            metrics = jax.tree.map(lambda m: m.astype(jnp.float32), metrics)
+            metrics = metrics_lib.as_float32(metrics)
             return loss * scale, (loss, metrics, new_model_state)
 
         (_, (loss, metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(params)
@@ -96,7 +97,8 @@ def make_train_step(
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         (model_state, grad_sum), outs = jax.lax.scan(body, (model_state, zeros), (jnp.arange(grad_accum), micro))
-        return jax.tree.map(lambda v: v.mean(axis=0), outs), model_state, jax.tree.map(lambda g: g / grad_accum,
+        loss, metrics = outs  # a Stat's counts add up over the micro-batches, batch means average
+        return (loss.mean(axis=0), metrics_lib.mean_micro(metrics)), model_state, jax.tree.map(lambda g: g / grad_accum,
                                                                                         grad_sum)
 
     gradients = micro_step if grad_accum == 1 else accumulate
@@ -141,7 +143,7 @@ def make_eval_step(
         model = nnx.merge(graphdef, policy.cast(state.params), state.model_state, copy=True)
         key = jax.random.fold_in(state.rng, _EVAL_KEY_SALT)
         loss, metrics = loss_fn(model, policy.cast(batch), key)
-        return jax.tree.map(lambda m: m.astype(jnp.float32), {"loss": loss, **metrics})
+        return metrics_lib.as_float32({"loss": loss, **metrics})
 
     return eval_step
 
@@ -240,11 +242,11 @@ def make_evaluate_sums(
         if num_full:
             full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
             per_batch = jax.lax.map(lambda batch: eval_step(state, place(batch)), full)  # each metric (num_full,)
-            totals = jax.tree.map(lambda m: jnp.sum(m) * batch_size, per_batch)
+            totals = metrics_lib.total(metrics_lib.row_sums(per_batch, batch_size))
         if remainder:
             tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)
-            tail_totals = jax.tree.map(lambda m: m * remainder, eval_step(state, tail))
-            totals = tail_totals if totals is None else jax.tree.map(jnp.add, totals, tail_totals)
+            tail_totals = metrics_lib.row_sums(eval_step(state, tail), remainder)
+            totals = tail_totals if totals is None else metrics_lib.add(totals, tail_totals)
         assert totals is not None, "evaluation data has rows (checked before the run)"
         return totals
 
@@ -262,7 +264,7 @@ def make_batch_sums(
 
     def batch_sums(state: TrainState, data: Batch, i: jax.Array, sums: Metrics) -> Metrics:
         batch = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, i * batch_size, batch_size), data)
-        return jax.tree.map(lambda t, m: t + m * batch_size, sums, eval_step(state, place(batch)))
+        return metrics_lib.add(sums, metrics_lib.row_sums(eval_step(state, place(batch)), batch_size))
 
     return batch_sums
 
@@ -273,4 +275,4 @@ def make_evaluate(
     """`evaluate(state, data) -> metrics`: exact means over all `num_samples` rows of `data`
     (`make_evaluate_sums` divided by `num_samples`)."""
     evaluate_sums = make_evaluate_sums(eval_step, num_samples, batch_size)
-    return lambda state, data: jax.tree.map(lambda t: t / num_samples, evaluate_sums(state, data))
+    return lambda state, data: metrics_lib.compute_traced(evaluate_sums(state, data), num_samples)

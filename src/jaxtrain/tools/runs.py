@@ -25,9 +25,9 @@ from jaxtrain.engine import (
     build_program,
     check_path_length,
     device_description,
+    evaluate_state,
     from_dict,
     load_with_step,
-    make_evaluate,
     make_layout,
     read_config,
     release_compiled_programs,
@@ -302,11 +302,10 @@ def evaluate(run_dir: str | os.PathLike, checkpoint: str = "best") -> dict[str, 
     n = data_lib.num_samples(val)
     program = build_program(model, workload.loss_fn, config, optimizer=optax.identity(),
                             preprocess=workload.preprocess, total_steps=1, layout=make_layout("data=1"))
-    metrics = jax.jit(make_evaluate(program.eval_step, n, min(config.eval_batch_size or config.batch_size, n)))(
-        program.state, jax.tree.map(jax.numpy.asarray, val)
-    )
+    metrics = evaluate_state(program.eval_step, program.state, jax.tree.map(jax.numpy.asarray, val),
+                             config.eval_batch_size or config.batch_size)  # jaxtrain.evaluate's pass
     return {"recipe": recipe.name, "step": step, "samples": n, "device": device_description(jax.devices()[0]),
-            **{f"val_{k}": float(v) for k, v in jax.device_get(metrics).items()}}
+            **{f"val_{k}": v for k, v in metrics.items()}}
 
 
 def sample_text(

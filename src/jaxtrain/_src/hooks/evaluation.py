@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxtrain._src import data as data_lib
+from jaxtrain._src import metrics as metrics_lib
 from jaxtrain._src.compiling import shapes_of
 from jaxtrain._src.data.adapters import BatchStream
 from jaxtrain._src.data.stream import BackgroundIterator
@@ -31,7 +32,8 @@ STREAM_BLOCK_BYTES = 32 << 20  # rows per streamed evaluation call: about this m
 
 
 class EvalHook(RunHook):
-    """Adds `val_loss` and `val_<metric>` (exact means over every validation sample), `eval_time_s`
+    """Adds `val_loss` and `val_<metric>` (exact means over every validation sample; a metric the
+    loss returns as a `jaxtrain.metrics` Stat, such as F1, computed from its counts over them all), `eval_time_s`
     and the evaluation's share of `epoch_time_s` to the epoch record; with an average of the
     weights (`TrainConfig.ema`), `val_ema_loss` and `val_ema_<metric>` of it too.
 
@@ -78,7 +80,7 @@ class EvalHook(RunHook):
         if not run.calls.form.dispatched:
             fn = make_evaluate_sums(self._step, n, B, constrain)
             sums = run.calls.compile(fn, shapes_of(run.state), data, background=True)
-            return lambda state: {k: float(v) / n for k, v in jax.device_get(sums(state, data)).items()}
+            return lambda state: metrics_lib.compute(sums(state, data), n)
         num_full, remainder = divmod(n, B)
         zeros = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), jax.eval_shape(
             self._step, run.state, jax.tree.map(lambda x: jax.ShapeDtypeStruct((B, *x.shape[1:]), x.dtype), data)))
@@ -97,7 +99,7 @@ class EvalHook(RunHook):
                 sums = batch(state, data, np.int32(i), sums)
             if tail is not None:
                 sums = tail(state, rest, index, sums)
-            return {k: float(v) / n for k, v in jax.device_get(sums).items()}
+            return metrics_lib.compute(sums, n)
 
         return evaluate
 
@@ -131,14 +133,15 @@ class EvalHook(RunHook):
             return programs[size]
 
         def evaluate(state: Any) -> dict[str, float]:
-            totals: dict[str, float] = {}
+            totals: dict[str, Any] | None = None  # added up on the host in float64
             with blocks() as iterator:
                 for block in iterator:
                     batch = as_batch(self._place(run, block))
                     size = len(next(iter(block.values())))
-                    for k, v in jax.device_get(program(size, state, batch)(state, batch)).items():
-                        totals[k] = totals.get(k, 0.0) + float(np.float64(v))
-            return {k: v / n for k, v in totals.items()}
+                    sums = metrics_lib.host_sums(program(size, state, batch)(state, batch))
+                    totals = sums if totals is None else metrics_lib.add(totals, sums)
+            assert totals is not None, "validation data have rows (checked before the run)"
+            return metrics_lib.compute(totals, n)
 
         return evaluate
 

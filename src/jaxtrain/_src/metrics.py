@@ -1,0 +1,292 @@
+"""Exact metrics from sums and counts: F1, precision, recall, top-k and mean accuracy over a whole epoch.
+
+A batch mean averaged over batches is not the epoch's value for a metric that is not a mean of
+per-row values (F1 is a ratio of counts), nor for a mean whose batches hold unequal numbers of
+rows (a ragged last batch, masked rows). A metric here, as in clu.metrics, torchmetrics or
+keras.metrics, is a zero state, an update from a batch, a merge and a compute:
+
+- calling a metric, `F1(average="macro")(logits, labels, mask=...)`, is the update: it returns a
+  `Stat`, the batch's sufficient statistics (a confusion count, a sum and a count), computed
+  inside the compiled step;
+- `Stat.merge` adds two (`Stat.zero()` is the identity): the engine adds the batches' statistics
+  over the epoch, on the device for validation and in float64 on the host for training, summed
+  over every device's rows (the step is one program over the global batch);
+- `Stat.compute()` gives the epoch's float once, at the end.
+
+A loss function returns them beside its batch means, under the name the epoch record uses:
+
+    def loss_fn(model, batch, key):
+        logits = model(batch["x"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+        return loss, {"f1": metrics.F1(average="macro")(logits, batch["y"]),
+                      "top5": metrics.TopK(5)(logits, batch["y"])}
+
+Everything is pure and jit-friendly: a `Stat` is a pytree whose leaves are the counts and whose
+metric (static, hashable) says how to compute. Counts are int32 on the device (exact to 2**31
+rows); a masked `Mean` with fractional weights sums them in float32.
+
+Scores: `logits` of shape (..., C) with integer `labels` (...) are multi-class (the prediction is
+the argmax); scores of the labels' shape are binary (positive where `score > threshold`, 0 by
+default: logits; pass 0.5 for probabilities) or, if integer, predicted class ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxtrain._src.errors import ConfigError
+
+__all__ = ["F1", "Accuracy", "Mean", "Metric", "Precision", "Recall", "Stat", "TopK", "compute", "is_stat"]
+
+Average = Literal["binary", "macro", "micro"]
+
+
+class Stat:
+    """A metric's sufficient statistics over some rows: `parts` (name -> array of sums or counts)
+    and the `metric` that computes from them. A pytree: the parts are its leaves, the metric static."""
+
+    __slots__ = ("metric", "parts")
+
+    def __init__(self, metric: "Metric", parts: dict[str, Any]):
+        self.metric, self.parts = metric, dict(parts)
+
+    def zero(self) -> "Stat":
+        """The statistics of no rows (the identity of `merge`)."""
+        return Stat(self.metric, {k: jnp.zeros_like(v) for k, v in self.parts.items()})
+
+    def merge(self, other: "Stat") -> "Stat":
+        """The statistics of both sets of rows (sums and counts added)."""
+        return Stat(self.metric, {k: self.parts[k] + other.parts[k] for k in self.parts})
+
+    def compute(self) -> float:
+        """The metric's value over the rows counted, as a Python float (on the host)."""
+        return float(self.metric.compute({k: np.asarray(v, np.float64) for k, v in self.parts.items()}))
+
+    def __repr__(self) -> str:
+        return f"Stat({self.metric!r}, {self.parts!r})"
+
+
+jax.tree_util.register_pytree_node(
+    Stat, lambda s: (tuple(s.parts[k] for k in sorted(s.parts)), (s.metric, tuple(sorted(s.parts)))),
+    lambda aux, leaves: Stat(aux[0], dict(zip(aux[1], leaves))))
+
+
+def is_stat(x: Any) -> bool:
+    return isinstance(x, Stat)
+
+
+class Metric:
+    """The base of the metrics: `metric(*batch) -> Stat` (the update), `compute(parts, xp)`: the value
+    from summed parts, with `xp` NumPy (float64, on the host) or jax.numpy (inside a compiled function)."""
+
+    def compute(self, parts: dict[str, Any], xp: Any = np) -> Any:  # pragma: no cover - each metric defines it
+        raise NotImplementedError
+
+
+def _weights(mask: Any, shape: tuple[int, ...]) -> jax.Array:
+    """The rows to count, as a boolean array of `shape` (all of them without a mask)."""
+    if mask is None:
+        return jnp.ones(shape, bool)
+    mask = jnp.asarray(mask)
+    if mask.shape != shape:
+        raise ConfigError(f"a metric's mask has shape {mask.shape} but its labels have shape {shape}; give one "
+                          f"entry per label (True or 1 for the rows to count)")
+    return mask.astype(bool)
+
+
+def _ratio(num: Any, den: Any, xp: Any = np) -> Any:
+    """num / den, 0 where den is 0 (no rows: sklearn's zero_division=0); `xp` is NumPy or jax.numpy."""
+    return xp.where(den > 0, num / xp.where(den > 0, den, 1), 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mean(Metric):
+    """The exact mean of per-row `values` over the rows counted: `Mean()(values, mask=None)`.
+    `mask` may weigh rows (a weighted mean; counts become float32 sums)."""
+
+    def __call__(self, values: Any, mask: Any = None) -> Stat:
+        values = jnp.asarray(values, jnp.float32)
+        if mask is not None and not jnp.issubdtype(jnp.asarray(mask).dtype, jnp.bool_):
+            w = jnp.broadcast_to(jnp.asarray(mask, jnp.float32), values.shape)
+            return Stat(self, {"total": jnp.sum(values * w), "count": jnp.sum(w)})
+        w = _weights(mask, values.shape)
+        return Stat(self, {"total": jnp.sum(jnp.where(w, values, 0.0)), "count": jnp.sum(w, dtype=jnp.int32)})
+
+    def compute(self, parts: dict[str, Any], xp: Any = np) -> Any:
+        return _ratio(parts["total"], parts["count"], xp)
+
+
+def _predicted(scores: Any, labels: Any, threshold: float) -> tuple[jax.Array, jax.Array, int | None]:
+    """(predicted class, labels, classes or None for binary)."""
+    scores, labels = jnp.asarray(scores), jnp.asarray(labels)
+    if scores.ndim == labels.ndim + 1:
+        return jnp.argmax(scores, axis=-1), labels.astype(jnp.int32), scores.shape[-1]
+    if scores.shape != labels.shape:
+        raise ConfigError(f"a metric got scores of shape {scores.shape} for labels of shape {labels.shape}; give "
+                          f"logits (..., classes) for labels (...), or one score per label")
+    if jnp.issubdtype(scores.dtype, jnp.integer):
+        return scores.astype(jnp.int32), labels.astype(jnp.int32), None
+    return (scores > threshold).astype(jnp.int32), labels.astype(jnp.int32), None
+
+
+@dataclasses.dataclass(frozen=True)
+class Accuracy(Metric):
+    """The exact share of rows predicted right: `Accuracy()(scores, labels, mask=None)` (scores as
+    the module says: logits (..., C) or one binary score per label)."""
+
+    threshold: float = 0.0
+
+    def __call__(self, scores: Any, labels: Any, mask: Any = None) -> Stat:
+        predicted, labels, _ = _predicted(scores, labels, self.threshold)
+        w = _weights(mask, labels.shape)
+        return Stat(self, {"correct": jnp.sum(w & (predicted == labels), dtype=jnp.int32),
+                           "count": jnp.sum(w, dtype=jnp.int32)})
+
+    def compute(self, parts: dict[str, Any], xp: Any = np) -> Any:
+        return _ratio(parts["correct"], parts["count"], xp)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK(Metric):
+    """The exact share of rows whose label is among the `k` highest logits:
+    `TopK(5)(logits, labels, mask=None)`, logits (..., C), integer labels (...). A tie with the
+    label's logit counts for the label."""
+
+    k: int = 5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 1:
+            raise ConfigError(f"TopK(k={self.k!r}): k must be an integer >= 1")
+
+    def __call__(self, logits: Any, labels: Any, mask: Any = None) -> Stat:
+        logits, labels = jnp.asarray(logits), jnp.asarray(labels).astype(jnp.int32)
+        if logits.ndim != labels.ndim + 1:
+            raise ConfigError(f"TopK takes logits (..., classes) for labels (...); got logits of shape "
+                              f"{logits.shape} for labels of shape {labels.shape}")
+        own = jnp.take_along_axis(logits, labels[..., None], axis=-1)  # the label's logit
+        above = jnp.sum(logits > own, axis=-1)  # classes ranked strictly above the label
+        w = _weights(mask, labels.shape)
+        return Stat(self, {"correct": jnp.sum(w & (above < self.k), dtype=jnp.int32),
+                           "count": jnp.sum(w, dtype=jnp.int32)})
+
+    def compute(self, parts: dict[str, Any], xp: Any = np) -> Any:
+        return _ratio(parts["correct"], parts["count"], xp)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Confusion(Metric):
+    """True positives, false positives and false negatives per class (binary: of `pos_label`)."""
+
+    average: Average = "binary"
+    num_classes: int | None = None
+    threshold: float = 0.0
+    pos_label: int = 1
+
+    def __post_init__(self) -> None:
+        if self.average not in ("binary", "macro", "micro"):
+            raise ConfigError(f"{type(self).__name__}(average={self.average!r}): average must be 'binary', 'macro' "
+                              f"or 'micro'")
+
+    def __call__(self, scores: Any, labels: Any, mask: Any = None) -> Stat:
+        predicted, labels, classes = _predicted(scores, labels, self.threshold)
+        w = _weights(mask, labels.shape)
+        if self.average == "binary":
+            p, t = predicted == self.pos_label, labels == self.pos_label
+            count = lambda x: jnp.sum(w & x, dtype=jnp.int32)  # noqa: E731
+            return Stat(self, {"tp": count(p & t), "fp": count(p & ~t), "fn": count(~p & t)})
+        classes = self.num_classes or classes
+        if classes is None:
+            raise ConfigError(f"{type(self).__name__}(average={self.average!r}) of predicted class ids needs "
+                              f"num_classes= (or pass logits (..., classes))")
+        ids = jnp.arange(classes)
+        p = (predicted[..., None] == ids) & w[..., None]  # (..., C)
+        t = (labels[..., None] == ids) & w[..., None]
+        axes = tuple(range(p.ndim - 1))
+        return Stat(self, {"tp": jnp.sum(p & t, axis=axes, dtype=jnp.int32),
+                           "fp": jnp.sum(p & ~t, axis=axes, dtype=jnp.int32),
+                           "fn": jnp.sum(~p & t, axis=axes, dtype=jnp.int32)})
+
+    def compute(self, parts: dict[str, Any], xp: Any = np) -> Any:
+        tp, fp, fn = parts["tp"], parts["fp"], parts["fn"]
+        if self.average == "micro":
+            tp, fp, fn = tp.sum(), fp.sum(), fn.sum()
+        return xp.mean(self.score(tp, fp, fn, xp))  # macro: the unweighted mean over classes
+
+    def score(self, tp: Any, fp: Any, fn: Any, xp: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision(_Confusion):
+    """tp / (tp + fp), from counts over the epoch: `Precision(average="binary"|"macro"|"micro",
+    num_classes=None, threshold=0.0, pos_label=1)(scores, labels, mask=None)`. A class never
+    predicted scores 0 (sklearn's zero_division=0); macro averages the classes unweighted."""
+
+    def score(self, tp: Any, fp: Any, fn: Any, xp: Any) -> Any:
+        return _ratio(tp, tp + fp, xp)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recall(_Confusion):
+    """tp / (tp + fn), from counts over the epoch (arguments as `Precision`)."""
+
+    def score(self, tp: Any, fp: Any, fn: Any, xp: Any) -> Any:
+        return _ratio(tp, tp + fn, xp)
+
+
+@dataclasses.dataclass(frozen=True)
+class F1(_Confusion):
+    """2 tp / (2 tp + fp + fn), from counts over the epoch (arguments as `Precision`); macro is the
+    unweighted mean of the classes' F1, as sklearn's `f1_score(average="macro")`."""
+
+    def score(self, tp: Any, fp: Any, fn: Any, xp: Any) -> Any:
+        return _ratio(2 * tp, 2 * tp + fp + fn, xp)
+
+
+# --- the engine's side: batch means and Stats in one metrics dict ---
+
+def as_float32(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Batch means as float32 (the dtype metrics are reported in); a Stat's counts keep their dtype."""
+    return {k: v if is_stat(v) else jnp.asarray(v).astype(jnp.float32) for k, v in metrics.items()}
+
+
+def mean_micro(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics of micro-batches stacked on axis 0 as the batch's: means averaged, Stats added up."""
+    return {k: jax.tree.map(lambda x: x.sum(axis=0), v) if is_stat(v) else v.mean(axis=0) for k, v in metrics.items()}
+
+
+def row_sums(metrics: dict[str, Any], rows: int) -> dict[str, Any]:
+    """A batch's metrics as sums over its `rows` rows: a batch mean times `rows`, a Stat as it is."""
+    return {k: v if is_stat(v) else v * rows for k, v in metrics.items()}
+
+
+def total(stacked: dict[str, Any]) -> dict[str, Any]:
+    """Per-batch sums stacked on axis 0, added up."""
+    return {k: jax.tree.map(lambda x: x.sum(axis=0), v) if is_stat(v) else jnp.sum(v) for k, v in stacked.items()}
+
+
+def add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two dicts of sums added (a Stat merged)."""
+    return {k: a[k].merge(b[k]) if is_stat(a[k]) else a[k] + b[k] for k in a}
+
+
+def host_sums(sums: dict[str, Any]) -> dict[str, Any]:
+    """Sums fetched to the host: floats, Stats of float64 parts (so that blocks add up exactly)."""
+    return {k: Stat(v.metric, {p: np.asarray(x, np.float64) for p, x in v.parts.items()}) if is_stat(v)
+            else float(np.float64(v)) for k, v in jax.device_get(sums).items()}
+
+
+def compute(sums: dict[str, Any], rows: int) -> dict[str, float]:
+    """The epoch's values from its sums over `rows` rows (on the host): a sum of batch means divided
+    by `rows`, a Stat computed."""
+    return {k: v.compute() if is_stat(v) else float(v) / rows for k, v in host_sums(sums).items()}
+
+
+def compute_traced(sums: dict[str, Any], rows: int) -> dict[str, jax.Array]:
+    """`compute` inside a compiled function (float32 arrays)."""
+    return {k: v.metric.compute(v.parts, jnp) if is_stat(v) else v / rows for k, v in sums.items()}

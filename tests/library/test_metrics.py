@@ -1,0 +1,121 @@
+"""Exact epoch metrics from sums and counts (`jaxtrain.metrics`) and `jaxtrain.evaluate`, checked against
+plain NumPy over the whole set (tolerance 1e-6: float32 logits, counts exact)."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from conftest import silent
+from flax import nnx
+
+import jaxtrain
+from jaxtrain import TrainConfig, metrics
+from jaxtrain._src.loop import RunOptions, run
+
+C = 3
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(4, C, rngs=rngs)
+
+    def __call__(self, x):
+        return self.linear(x)
+
+
+def _data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    return {"x": x, "y": ((x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1)).astype(np.int32)}
+
+
+def loss_fn(model, batch, key):
+    logits = model(batch["x"])
+    y = batch["y"]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return loss, {"f1": metrics.F1(average="macro")(logits, y),
+                  "f1_pos": metrics.F1()(logits[:, 1] - logits[:, 0], y),  # binary, from one score per row
+                  "precision": metrics.Precision(average="macro")(logits, y),
+                  "recall": metrics.Recall("macro")(logits, y),
+                  "top2": metrics.TopK(2)(logits, y), "accuracy": metrics.Accuracy()(logits, y)}
+
+
+def _reference(logits, y):
+    """The metrics over the whole set, in plain NumPy (sklearn's definitions, zero_division=0)."""
+    pred = logits.argmax(-1)
+    def f1(p, t):
+        tp, fp, fn = np.sum(p & t), np.sum(p & ~t), np.sum(~p & t)
+        return 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0
+    per = [(np.sum((pred == c) & (y == c)), np.sum((pred == c) & (y != c)), np.sum((pred != c) & (y == c)))
+           for c in range(C)]
+    own = np.take_along_axis(logits, y[:, None], 1)
+    return {"f1": np.mean([f1(pred == c, y == c) for c in range(C)]),
+            "f1_pos": f1(logits[:, 1] - logits[:, 0] > 0, y == 1),
+            "precision": np.mean([tp / (tp + fp) if tp + fp else 0.0 for tp, fp, _ in per]),
+            "recall": np.mean([tp / (tp + fn) if tp + fn else 0.0 for tp, _, fn in per]),
+            "top2": np.mean(np.sum(logits > own, 1) < 2), "accuracy": np.mean(pred == y)}
+
+
+def _close(got, want, names):
+    for name in names:
+        assert abs(got[name] - want[name]) <= 1e-6, (name, got[name], want[name])
+
+
+def test_epoch_metrics_are_exact_over_the_epoch_and_the_ragged_validation_set():
+    train, val = _data(96), _data(53, seed=1)  # validation: 3 batches of 16 and a ragged 5
+    model = Net(nnx.Rngs(0))
+    config = TrainConfig(epochs=1, batch_size=16, eval_batch_size=16, steps_per_call=6, grad_accum=2)  # 2 micro-batches
+    # a learning rate of 0: the model is the same at every step, so the epoch's counts are the whole set's
+    record = run(model, loss_fn, train, val, config, optimizer=optax.sgd(0.0), verbosity="summary",
+                 session=RunOptions(console=silent())).history[-1]
+    names = list(_reference(np.zeros((1, C)), np.zeros(1, int)))
+    for prefix, data in (("train_", train), ("val_", val)):
+        want = _reference(np.asarray(model(data["x"]), np.float64), data["y"])
+        _close({k[len(prefix):]: v for k, v in record.items() if k.startswith(prefix)}, want, names)
+    assert 0 < record["val_f1"] < 1 and record["val_f1"] != record["val_accuracy"]
+
+
+def test_mean_counts_only_the_rows_of_the_mask():
+    values, mask = np.arange(10, dtype=np.float32), np.arange(10) < 3
+    f = jax.jit(lambda v, m: metrics.Mean()(v, m))
+    stat = f(values[:5], mask[:5]).merge(f(values[5:], mask[5:]))  # the second batch: every row masked out
+    assert stat.compute() == 1.0  # (0 + 1 + 2) / 3, not the mean of the batch means
+    assert metrics.Mean()(values).zero().compute() == 0.0
+
+
+def test_evaluate_is_exact_over_every_row_and_compiles_once():
+    from jaxtrain._src.evaluate import _JITTED
+
+    model, data = Net(nnx.Rngs(0)), _data(37)
+    extra = lambda m, b: {"top1": metrics.TopK(1)(m(b["x"]), b["y"])}  # noqa: E731 - beside the loss's metrics
+    got = jaxtrain.evaluate(model, loss_fn, data, batch_size=16, metrics=extra)  # 2 batches of 16 and a ragged 5
+    logits = np.asarray(model(data["x"]), np.float64)
+    want = _reference(logits, data["y"])
+    _close(got, want, want)
+    assert abs(got["loss"] - optax.softmax_cross_entropy_with_integer_labels(logits, data["y"]).mean()) <= 1e-6
+    assert got["top1"] == got["accuracy"]
+    before = dict(_JITTED)
+    model.linear.kernel[...] *= 2.0  # new weights, the same program
+    again = jaxtrain.evaluate(model, loss_fn, data, batch_size=16, metrics=extra)
+    assert _JITTED == before and all(f._cache_size() == 1 for f in _JITTED.values()) and again != got
+    with pytest.raises(jaxtrain.ConfigError, match="batch_size"):
+        jaxtrain.evaluate(model, loss_fn, data, batch_size=0)
+
+
+def test_the_training_sums_of_a_stat_survive_a_resume_through_json():
+    import json
+
+    from jaxtrain._src.hooks.metrics import Sums
+
+    scores, labels = np.array([[2.0, 1.0], [-1.0, 3.0], [0.5, -0.5]]), np.array([[1, 0], [1, 1], [0, 0]])
+    steps = [jax.device_get(metrics.F1()(s, t)) for s, t in zip(scores, labels)]  # one Stat per step
+    stacked = lambda stats: metrics.Stat(stats[0].metric, {p: np.stack([s.parts[p] for s in stats])  # noqa: E731
+                                                           for p in stats[0].parts})
+    whole = Sums()
+    whole.add({"loss": np.zeros(3)}, {"f1": stacked(steps)})
+    before = Sums()
+    before.add({"loss": np.zeros(2)}, {"f1": stacked(steps[:2])})
+    resumed = Sums(**json.loads(json.dumps(before.to_json())))
+    resumed.add({"loss": np.array([np.nan])}, {"f1": stacked(steps[2:])})  # a skipped step's counts are left out
+    assert resumed.means()["f1"] == 2 * 2 / (2 * 2 + 1 + 1)  # tp 2, fp 1, fn 1 over the first two steps
+    assert whole.means()["f1"] == 2 * 2 / (2 * 2 + 2 + 1)  # the third step's false positive counted
