@@ -114,7 +114,8 @@ def fit(
         training mode and is evaluated in evaluation mode whatever mode it arrives in, and is left
         in the mode it arrived in.
       loss_fn: `loss_fn(model, batch, key) -> (loss, metrics)`, with `metrics` a dict of scalar
-        batch means (may be empty; per-sample values are a ConfigError). `key` is fresh every step.
+        batch means (may be empty; per-sample values are a ConfigError) or `jaxtrain.metrics` counts,
+        computed from their sums over the epoch. `key` is fresh every step.
       train_data: a pytree (dict, tuple, ...) of arrays with one row per sample; a row source
         (`jaxtrain.data.HDF5Source`, `NpySource`, `ArraySource`); a map-style dataset (`len` and
         `[i]` giving one sample: a PyTorch `Dataset`, a Hugging Face `Dataset`, a Grain
