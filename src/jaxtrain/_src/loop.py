@@ -23,7 +23,7 @@ from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.checks import check_path_length
 from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.config import TrainConfig
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, setting
 from jaxtrain._src.hooks import (
     CheckpointHook,
     EarlyStopping,
@@ -100,6 +100,7 @@ def fit(
     config: TrainConfig = TrainConfig(),
     *,
     optimizer: optax.GradientTransformation | None = None,
+    lr_schedule: optax.Schedule | None = None,
     hooks: Sequence[Hook] = (),
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
@@ -130,6 +131,10 @@ def fit(
         fastest: XLA:CPU runs some ops, convolutions above all, many times slower in a loop body.
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
+      lr_schedule: the schedule (`step -> rate`) your `optimizer` was built with, so that `lr` is
+        logged: evaluated at the optimizer's own count (of its first `optax.scale_by_schedule`).
+        Not needed for `config.optim`'s optimizer, nor for one made with `optax.inject_hyperparams`
+        (its `learning_rate` is read from its state); without either, `lr` is not logged (noted).
       hooks: your `jaxtrain.Hook`s; they see a read-only `RunView` and run after evaluation, before
         early stopping, checkpoints and reports (the loop orders its own hooks around them).
       preprocess: `batch -> batch`, traced into training and evaluation (e.g. normalisation).
@@ -153,8 +158,9 @@ def fit(
       NonFiniteLossError: a training loss became NaN or Inf (with `on_nan="stop"`).
       TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
-    return run(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks,
-               preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
+    return run(model, loss_fn, train_data, val_data, config, optimizer=optimizer, lr_schedule=lr_schedule,
+               hooks=hooks, preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume,
+               verbosity=verbosity)
 
 
 def run(
@@ -165,6 +171,7 @@ def run(
     config: TrainConfig = TrainConfig(),
     *,
     optimizer: optax.GradientTransformation | None = None,
+    lr_schedule: optax.Schedule | None = None,
     hooks: Sequence[Hook] = (),
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
@@ -175,7 +182,14 @@ def run(
 ) -> FitResult:
     """`fit`, with what a tool adds (`RunOptions`): the run's name, the config to save, the console."""
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
-    spec = Specification([RunSpec(model, config, run_dir, hooks, optimizer, session.name, session.saved_config)],
+    if lr_schedule is not None and optimizer is None:
+        raise ConfigError("lr_schedule= is the schedule of your own optimizer=; without one, config.optim's learning "
+                          "rate is logged already: drop lr_schedule=")
+    if lr_schedule is not None and not callable(lr_schedule):
+        raise ConfigError(f"lr_schedule must be a function of the step (an optax schedule); got "
+                          f"{type(lr_schedule).__name__}")
+    spec = Specification([RunSpec(model, config, run_dir, hooks, optimizer, session.name, session.saved_config,
+                                  lr_schedule)],
                          loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, session.console,
                          session.auto_steps, session.plots)
     with contextlib.ExitStack() as stack:
@@ -207,6 +221,10 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
     if optimizer is not None and not isinstance(optimizer, optax.GradientTransformation):
         raise ConfigError(f"optimizer must be an optax.GradientTransformation (e.g. optax.adamw(1e-3)); "
                           f"got {type(optimizer).__name__}")
+    if optimizer is not None and config.optim.plateau_patience:
+        raise ConfigError(f"{setting('optim.plateau_patience', config.optim.plateau_patience)} reduces the learning "
+                          "rate of config.optim's optimizer, but optimizer= is your own: put "
+                          "optax.contrib.reduce_on_plateau in it (it gets the loss as value=), or drop optimizer=")
     if isinstance(hooks, Hook) or not all(isinstance(h, Hook) for h in hooks):
         raise ConfigError("hooks must be a list of jaxtrain.Hook objects (subclass Hook or use LambdaHook)")
     for hook in hooks:

@@ -234,14 +234,29 @@ def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
     return None
 
 
+def _schedule_count(opt_state: optax.OptState) -> jax.Array | None:
+    """The count of the first `optax.scale_by_schedule` state inside `opt_state` (the one optax's
+    optimizers given a schedule keep), or None."""
+    is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_schedule):
+        if is_schedule(leaf):
+            return leaf.count
+    return None
+
+
 def learning_rate_fn(
-    tx: optax.GradientTransformation, params: optax.Params, schedule: optax.Schedule | None = None
+    tx: optax.GradientTransformation, params: optax.Params, schedule: optax.Schedule | None = None,
+    user_schedule: optax.Schedule | None = None,
 ) -> Callable[[optax.OptState, jax.Array], jax.Array] | None:
     """`lr(updated_opt_state, step)`, the learning rate an update used, for logging; None when
-    neither applies.
+    none of these applies.
 
-    It is read from the optimizer state when the optimizer holds it (`optax.inject_hyperparams`),
-    else computed from `schedule` (the config's) at the step's index.
+    In order: read from the optimizer state where the optimizer holds it (`optax.inject_hyperparams`
+    anywhere in a chain or wrapper, `with_values`); else `user_schedule` (`fit`'s `lr_schedule`, the
+    schedule the user's own optimizer was built with) at the count the optimizer evaluated its
+    schedule at (its first `scale_by_schedule` state's count before the update, so skipped updates
+    and resumes count as the optimizer does), or at the step's index where the state keeps no such
+    count; else `schedule` (the config's) at the step's index.
     """
     if _injected_learning_rate(jax.eval_shape(tx.init, params)) is not None:
 
@@ -251,6 +266,15 @@ def learning_rate_fn(
             return lr
 
         return injected
+    if user_schedule is not None:
+        counted = _schedule_count(jax.eval_shape(tx.init, params)) is not None
+
+        def scheduled(opt_state: optax.OptState, step: jax.Array) -> jax.Array:
+            count = _schedule_count(opt_state) if counted else None
+            at = step if count is None else jnp.maximum(count - 1, 0)  # the count before this update
+            return jnp.asarray(user_schedule(at), jnp.float32)
+
+        return scheduled
     if schedule is not None:
         return lambda opt_state, step: jnp.asarray(schedule(step), jnp.float32)
     return None

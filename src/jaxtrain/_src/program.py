@@ -55,6 +55,7 @@ class Program:
       total_steps: the optimizer steps the schedule is laid out over.
       rewrites: what of the loss was rewritten for XLA:CPU (`rewrite.rewrite_loss`), or None.
       loss_clean: the loss, as trained, is known to hold no op that XLA:CPU runs slowly in a loop.
+      logs_lr: the step's metrics hold `lr`, the learning rate of each update (`optim.learning_rate_fn`).
     """
 
     config: TrainConfig
@@ -71,6 +72,7 @@ class Program:
     total_steps: int
     rewrites: str | None = None
     loss_clean: bool = False
+    logs_lr: bool = False
 
     def calls(self, steps_per_call: int = 0, auto: AutoSteps = AutoSteps(), source: CallSource | None = None,
               log: Callable[[str], None] = lambda message: None, form: str | None = None) -> CompiledCalls:
@@ -124,6 +126,7 @@ def build_program(
     *,
     train_data: Any = None,
     optimizer: optax.GradientTransformation | None = None,
+    lr_schedule: optax.Schedule | None = None,
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
     total_steps: int | None = None,
@@ -139,6 +142,7 @@ def build_program(
       train_data: the training data (arrays, a row source, or data that make their own feed);
         None builds no feed (then pass `total_steps`).
       optimizer: the user's optax transformation; None builds `config.optim`'s.
+      lr_schedule: the schedule `optimizer` was built with, for the logged `lr` (`optim.learning_rate_fn`).
       preprocess, augment: traced into the step, as `fit` takes them.
       total_steps: the steps the schedule spans; default `config.epochs` epochs of the feed.
       layout: the mesh; default `config.mesh` over every device.
@@ -176,12 +180,12 @@ def build_program(
         loss_fn, rewrites, clean = rewrite_loss(loss_fn, training, batch, config.rewrite)
         if policy.name != "fp32" and not abstract:  # products the model keeps in float32 under bf16 or fp16
             note_float32_products(loss_fn, training, batch, policy)
-    lr = learning_rate_fn(tx, state.params, schedule)
+    lr = learning_rate_fn(tx, state.params, schedule, lr_schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)
     eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess, policy)
     return Program(config, layout, feed, tx, schedule, policy, graphdef, state, shardings, train_step, eval_step,
-                   total_steps, rewrites, clean)
+                   total_steps, rewrites, clean, lr is not None)
 
 
 def _one_batch(train_data: Any, config: TrainConfig) -> Any:
