@@ -8,7 +8,7 @@ import pytest
 from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
-from jaxtrain import CheckpointConfig, EarlyStoppingConfig, LambdaHook, OptimConfig, TrainConfig
+from jaxtrain import CheckpointConfig, EarlyStoppingConfig, LambdaHook, OptimConfig, TrainConfig, log_learning_rate
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.split import split_validation
 from jaxtrain._src.errors import ConfigError, DataError
@@ -84,17 +84,15 @@ def test_plateau_and_restore_best_continue_across_a_resume(tmp_path):
     assert _same(nnx.state(resumed.model, nnx.Param), nnx.state(whole.model, nnx.Param))
 
 
-def test_the_rate_of_an_own_optax_schedule_is_logged_with_lr_schedule():
+def test_the_rate_of_an_own_optax_schedule_is_logged_through_log_learning_rate():
     schedule = optax.linear_schedule(1e-2, 0.0, 20)
     rates = {}
     hook = LambdaHook(on_log=lambda run, row: rates.__setitem__(row["step"], row.get("lr")))
     own = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(schedule))
     config = TrainConfig(epochs=1, batch_size=16, log_every=2)
-    run(small_mlp(), mse, regression_data(64), None, config, optimizer=own, lr_schedule=schedule, hooks=[hook],
-        verbosity="silent")
+    run(small_mlp(), mse, regression_data(64), None, config, optimizer=log_learning_rate(own, schedule),
+        hooks=[hook], verbosity="silent")
     assert rates == {s: np.float32(schedule(s - 1)) for s in (2, 4)}  # the rate each row's last update used
-    with pytest.raises(ConfigError, match="drop lr_schedule"):
-        run(small_mlp(), mse, regression_data(64), None, config, lr_schedule=schedule, verbosity="silent")
     with pytest.raises(ConfigError, match="optax.contrib.reduce_on_plateau"):
         run(small_mlp(), mse, regression_data(64), None, TrainConfig(optim=OptimConfig(plateau_patience=2)),
             optimizer=own, verbosity="silent")

@@ -59,7 +59,6 @@ class RunSpec:
       optimizer: its own optax transformation; None builds `config.optim`'s.
       name: the run's name in its files (a recipe's name).
       saved_config: what its config.json records (default `config`).
-      lr_schedule: the schedule `optimizer` was built with, for the logged learning rate.
     """
 
     model: nnx.Module
@@ -69,7 +68,6 @@ class RunSpec:
     optimizer: optax.GradientTransformation | None = None
     name: str = "fit"
     saved_config: Any = None
-    lr_schedule: optax.Schedule | None = None
 
 
 class Joint(Protocol):
@@ -178,11 +176,10 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
               for r, s in zip(runs, saved)]
     console, shown, bar = printing(spec.console, spec.verbosity, primary)
     first = build_program(runs[0].model, spec.loss_fn, config, train_data=spec.train_data,
-                          optimizer=runs[0].optimizer, lr_schedule=runs[0].lr_schedule, preprocess=spec.preprocess,
-                          augment=spec.augment)
+                          optimizer=runs[0].optimizer, preprocess=spec.preprocess, augment=spec.augment)
     if runs[0].optimizer is not None and not first.logs_lr:
-        note("the learning rate of your optimizer= is not in its state, so lr is not logged; pass the schedule it "
-             "was built with as lr_schedule= (a constant rate c: lr_schedule=lambda step: c), or build it with "
+        note("the learning rate of your optimizer= is not in its state, so lr is not logged; wrap it as "
+             "jaxtrain.log_learning_rate(optimizer, schedule) (a constant rate c: schedule=c), or build it with "
              "optax.inject_hyperparams")
     programs = joint.programs(first, runs) if joint else [first]
     feed = first.feed

@@ -100,7 +100,6 @@ def fit(
     config: TrainConfig = TrainConfig(),
     *,
     optimizer: optax.GradientTransformation | None = None,
-    lr_schedule: optax.Schedule | None = None,
     hooks: Sequence[Hook] = (),
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
@@ -131,10 +130,8 @@ def fit(
         fastest: XLA:CPU runs some ops, convolutions above all, many times slower in a loop body.
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
-      lr_schedule: the schedule (`step -> rate`) your `optimizer` was built with, so that `lr` is
-        logged: evaluated at the optimizer's own count (of its first `optax.scale_by_schedule`).
-        Not needed for `config.optim`'s optimizer, nor for one made with `optax.inject_hyperparams`
-        (its `learning_rate` is read from its state); without either, `lr` is not logged (noted).
+        The logged `lr` is read from its state where it holds one (`optax.inject_hyperparams`
+        anywhere in it); else wrap it as `jaxtrain.log_learning_rate(optimizer, schedule)`.
       hooks: your `jaxtrain.Hook`s; they see a read-only `RunView` and run after evaluation, before
         early stopping, checkpoints and reports (the loop orders its own hooks around them).
       preprocess: `batch -> batch`, traced into training and evaluation (e.g. normalisation).
@@ -158,9 +155,8 @@ def fit(
       NonFiniteLossError: a training loss became NaN or Inf (with `on_nan="stop"`).
       TrainingStopped: SIGINT or SIGTERM arrived; a checkpoint was saved first.
     """
-    return run(model, loss_fn, train_data, val_data, config, optimizer=optimizer, lr_schedule=lr_schedule,
-               hooks=hooks, preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume,
-               verbosity=verbosity)
+    return run(model, loss_fn, train_data, val_data, config, optimizer=optimizer, hooks=hooks,
+               preprocess=preprocess, augment=augment, run_dir=run_dir, resume=resume, verbosity=verbosity)
 
 
 def run(
@@ -171,7 +167,6 @@ def run(
     config: TrainConfig = TrainConfig(),
     *,
     optimizer: optax.GradientTransformation | None = None,
-    lr_schedule: optax.Schedule | None = None,
     hooks: Sequence[Hook] = (),
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
@@ -182,14 +177,7 @@ def run(
 ) -> FitResult:
     """`fit`, with what a tool adds (`RunOptions`): the run's name, the config to save, the console."""
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
-    if lr_schedule is not None and optimizer is None:
-        raise ConfigError("lr_schedule= is the schedule of your own optimizer=; without one, config.optim's learning "
-                          "rate is logged already: drop lr_schedule=")
-    if lr_schedule is not None and not callable(lr_schedule):
-        raise ConfigError(f"lr_schedule must be a function of the step (an optax schedule); got "
-                          f"{type(lr_schedule).__name__}")
-    spec = Specification([RunSpec(model, config, run_dir, hooks, optimizer, session.name, session.saved_config,
-                                  lr_schedule)],
+    spec = Specification([RunSpec(model, config, run_dir, hooks, optimizer, session.name, session.saved_config)],
                          loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, session.console,
                          session.auto_steps, session.plots)
     with contextlib.ExitStack() as stack:

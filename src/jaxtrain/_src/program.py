@@ -126,7 +126,6 @@ def build_program(
     *,
     train_data: Any = None,
     optimizer: optax.GradientTransformation | None = None,
-    lr_schedule: optax.Schedule | None = None,
     preprocess: Preprocess | None = None,
     augment: Augment | None = None,
     total_steps: int | None = None,
@@ -142,7 +141,6 @@ def build_program(
       train_data: the training data (arrays, a row source, or data that make their own feed);
         None builds no feed (then pass `total_steps`).
       optimizer: the user's optax transformation; None builds `config.optim`'s.
-      lr_schedule: the schedule `optimizer` was built with, for the logged `lr` (`optim.learning_rate_fn`).
       preprocess, augment: traced into the step, as `fit` takes them.
       total_steps: the steps the schedule spans; default `config.epochs` epochs of the feed.
       layout: the mesh; default `config.mesh` over every device.
@@ -180,7 +178,7 @@ def build_program(
         loss_fn, rewrites, clean = rewrite_loss(loss_fn, training, batch, config.rewrite)
         if policy.name != "fp32" and not abstract:  # products the model keeps in float32 under bf16 or fp16
             note_float32_products(loss_fn, training, batch, policy)
-    lr = learning_rate_fn(tx, state.params, schedule, lr_schedule)
+    lr = learning_rate_fn(tx, state.params, schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)
     eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess, policy)
