@@ -8,7 +8,16 @@ import pytest
 from conftest import mse, regression_data, silent, small_mlp
 from flax import nnx
 
-from jaxtrain import CheckpointConfig, EarlyStoppingConfig, LambdaHook, OptimConfig, TrainConfig, log_learning_rate
+from jaxtrain import (
+    CheckpointConfig,
+    EarlyStoppingConfig,
+    LambdaHook,
+    Member,
+    OptimConfig,
+    TrainConfig,
+    fit_population,
+    log_learning_rate,
+)
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.split import split_validation
 from jaxtrain._src.errors import ConfigError, DataError
@@ -93,6 +102,10 @@ def test_the_rate_of_an_own_optax_schedule_is_logged_through_log_learning_rate()
     run(small_mlp(), mse, regression_data(64), None, config, optimizer=log_learning_rate(own, schedule),
         hooks=[hook], verbosity="silent")
     assert rates == {s: np.float32(schedule(s - 1)) for s in (2, 4)}  # the rate each row's last update used
+    plateau = TrainConfig(optim=OptimConfig(plateau_patience=2))
     with pytest.raises(ConfigError, match="optax.contrib.reduce_on_plateau"):
-        run(small_mlp(), mse, regression_data(64), None, TrainConfig(optim=OptimConfig(plateau_patience=2)),
-            optimizer=own, verbosity="silent")
+        run(small_mlp(), mse, regression_data(64), None, plateau, optimizer=own, verbosity="silent")
+    with pytest.raises(ConfigError, match="train that run alone"):
+        fit_population([Member(small_mlp(), plateau)], mse, regression_data(64), verbosity="silent")
+    with pytest.raises(ConfigError, match="plateau_patience does not take"):
+        OptimConfig(plateau_patience=2, schedule="exponential", min_lr=1e-6)

@@ -262,9 +262,10 @@ class EarlyStoppingConfig:
     """Smallest change that counts as an improvement."""
     restore_best: bool = False
     """At the end of training the model takes the weights of the epoch with the best `metric`
-    (Keras's `restore_best_weights`), copied in memory when that epoch ended, whether or not
-    early stopping is on (patience 0 watches without stopping); summary.json's `restored_epoch`
-    names it. The checkpoints and `FitResult.state` keep the last step's state."""
+    (Keras's `restore_best_weights`), whether or not early stopping is on (patience 0 watches
+    without stopping): a copy in device memory made when that epoch ended, or after a resume that
+    epoch's checkpoint (kept by `checkpoint.keep_best` on the same metric). summary.json's
+    `restored_epoch` names it; the checkpoints and `FitResult.state` keep the last step's state."""
 
     def __post_init__(self) -> None:
         _plain_numbers(self)

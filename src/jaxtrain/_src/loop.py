@@ -125,6 +125,8 @@ def fit(
         batches (auto: streamed when over the budget; a loader's batches are always streamed).
       val_data: any of the same for validation (same keys, row shapes, dtype kinds), or None. Held
         on the device when it fits what the training data leave of the budget, else evaluated streamed.
+        With `config.val_split` (and no val_data) the last rows of `train_data` validate, as Keras's
+        `validation_split` takes them.
       config: training settings. `config.step_form` "auto" (the default) times the forms of a call
         (a `lax.scan` loop, unrolled steps, the plain step) on the run's first steps and keeps the
         fastest: XLA:CPU runs some ops, convolutions above all, many times slower in a loop body.
@@ -148,7 +150,8 @@ def fit(
         metrics and the run directory) or "silent" (nothing; notes go to stderr).
 
     Returns:
-      A `FitResult`.
+      A `FitResult`. With `config.early_stopping.restore_best` the model holds the weights of the
+      best epoch (`summary["restored_epoch"]`); `FitResult.state` stays the last step's.
 
     Raises:
       ConfigError, DataError, CheckpointError: settings, data or checkpoints that cannot work.
