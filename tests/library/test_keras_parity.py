@@ -81,16 +81,18 @@ def test_reduce_on_plateau_lowers_the_logged_rate_without_recompiling_and_restor
 
 
 def test_plateau_and_restore_best_continue_across_a_resume(tmp_path):
-    data, optim = regression_data(128), OptimConfig(lr=1e-2, plateau_patience=1, plateau_factor=0.5, plateau_mode="max")
+    rates, weights = {}, {}
+    hook = LambdaHook(on_log=lambda run, row: rates.__setitem__(row["step"], row["lr"]),
+                      on_epoch_end=lambda run, record: weights.__setitem__(run.epoch, jax.device_get(run.state.params)))
+    optim = OptimConfig(lr=1e-2, plateau_patience=1, plateau_factor=0.5, plateau_mode="max")
     settings = dict(val_split=0.25, optim=optim, early_stopping=EarlyStoppingConfig(mode="max", restore_best=True),
-                    checkpoint=CheckpointConfig(best_metric="val_loss", best_mode="max", keep_last=1))
-    whole = _fit(data, epochs=3, **settings)
-    _fit(data, epochs=2, run_dir=tmp_path / "run", **settings)
-    resumed = _fit(data, epochs=3, run_dir=tmp_path / "run", resume=True, **settings)
-    assert [r.get("lr_reduced_to") for r in resumed.history] == [r.get("lr_reduced_to") for r in whole.history]
-    assert _same(resumed.state.params, whole.state.params)  # the reduced rate came back with the resume
-    assert resumed.summary["restored_epoch"] == 1  # from its checkpoint: the best epoch was before the resume
-    assert _same(nnx.state(resumed.model, nnx.Param), nnx.state(whole.model, nnx.Param))
+                    checkpoint=CheckpointConfig(best_metric="val_loss", best_mode="max", keep_last=1), log_every=6)
+    _fit(regression_data(128), epochs=2, run_dir=tmp_path, hooks=[hook], **settings)  # reduced after epoch 2
+    resumed = _fit(regression_data(128), epochs=3, run_dir=tmp_path, resume=True, hooks=[hook], **settings)
+    assert rates == {6: np.float32(1e-2), 12: np.float32(1e-2), 18: np.float32(5e-3)}  # the reduced rate came back
+    assert [r.get("lr_reduced_to") for r in resumed.history] == [None, 5e-3, 2.5e-3]
+    assert resumed.summary["restored_epoch"] == 1  # from its checkpoint: the best epoch came before the resume
+    assert _same(nnx.state(resumed.model, nnx.Param), weights[1])
 
 
 def test_the_rate_of_an_own_optax_schedule_is_logged_through_log_learning_rate():
