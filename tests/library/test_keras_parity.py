@@ -24,10 +24,10 @@ from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.loop import RunOptions, run
 
 
-def _fit(train, val=None, hooks=(), run_dir=None, resume=False, **overrides):
+def _fit(train, val=None, hooks=(), run_dir=None, resume=False, console=None, **overrides):
     config = TrainConfig(**{"epochs": 1, "batch_size": 16, "log_every": 4, **overrides})
     return run(small_mlp(), mse, train, val, config, hooks=hooks, run_dir=run_dir, resume=resume,
-               verbosity="summary", session=RunOptions(console=silent(), plots=False))
+               verbosity="summary", session=RunOptions(console=console or silent(), plots=False))
 
 
 def _same(a, b) -> bool:
@@ -68,8 +68,11 @@ def test_reduce_on_plateau_lowers_the_logged_rate_without_recompiling_and_restor
     hook = LambdaHook(on_log=lambda run, row: rates.__setitem__(row["step"], row["lr"]),
                       on_epoch_end=lambda run, record: weights.__setitem__(run.epoch, jax.device_get(run.state.params)))
     optim = OptimConfig(lr=1e-2, plateau_patience=1, plateau_factor=0.5, plateau_mode="max", plateau_min_lr=3e-3)
-    result = _fit(regression_data(128), epochs=4, val_split=0.25, optim=optim, hooks=[hook],
+    console = silent()
+    result = _fit(regression_data(128), epochs=4, val_split=0.25, optim=optim, hooks=[hook], console=console,
                   early_stopping=EarlyStoppingConfig(mode="max", restore_best=True))
+    printed = console.file.getvalue()
+    assert "learning rate 0.01 -> 0.005" in printed and "Restored Weights:     epoch 1" in printed
     # 6 steps an epoch: reduced after epochs 2 and 3 (to the floor 3e-3), not below it after epoch 4
     assert [r.get("lr_reduced_to") for r in result.history] == [None, 5e-3, 3e-3, None]
     assert rates == {4: np.float32(1e-2), 8: np.float32(1e-2), 12: np.float32(1e-2), 16: np.float32(5e-3),

@@ -232,10 +232,8 @@ def finish(run: Run[TrainState], model: nnx.Module, status: str, **extra: Any) -
     keeper = next((h for h in run.hooks if isinstance(h, RestoreBest)), None)
     if keeper is not None and status in ("completed", "stopped early"):
         best = keeper.best(run)
-        if best is not None:
+        if best is not None:  # the final block and summary.json name the epoch
             extra["restored_epoch"], params, model_state = best
-            run.console.print(f"restored the weights of epoch {best[0]} (best {keeper.watch.metric} "
-                              f"{keeper.watch.best:.6g})")
     nnx.update(model, params, model_state)
     end_run(run, {**build_summary(run, status), **extra})
 
