@@ -22,6 +22,7 @@ from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.split import split_validation
 from jaxtrain._src.errors import ConfigError, DataError
 from jaxtrain._src.loop import RunOptions, run
+from jaxtrain._src.optim import learning_rate_fn
 
 
 def _fit(train, val=None, hooks=(), run_dir=None, resume=False, console=None, **overrides):
@@ -114,3 +115,12 @@ def test_the_rate_of_an_own_optax_schedule_is_logged_through_log_learning_rate()
         fit_population([Member(small_mlp(), plateau)], mse, regression_data(64), verbosity="silent")
     with pytest.raises(ConfigError, match="plateau_patience does not take"):
         OptimConfig(plateau_patience=2, schedule="exponential", min_lr=1e-6)
+
+
+def test_the_logged_rate_of_an_injected_rate_includes_reduce_on_plateau_scale():
+    params = {"w": jax.numpy.ones((2, 2))}
+    tx = optax.chain(optax.inject_hyperparams(optax.adam)(learning_rate=0.1), optax.contrib.reduce_on_plateau())
+    lr = learning_rate_fn(tx, params)
+    state = tx.init(params)
+    state = (state[0], state[1]._replace(scale=jax.numpy.asarray(0.5)))
+    assert float(lr(state, 0)) == pytest.approx(0.05)

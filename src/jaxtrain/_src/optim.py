@@ -276,21 +276,34 @@ def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
     return None
 
 
+def _times_plateau_scales(lr: jax.Array, opt_state: optax.OptState) -> jax.Array:
+    """`lr` times the scale of each `optax.contrib.reduce_on_plateau` state in `opt_state` (as it is
+    without): that transform scales the updates, so the rate they are made with is the product."""
+    is_plateau = lambda x: isinstance(x, optax.contrib.ReduceLROnPlateauState)  # noqa: E731
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_plateau):
+        if is_plateau(leaf):
+            lr = lr * leaf.scale
+    return lr
+
+
 def learning_rate_fn(
     tx: optax.GradientTransformation, params: optax.Params, schedule: optax.Schedule | None = None
 ) -> Callable[[optax.OptState, jax.Array], jax.Array] | None:
     """`lr(updated_opt_state, step)`, the learning rate an update used, for logging; None when
     neither applies.
 
-    It is read from the optimizer state when the optimizer holds it (`optax.inject_hyperparams`),
-    else computed from `schedule` (the config's) at the step's index.
+    It is read from the optimizer state where the optimizer holds it (`optax.inject_hyperparams`
+    anywhere in a chain or wrapper, `with_values`, `log_learning_rate`), times the scale of each
+    `optax.contrib.reduce_on_plateau` in it; else computed from `schedule` (the config's) at the
+    step's index. Not recognised: a schedule given straight to an optax optimizer
+    (`optax.adamw(schedule)`), whose state keeps only a count, not the schedule.
     """
     if _injected_learning_rate(jax.eval_shape(tx.init, params)) is not None:
 
         def injected(opt_state: optax.OptState, step: jax.Array) -> jax.Array:
             lr = _injected_learning_rate(opt_state)
             assert lr is not None  # opt_state has tx.init's structure, which holds it
-            return lr
+            return _times_plateau_scales(lr, opt_state)
 
         return injected
     if schedule is not None:
