@@ -93,6 +93,9 @@ class RowRange:
         if not 0 <= start <= stop <= len(self):
             raise DataError(f"rows [{start}, {stop}) are outside the {len(self):,} rows of this part of the data")
 
+    def close(self) -> None:
+        """Nothing: the source stays open for the other part (its owner closes it)."""
+
     def __getattr__(self, name: str) -> Any:  # the source's other attributes (names, attrs, ...)
         if name in ("source", "start", "stop") or name.startswith("__"):
             raise AttributeError(name)
