@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.load import load
     from jaxtrain._src.loop import FitResult, TrainingStopped, fit
     from jaxtrain._src.memory import limit_free_heap
-    from jaxtrain._src.optim import build_optimizer, build_schedule
+    from jaxtrain._src.optim import build_optimizer, build_schedule, log_learning_rate
     from jaxtrain._src.population import Member, fit_population
     from jaxtrain._src.predict import predict
     from jaxtrain._src.run_guard import RESUMABLE
@@ -79,6 +79,7 @@ _HOMES = {
     "limit_free_heap": "jaxtrain._src.memory",
     "load": "jaxtrain._src.load",
     "load_weights": "jaxtrain._src.weights",
+    "log_learning_rate": "jaxtrain._src.optim",
     "predict": "jaxtrain._src.predict",
     "save_weights": "jaxtrain._src.weights",
 }
@@ -117,6 +118,7 @@ __all__ = [
     "limit_free_heap",
     "load",
     "load_weights",
+    "log_learning_rate",
     "metrics",
     "models",
     "predict",

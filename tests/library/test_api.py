@@ -12,7 +12,8 @@ PUBLIC = {
     "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "Member", "NonFiniteLossError",
     "OptimConfig", "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer",
     "build_schedule", "data", "distributed", "enable_compile_cache", "evaluate", "export", "fit", "fit_population",
-    "hooks", "limit_free_heap", "load", "load_weights", "metrics", "models", "predict", "remat", "save_weights",
+    "hooks", "limit_free_heap", "load", "load_weights", "log_learning_rate", "metrics", "models", "predict", "remat",
+    "save_weights",
 }
 ENGINE = {
     "Augment", "COMPILE_CACHE_ENV", "Checkpointer", "Forward", "GenerateResult", "Layout", "LossFn", "MAX_SEED",

@@ -177,6 +177,10 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     console, shown, bar = printing(spec.console, spec.verbosity, primary)
     first = build_program(runs[0].model, spec.loss_fn, config, train_data=spec.train_data,
                           optimizer=runs[0].optimizer, preprocess=spec.preprocess, augment=spec.augment)
+    if runs[0].optimizer is not None and not first.logs_lr:
+        note("the learning rate of your optimizer= is not in its state, so lr is not logged; wrap it as "
+             "jaxtrain.log_learning_rate(optimizer, schedule) (a constant rate c: schedule=c), or build it with "
+             "optax.inject_hyperparams")
     programs = joint.programs(first, runs) if joint else [first]
     feed = first.feed
     assert feed is not None  # built with training data

@@ -133,6 +133,22 @@ class OptimConfig:
     """Weight decay: decoupled for adamw, an L2 term added to the gradient for sgd and adam."""
     clip_norm: float = 0.0
     """Clip gradients to this global L2 norm before the update; 0 disables clipping."""
+    plateau_patience: int = 0
+    """Reduce on plateau (Keras's ReduceLROnPlateau): after this many evaluated epochs without
+    improvement of `plateau_metric`, the learning rate (the whole schedule) is multiplied by
+    `plateau_factor`; 0 disables it. The rate is a number in the optimizer state: nothing recompiles."""
+    plateau_factor: float = 0.1
+    """Reduce on plateau: the factor in (0, 1) the learning rate is multiplied by at each reduction."""
+    plateau_metric: str = "val_loss"
+    """Reduce on plateau: the epoch metric to watch: val_loss, train_loss or val_<metric>."""
+    plateau_mode: BestMode = "min"
+    """Reduce on plateau: whether lower (min) or higher (max) `plateau_metric` is better."""
+    plateau_min_delta: float = 0.0
+    """Reduce on plateau: the smallest change that counts as an improvement."""
+    plateau_cooldown: int = 0
+    """Reduce on plateau: epochs after a reduction before epochs without improvement count again."""
+    plateau_min_lr: float = 0.0
+    """Reduce on plateau: the learning rate is not reduced below this."""
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
@@ -152,6 +168,17 @@ class OptimConfig:
         _check_positive("optim.eps", self.eps)
         _check_non_negative("optim.weight_decay", self.weight_decay)
         _check_non_negative("optim.clip_norm", self.clip_norm)
+        _check_choice("optim.plateau_mode", self.plateau_mode, BestMode)
+        for field in ("plateau_patience", "plateau_cooldown"):
+            value = getattr(self, field)
+            _check(isinstance(value, int) and value >= 0, f"optim.{field}={value!r} must be an integer >= 0")
+        _check(isinstance(self.plateau_factor, (int, float)) and 0 < self.plateau_factor < 1,
+               f"optim.plateau_factor={self.plateau_factor!r} must be in (0, 1), e.g. 0.1 or 0.5")
+        _check_non_negative("optim.plateau_min_delta", self.plateau_min_delta)
+        _check_non_negative("optim.plateau_min_lr", self.plateau_min_lr)
+        _check(self.schedule != "exponential" or not self.plateau_patience,
+               "optim.plateau_patience does not take optim.schedule=exponential (the learning-rate range test); "
+               "use constant or warmup-cosine")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,9 +260,17 @@ class EarlyStoppingConfig:
     """Whether lower (min) or higher (max) is better."""
     min_delta: float = 0.0
     """Smallest change that counts as an improvement."""
+    restore_best: bool = False
+    """At the end of training the model takes the weights of the epoch with the best `metric`
+    (Keras's `restore_best_weights`), whether or not early stopping is on (patience 0 watches
+    without stopping): a copy in device memory made when that epoch ended, or after a resume that
+    epoch's checkpoint (kept by `checkpoint.keep_best` on the same metric). summary.json's
+    `restored_epoch` names it; the checkpoints and `FitResult.state` keep the last step's state."""
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
+        _check(isinstance(self.restore_best, bool), f"early_stopping.restore_best={self.restore_best!r} must be "
+                                                    "True or False")
         _check_choice("early_stopping.mode", self.mode, BestMode)
         _check(isinstance(self.patience, int) and self.patience >= 0,
                f"early_stopping.patience={self.patience!r} must be an integer >= 0")
@@ -293,6 +328,10 @@ class TrainConfig:
     """Samples per evaluation batch; 0 uses batch_size."""
     seed: int = 0
     """Seed for initialisation, shuffling and every random key of the run."""
+    val_split: float = 0.0
+    """Fraction of the training rows held out for validation when no val_data is given (Keras's
+    `validation_split`): the last rows, as Keras takes them, before any shuffling (shuffle ordered
+    data first). 0: none held out."""
     steps_per_call: int = 0
     """Optimizer steps per compiled call (K); 0 picks the smallest K that keeps per-call overhead
     under 2% of compute."""
@@ -364,6 +403,8 @@ class TrainConfig:
         unknown = [n.strip() for n in self.track.split(",") if n.strip() and n.strip() not in TRACKERS]
         _check(not unknown, f"unknown tracker {unknown[0]!r} in track={self.track!r}; choose among "
                             f"{', '.join(TRACKERS)}" if unknown else "")
+        _check(isinstance(self.val_split, (int, float)) and 0 <= self.val_split < 1,
+               f"val_split={self.val_split!r} must be a fraction in (0, 1) of the training rows, e.g. 0.1 (0: none)")
         _check(isinstance(self.ema, (int, float)) and 0 <= self.ema < 1,
                f"ema={self.ema!r} must be 0 (off) or a decay in (0, 1), e.g. 0.999")
         _check(isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,

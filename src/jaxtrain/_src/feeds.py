@@ -34,6 +34,7 @@ from jaxtrain._src.data.adapters import BatchStream, adapt
 from jaxtrain._src.data.arrays import Placement, bytes_used_in_place
 from jaxtrain._src.data.fingerprint import fingerprint
 from jaxtrain._src.data.sources import ArraySource
+from jaxtrain._src.data.split import split_validation
 from jaxtrain._src.data.stream import EPOCH_END, BackgroundIterator, DevicePrefetcher, StreamLoader
 from jaxtrain._src.errors import ConfigError, DataError, setting
 from jaxtrain._src.report.notes import note
@@ -469,6 +470,11 @@ def adapt_inputs(train_data: Any, val_data: Any, config: TrainConfig) -> tuple[A
     config asked for another."""
     train_data = adapt(train_data, "train_data", config.seed, config.data.allow_nan)
     val_data = adapt(val_data, "val_data", config.seed, config.data.allow_nan)
+    if config.val_split and val_data is not None:
+        raise ConfigError(f"{setting('val_split', config.val_split)} holds out rows of train_data for validation, "
+                          f"but val_data is given too; pass one of them (or {setting('val_split', 0)})")
+    if config.val_split:
+        train_data, val_data = split_validation(train_data, config.val_split)
     if isinstance(train_data, BatchStream):
         size = train_data.batch_size * jax.process_count()
         if size != config.batch_size and config.batch_size != TrainConfig.batch_size:

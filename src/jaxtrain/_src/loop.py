@@ -23,7 +23,7 @@ from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.checks import check_path_length
 from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.config import TrainConfig
-from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.errors import ConfigError, setting
 from jaxtrain._src.hooks import (
     CheckpointHook,
     EarlyStopping,
@@ -126,11 +126,15 @@ def fit(
         batches (auto: streamed when over the budget; a loader's batches are always streamed).
       val_data: any of the same for validation (same keys, row shapes, dtype kinds), or None. Held
         on the device when it fits what the training data leave of the budget, else evaluated streamed.
+        With `config.val_split` (and no val_data) the last rows of `train_data` validate, as Keras's
+        `validation_split` takes them.
       config: training settings. `config.step_form` "auto" (the default) times the forms of a call
         (a `lax.scan` loop, unrolled steps, the plain step) on the run's first steps and keeps the
         fastest: XLA:CPU runs some ops, convolutions above all, many times slower in a loop body.
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
+        The logged `lr` is read from its state where it holds one (`optax.inject_hyperparams`
+        anywhere in it); else wrap it as `jaxtrain.log_learning_rate(optimizer, schedule)`.
       hooks: your `jaxtrain.Hook`s; they see a read-only `RunView` and run after evaluation, before
         early stopping, checkpoints and reports (the loop orders its own hooks around them).
       preprocess: `batch -> batch`, traced into training and evaluation (e.g. normalisation).
@@ -147,7 +151,8 @@ def fit(
         metrics and the run directory) or "silent" (nothing; notes go to stderr).
 
     Returns:
-      A `FitResult`.
+      A `FitResult`. With `config.early_stopping.restore_best` the model holds the weights of the
+      best epoch (`summary["restored_epoch"]`); `FitResult.state` stays the last step's.
 
     Raises:
       ConfigError, DataError, CheckpointError: settings, data or checkpoints that cannot work.
@@ -208,6 +213,10 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
     if optimizer is not None and not isinstance(optimizer, optax.GradientTransformation):
         raise ConfigError(f"optimizer must be an optax.GradientTransformation (e.g. optax.adamw(1e-3)); "
                           f"got {type(optimizer).__name__}")
+    if optimizer is not None and config.optim.plateau_patience:
+        raise ConfigError(f"{setting('optim.plateau_patience', config.optim.plateau_patience)} reduces the learning "
+                          "rate of config.optim's optimizer, but optimizer= is your own: put "
+                          "optax.contrib.reduce_on_plateau in it (it gets the loss as value=), or drop optimizer=")
     if isinstance(hooks, Hook) or not all(isinstance(h, Hook) for h in hooks):
         raise ConfigError("hooks must be a list of jaxtrain.Hook objects (subclass Hook or use LambdaHook)")
     for hook in hooks:

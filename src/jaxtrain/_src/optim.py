@@ -221,17 +221,69 @@ def ema_params(opt_state: optax.OptState) -> optax.Params | None:
     return None
 
 
+class LoggedRateState(NamedTuple):
+    """`log_learning_rate`'s state: the update count, the rate of the last update and the inner state."""
+
+    count: jax.Array  # type: ignore[assignment]  # the update count, named as optax's states name it
+    learning_rate: jax.Array
+    inner: optax.OptState
+
+
+def log_learning_rate(optimizer: optax.GradientTransformation,
+                      schedule: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+    """`optimizer` (your own optax transformation, built with `schedule`) with the learning rate of
+    each update kept in its state, so that `fit` logs it as `lr` (in metrics.jsonl, the progress
+    lines, TensorBoard and the trackers). `fit` reads the rate from the state of optax's
+    `inject_hyperparams` by itself; an optimizer built otherwise (`optax.adamw(schedule)`, a chain,
+    your own transformation) keeps its schedule where nothing can read it, hence this wrapper.
+
+    The rate logged for an update is `schedule(n)`, n the updates applied before it: the count
+    optax's own schedules are evaluated at, also after a resume and where `on_nan="skip"` skipped
+    updates (a skipped update counts in neither). Updates are `optimizer`'s, unchanged.
+
+    Args:
+      optimizer: the optax transformation to train with.
+      schedule: the schedule it was built with (`step -> rate`), or its constant rate.
+
+    Example:
+      schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 100, 10_000)
+      fit(model, loss_fn, data, optimizer=jaxtrain.log_learning_rate(optax.adamw(schedule), schedule))
+    """
+    rate = schedule if callable(schedule) else (lambda count: schedule)
+    inner_tx = optax.with_extra_args_support(optimizer)
+
+    def init(params: optax.Params) -> LoggedRateState:
+        return LoggedRateState(jnp.zeros([], jnp.int32), jnp.asarray(rate(0), jnp.float32), inner_tx.init(params))
+
+    def update(updates: optax.Updates, state: LoggedRateState, params: optax.Params | None = None, **extra_args: Any):
+        updates, inner = inner_tx.update(updates, state.inner, params, **extra_args)
+        lr = jnp.asarray(rate(state.count), jnp.float32)
+        return updates, LoggedRateState(optax.safe_int32_increment(state.count), lr, inner)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
 def _injected_learning_rate(opt_state: optax.OptState) -> jax.Array | None:
     """The `learning_rate` hyperparameter of the first `optax.inject_hyperparams` state inside
-    `opt_state`, or None."""
-    kinds = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState, ValuesState)
+    `opt_state` (or the rate `with_values` or `log_learning_rate` keeps), or None."""
+    kinds = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState, ValuesState, LoggedRateState)
     is_injected = lambda x: isinstance(x, kinds)  # noqa: E731
     for leaf in jax.tree.leaves(opt_state, is_leaf=is_injected):
-        if isinstance(leaf, ValuesState):
+        if isinstance(leaf, (ValuesState, LoggedRateState)):
             return leaf.learning_rate
         if is_injected(leaf) and "learning_rate" in leaf.hyperparams:
             return leaf.hyperparams["learning_rate"]
     return None
+
+
+def _times_plateau_scales(lr: jax.Array, opt_state: optax.OptState) -> jax.Array:
+    """`lr` times the scale of each `optax.contrib.reduce_on_plateau` state in `opt_state` (as it is
+    without): that transform scales the updates, so the rate they are made with is the product."""
+    is_plateau = lambda x: isinstance(x, optax.contrib.ReduceLROnPlateauState)  # noqa: E731
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_plateau):
+        if is_plateau(leaf):
+            lr = lr * leaf.scale
+    return lr
 
 
 def learning_rate_fn(
@@ -240,15 +292,18 @@ def learning_rate_fn(
     """`lr(updated_opt_state, step)`, the learning rate an update used, for logging; None when
     neither applies.
 
-    It is read from the optimizer state when the optimizer holds it (`optax.inject_hyperparams`),
-    else computed from `schedule` (the config's) at the step's index.
+    It is read from the optimizer state where the optimizer holds it (`optax.inject_hyperparams`
+    anywhere in a chain or wrapper, `with_values`, `log_learning_rate`), times the scale of each
+    `optax.contrib.reduce_on_plateau` in it; else computed from `schedule` (the config's) at the
+    step's index. Not recognised: a schedule given straight to an optax optimizer
+    (`optax.adamw(schedule)`), whose state keeps only a count, not the schedule.
     """
     if _injected_learning_rate(jax.eval_shape(tx.init, params)) is not None:
 
         def injected(opt_state: optax.OptState, step: jax.Array) -> jax.Array:
             lr = _injected_learning_rate(opt_state)
             assert lr is not None  # opt_state has tx.init's structure, which holds it
-            return lr
+            return _times_plateau_scales(lr, opt_state)
 
         return injected
     if schedule is not None:

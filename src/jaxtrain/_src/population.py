@@ -106,6 +106,9 @@ def _check_members(members: Sequence[Member]) -> None:
         if member.config.ema:
             raise ConfigError(f"member {i}: an average of the weights (ema) is not kept in populations; "
                               "train that run alone")
+        if member.config.optim.plateau_patience or member.config.early_stopping.restore_best:
+            raise ConfigError(f"member {i}: reduce on plateau (optim.plateau_patience) and restoring the best weights "
+                              "(early_stopping.restore_best) act on a lone run's state; train that run alone with fit")
         check_path_length(member.run_dir, f"member {i} run_dir")
     dirs = [Path(m.run_dir).resolve() for m in members if m.run_dir is not None]
     if len(set(dirs)) != len(dirs):

@@ -55,6 +55,7 @@ class Program:
       total_steps: the optimizer steps the schedule is laid out over.
       rewrites: what of the loss was rewritten for XLA:CPU (`rewrite.rewrite_loss`), or None.
       loss_clean: the loss, as trained, is known to hold no op that XLA:CPU runs slowly in a loop.
+      logs_lr: the step's metrics hold `lr`, the learning rate of each update (`optim.learning_rate_fn`).
     """
 
     config: TrainConfig
@@ -71,6 +72,7 @@ class Program:
     total_steps: int
     rewrites: str | None = None
     loss_clean: bool = False
+    logs_lr: bool = False
 
     def calls(self, steps_per_call: int = 0, auto: AutoSteps = AutoSteps(), source: CallSource | None = None,
               log: Callable[[str], None] = lambda message: None, form: str | None = None) -> CompiledCalls:
@@ -181,7 +183,7 @@ def build_program(
                                  layout.split_grads, policy, config.grad_accum)
     eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess, policy)
     return Program(config, layout, feed, tx, schedule, policy, graphdef, state, shardings, train_step, eval_step,
-                   total_steps, rewrites, clean)
+                   total_steps, rewrites, clean, lr is not None)
 
 
 def _one_batch(train_data: Any, config: TrainConfig) -> Any:

@@ -35,6 +35,8 @@ from jaxtrain._src.hooks import (
     MetricsHook,
     PlotHook,
     ProfileHook,
+    ReduceOnPlateau,
+    RestoreBest,
     Run,
     RunFilesHook,
     RunHook,
@@ -222,9 +224,17 @@ def step_form_of(config: TrainConfig, loop: LoopState) -> str:
 
 
 def finish(run: Run[TrainState], model: nnx.Module, status: str, **extra: Any) -> None:
-    """Ends `run` with `status`: `model` takes its trained variables, then the run's summary (with
-    `extra` in it) goes to every hook (`end_run`)."""
-    nnx.update(model, run.state.params, run.state.model_state)
+    """Ends `run` with `status`: `model` takes its trained variables (those of the best epoch with
+    `early_stopping.restore_best`, when training completed or stopped early: `restored_epoch` in
+    the summary; the run's state stays the last step's), then the run's summary (with `extra` in
+    it) goes to every hook (`end_run`)."""
+    params, model_state = run.state.params, run.state.model_state
+    keeper = next((h for h in run.hooks if isinstance(h, RestoreBest)), None)
+    if keeper is not None and status in ("completed", "stopped early"):
+        best = keeper.best(run)
+        if best is not None:  # the final block and summary.json name the epoch
+            extra["restored_epoch"], params, model_state = best
+    nnx.update(model, params, model_state)
     end_run(run, {**build_summary(run, status), **extra})
 
 
@@ -284,13 +294,17 @@ def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | Non
     files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
     plots (unless not `plots`), TensorBoard, the trackers of `config.track`, progress; each
     restored from `loop` when it has saved state."""
-    _note_idle_early_stopping(config.early_stopping)
+    stopping = config.early_stopping
+    _note_idle_early_stopping(stopping)
     ordered = [
         MetricsHook(config.log_every, config.on_nan),
         *([evaluation] if evaluation else []),
         *hooks,
         *([] if any(isinstance(h, ProfileHook) for h in hooks) else [ProfileHook()]),
-        *([EarlyStopping(**dataclasses.asdict(config.early_stopping))] if config.early_stopping.patience else []),
+        *([EarlyStopping(stopping.metric, stopping.patience, stopping.mode, stopping.min_delta)]
+          if stopping.patience else []),
+        *([RestoreBest(stopping.metric, stopping.mode, stopping.min_delta)] if stopping.restore_best else []),
+        *([ReduceOnPlateau(config.optim)] if config.optim.plateau_patience else []),
         *([RunFilesHook(run_dir, saved)] if run_dir else []),  # an epoch's row is written before its checkpoint
         *([checkpoints] if checkpoints else []),
         *([PlotHook()] if run_dir and plots else []),
@@ -308,8 +322,8 @@ def _note_idle_early_stopping(stopping: EarlyStoppingConfig) -> None:
     """A note when early stopping's settings are given while it is off (patience 0, the default):
     a Keras user sets the metric to watch and expects it watched."""
     given = [f.name for f in dataclasses.fields(stopping)
-             if f.name != "patience" and getattr(stopping, f.name) != f.default]
-    if given and not stopping.patience:
+             if f.name not in ("patience", "restore_best") and getattr(stopping, f.name) != f.default]
+    if given and not stopping.patience and not stopping.restore_best:  # restore_best watches the metric too
         names = ", ".join(setting(f"early_stopping.{name}", getattr(stopping, name)) for name in given)
         note(f"{names}: early stopping is off, so this has no effect; set "
              f"{setting('early_stopping.patience', placeholder='N')} to stop after N epochs without improvement")

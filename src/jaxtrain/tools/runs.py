@@ -32,6 +32,7 @@ from jaxtrain.engine import (
     read_config,
     release_compiled_programs,
     run,
+    setting,
     to_dict,
     to_spec,
     write_text,
@@ -74,6 +75,11 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
         release_compiled_programs()
         _first_run = False
     try:
+        if config.val_split and w.val is not None:  # the recipe's own held-out rows: one validation set or the other
+            own = (f"; pass {setting('data.val_samples', 0)} with it" if hasattr(getattr(config, "data", None),
+                                                                             "val_samples") else ": drop it")
+            raise ConfigError(f"{setting('val_split', config.val_split)} holds out the last training rows for "
+                              f"validation, but {recipe.name} validates on rows of its own{own}")
         verbosity = "result" if config.quiet and config.verbosity == "progress" else config.verbosity
         return run(w.model, w.loss_fn, w.train, w.val, config,
                    hooks=[_save_info(recipe, w, run_dir), *w.hooks, *hooks], preprocess=w.preprocess,

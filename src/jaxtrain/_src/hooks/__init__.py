@@ -2,10 +2,11 @@
 
 from jaxtrain._src.hooks.base import Hook, LambdaHook, Run, RunHook, RunView
 from jaxtrain._src.hooks.checkpointing import CheckpointHook
-from jaxtrain._src.hooks.early_stopping import EarlyStopping
+from jaxtrain._src.hooks.early_stopping import EarlyStopping, RestoreBest
 from jaxtrain._src.hooks.evaluation import EvalHook
 from jaxtrain._src.hooks.memory import MemoryHook
 from jaxtrain._src.hooks.metrics import MetricsHook
+from jaxtrain._src.hooks.plateau import ReduceOnPlateau
 from jaxtrain._src.hooks.profile import ProfileBudgetReached, ProfileHook
 from jaxtrain._src.hooks.progress import PlotHook, ProgressHook
 from jaxtrain._src.hooks.run_files import RunFilesHook
@@ -26,6 +27,8 @@ __all__ = [
     "ProfileBudgetReached",
     "ProfileHook",
     "ProgressHook",
+    "ReduceOnPlateau",
+    "RestoreBest",
     "Run",
     "RunFilesHook",
     "RunHook",

@@ -183,6 +183,8 @@ def result_block(summary: dict[str, Any], run_dir: Any = None) -> str:
              f"{summary['total_time_s']:.1f}s"]
     if summary["best_val_loss"] is not None:
         lines.append(f"  best val_loss {_fmt(summary['best_val_loss'])} (epoch {summary['best_epoch']})")
+    if summary.get("restored_epoch"):
+        lines.append(f"  the model holds the weights of epoch {summary['restored_epoch']} (restore_best)")
     final = {"train_loss": summary["final_train_loss"], "val_loss": summary["final_val_loss"],
              **{name[len("final_"):]: value for name, value in summary.items()
                 if name.startswith("final_val_") and name != "final_val_loss"}}
@@ -205,6 +207,8 @@ def final_block(summary: dict[str, Any]) -> str:
         f"  Final Train Loss:     {_fmt(summary['final_train_loss'])}",
         f"  Final Val Loss:       {_fmt(summary['final_val_loss'])}",
     ]
+    if summary.get("restored_epoch"):
+        lines.append(f"  Restored Weights:     epoch {summary['restored_epoch']} (the model holds them: restore_best)")
     for name, value in summary.items():
         if name.startswith("final_val_") and name != "final_val_loss":
             label = "Final Val " + _label(name[len("final_val_") :]) + ":"
