@@ -455,6 +455,7 @@ def train_command(recipe: str, flags: Sequence[str], replaced: Sequence[str]) ->
 
 
 TUNE_MAX_BATCH = 2**16  # `tune.MAX_BATCH`, written here so that the help imports no JAX (a test checks they agree)
+TUNE_CHECK_SAMPLES = 2**16  # `tune.CHECK_SAMPLES`, likewise
 # `tune batch-size`'s own flags, in its help and (with the recipe's options) in `tune batch-size RECIPE --help`
 TUNE_FLAGS = (
     "  --max-memory-gb G    cap of one training step (parameters + optimizer state + batch + temporaries), GiB;\n"
@@ -463,8 +464,9 @@ TUNE_FLAGS = (
     f"  --max-batch N        the largest batch tried (default {TUNE_MAX_BATCH}; at most half the training set)",
     "  --seconds S          timed training per batch size (default 1)",
     "  --no-throughput      train only the largest batch that fits (the trial), not every power of two up to it",
-    "  --check-samples N    training samples of each short run that checks the recommended batch and learning rate "
-    "against the config's (default 65536, at most one epoch; 0: no check and no recommendation)",
+    "  --check-samples N    training samples of each short run that checks the recommended batch and learning rate\n"
+    f"                       against the config's (default {TUNE_CHECK_SAMPLES}, at most one epoch; 0: no check, and "
+    "no recommendation)",
     "  --out FILE.png       the plot (default runs/tune-RECIPE-batch-size.png)")
 
 
@@ -620,8 +622,9 @@ def _tune_lr(args: list[str]) -> int:
   Trains RECIPE for N steps (default: as many as the run its settings describe, up to 1,000) with
   its optimizer while the learning rate grows from A (default 1e-7) to B (default 10) by the same
   factor each step, and suggests a tenth of the learning rate where the smoothed loss is lowest.
-  The suggestion is recommended only where a short run at it (N samples, default 65536, at most
-  one epoch) reached a loss no higher than one at the config's rate, from the same initial weights.
+  The suggestion is recommended only where a short run at it (--check-samples, default {TUNE_CHECK_SAMPLES}
+  samples, at most one epoch) reached a loss no higher than one at the config's rate, from the same
+  initial weights and data order.
   The run's initial weights and data are the recipe's; nothing is written but the plot.
   --check-samples N   training samples of each of the two short runs that check the suggestion (0: no check,
                       and no recommendation)

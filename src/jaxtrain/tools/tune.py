@@ -19,6 +19,16 @@ throughput up to it:
    two calls and a batch at most half the training set. With `throughput=False` only the largest
    is trained, stepping down a power of two while it runs out of memory.
 
+3. The check, by training what it would recommend (`RateCheck`): a few timed steps say how fast a
+   batch is, not whether its scaled learning rate trains (mlp-regression's fastest, 2048 at the
+   square-root rule's 8e-3, stays at a val loss 8x the config's). The config and the fastest batch
+   train the same short budget (`CHECK_SAMPLES`, at most one epoch) from the same initial weights
+   and data order, the batch at the scaled rate and at the config's (and halfway between where the
+   scaled rate lost); the scaled rate is recommended only where no other rate tried beat it, and a
+   batch only where its best rate came within `CHECK_TOLERANCE` of the config's loss; otherwise the
+   batches between it and the config's are bisected for the largest that does, and when none does
+   nothing is recommended.
+
 The cap bounds the step; the datasets `fit` keeps on the device are a separate, batch-independent
 cost, reported as `data_bytes` (the default cap is what is left of the device's memory after them).
 The header of a real run shows the whole compiled call's memory, data included.
