@@ -94,14 +94,20 @@ def test_a_sweeps_reproduce_and_report_lines_run_as_printed(tmp_path, monkeypatc
 TOLERANCE = 1.1  # a recommended command's best val loss is at most this many times the replaced config's
 
 
-def trains_as_well(command: str, replaced: list[str]) -> dict:
+def best_val_loss(run_dir: str) -> float:
+    return json.loads(Path(run_dir, "summary.json").read_text())["best_val_loss"]
+
+
+def trains_as_well(command: str, replaced: list[str], capsys) -> tuple[dict, str]:
     """Runs the printed `command` and `jaxtrain train ...replaced` (what it replaces) to run directories
-    and checks the first's best val loss is within `TOLERANCE` of the second's; returns its config."""
+    and checks the first's best val loss is within `TOLERANCE` of the second's; returns the first's
+    config and what the second printed."""
     assert run_as_printed(command + " --run-dir printed") == 0
+    capsys.readouterr()
     assert main(["train", *replaced, "--run-dir", "replaced"]) == 0
-    ours, theirs = (json.loads(Path(d, "summary.json").read_text())["best_val_loss"] for d in ("printed", "replaced"))
+    ours, theirs = best_val_loss("printed"), best_val_loss("replaced")
     assert ours <= TOLERANCE * theirs, (command, ours, theirs)
-    return json.loads(Path("printed", "config.json").read_text())
+    return json.loads(Path("printed", "config.json").read_text()), capsys.readouterr().out
 
 
 def test_tune_lr_suggests_a_command_with_the_settings_it_measured(tmp_path, monkeypatch, capsys):
@@ -114,7 +120,7 @@ def test_tune_lr_suggests_a_command_with_the_settings_it_measured(tmp_path, monk
     args = shlex.split(command)
     assert args[:3] == ["jaxtrain", "train", "mlp-regression"] and args.count("--optim.lr") == 1
     assert shlex.join(TINY) in command and "--steps" not in args and "--out" not in args  # the tune's own
-    config = trains_as_well(command, measured)
+    config, _ = trains_as_well(command, measured, capsys)
     assert config["optim"]["lr"] == float(args[args.index("--optim.lr") + 1])
     assert (config["data"]["samples"], config["model"]["hidden"], config["epochs"]) == (600, [32, 32], 1)
 
@@ -128,10 +134,17 @@ def test_tune_batch_size_recommends_a_command_that_trains_as_well_as_the_config(
     command = printed(out, "recommended:")
     args = shlex.split(command)
     assert shlex.join(TINY) in command and args.count("--batch-size") == 1 and "--max-batch" not in args
-    config = trains_as_well(command, measured)
+    config, profiled = trains_as_well(command, measured, capsys)
     assert config["batch_size"] == int(args[args.index("--batch-size") + 1]) > 2
     assert config["optim"]["lr"] == float(args[args.index("--optim.lr") + 1])
     assert (config["data"]["samples"], config["model"]["hidden"]) == (600, [32, 32])
+
+    # The profile at the end of the replaced run advises flags too (speed only: the same training)
+    advised = re.findall(r"^ +(?:Try: +)?\d\. (--[a-z][\w.-]* \S+): ", profiled, re.M)
+    assert advised, profiled  # a tiny run is dispatch-bound: a larger K at least
+    for i, flag in enumerate(advised):
+        assert main(["train", *measured, *flag.split(), "--run-dir", f"advised-{i}"]) == 0, flag
+        assert best_val_loss(f"advised-{i}") <= TOLERANCE * best_val_loss("replaced"), flag
 
 
 def test_the_profiles_doctor_hint_runs_and_a_later_run_reads_the_rate_it_measured(tmp_path, monkeypatch, capsys):
