@@ -151,13 +151,12 @@ def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: st
                   f"rises after); the suggestion is a tenth of it, {format_lr(result.suggestion)} (steepest descent "
                   f"at {format_lr(result.steepest)})")
     check = result.check
-    if check is not None:
-        console.print(f"check: {check.reason}")
-        if check.lr != check.trials[1].lr:
-            console.print(f"recommended: no change (keep the config's learning rate, {format_lr(check.lr)})")
-            return
     if check is None:  # check_samples=0: not compared with the config's rate, so not recommended
         console.print(f"unchecked (no check ran): the suggestion is --optim.lr {format_lr(result.suggestion)}")
+        return
+    console.print(f"check: {check.reason}")
+    if check.lr != check.trials[1].lr:  # the suggestion trained worse than the config's rate
+        console.print(f"recommended: no change (keep the config's learning rate, {format_lr(check.lr)})")
         return
     console.print(f"train with: {command or f'jaxtrain train {name}'} --optim.lr {format_lr(result.suggestion)}")
 
