@@ -115,9 +115,11 @@ def test_tune_lr_suggests_a_command_with_the_settings_it_measured(tmp_path, monk
     measured = ["mlp-regression", *TINY, "--epochs", "1", "--optim.lr", "0.5"]  # a rate too high to train well
     assert main(["tune", "lr", *measured, "--steps", "40", "--out", "lr.png"]) == 0
     out = capsys.readouterr().out
+    assert "learning-rate range test, adam, 40 steps" in out and Path("lr.png").is_file()
     assert re.search(r"check: the suggestion \S+ reached val_loss \S+ against \S+ at the config's rate 5.0e-1", out)
     command = printed(out, "train with:")
     args = shlex.split(command)
+    assert 1e-7 <= float(args[args.index("--optim.lr") + 1]) <= 10
     assert args[:3] == ["jaxtrain", "train", "mlp-regression"] and args.count("--optim.lr") == 1
     assert shlex.join(TINY) in command and "--steps" not in args and "--out" not in args  # the tune's own
     config, _ = trains_as_well(command, measured, capsys)
@@ -130,6 +132,8 @@ def test_tune_batch_size_recommends_a_command_that_trains_as_well_as_the_config(
     measured = ["mlp-regression", *TINY, "--epochs", "1", "--batch-size", "2"]
     assert main(["tune", "batch-size", *measured, "--max-batch", "8", "--no-throughput", "--out", "bs.png"]) == 0
     out = capsys.readouterr().out
+    assert "search ended at max_batch=8" in out and Path("bs.png").is_file()
+    assert "available RAM" in out or "memory limit" in out  # the default cap says its source
     assert "check: 500 training samples per run" in out and "why: " in out
     command = printed(out, "recommended:")
     args = shlex.split(command)
