@@ -189,11 +189,11 @@ def test_help_of_commands_with_their_own(args, expected, capsys):
 def test_what_the_help_writes_down_agrees_with_its_source():
     # `jaxtrain recipes` and `tune --help` print copies, so that they import no JAX.
     from jaxtrain.tools import tune
-    from jaxtrain.tools.cli import TUNE_MAX_BATCH
+    from jaxtrain.tools.cli import TUNE_CHECK_SAMPLES, TUNE_MAX_BATCH
     from jaxtrain.tools.recipes import CATALOG, RECIPES
 
     assert CATALOG == {name: recipe.description for name, recipe in RECIPES.items()}
-    assert TUNE_MAX_BATCH == tune.MAX_BATCH
+    assert TUNE_MAX_BATCH == tune.MAX_BATCH and TUNE_CHECK_SAMPLES == tune.CHECK_SAMPLES
 
 
 def test_plot_command_draws_a_run_and_rejects_other_directories(tmp_path, capsys):

@@ -91,31 +91,64 @@ def test_a_sweeps_reproduce_and_report_lines_run_as_printed(tmp_path, monkeypatc
     assert all((tmp_path / "sweeps/s" / f"sweep-{name}.png").is_file() for name in ("history", "parallel", "slices"))
 
 
+TOLERANCE = 1.1  # a recommended command's best val loss is at most this many times the replaced config's
+
+
+def best_val_loss(run_dir: str) -> float:
+    return json.loads(Path(run_dir, "summary.json").read_text())["best_val_loss"]
+
+
+def trains_as_well(command: str, replaced: list[str], capsys) -> tuple[dict, str]:
+    """Runs the printed `command` and `jaxtrain train ...replaced` (what it replaces) to run directories
+    and checks the first's best val loss is within `TOLERANCE` of the second's; returns the first's
+    config and what the second printed."""
+    assert run_as_printed(command + " --run-dir printed") == 0
+    capsys.readouterr()
+    assert main(["train", *replaced, "--run-dir", "replaced"]) == 0
+    ours, theirs = best_val_loss("printed"), best_val_loss("replaced")
+    assert ours <= TOLERANCE * theirs, (command, ours, theirs)
+    return json.loads(Path("printed", "config.json").read_text()), capsys.readouterr().out
+
+
 def test_tune_lr_suggests_a_command_with_the_settings_it_measured(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["tune", "lr", "mlp-regression", *TINY, "--epochs", "1", "--optim.lr", "0.5", "--steps", "40",
-                 "--out", "lr.png"]) == 0
-    command = printed(capsys.readouterr().out, "train with:")
+    measured = ["mlp-regression", *TINY, "--epochs", "1", "--optim.lr", "0.5"]  # a rate too high to train well
+    assert main(["tune", "lr", *measured, "--steps", "40", "--out", "lr.png"]) == 0
+    out = capsys.readouterr().out
+    assert "learning-rate range test, adam, 40 steps" in out and Path("lr.png").is_file()
+    assert re.search(r"check: the suggestion \S+ reached val_loss \S+ against \S+ at the config's rate 5.0e-1", out)
+    command = printed(out, "train with:")
     args = shlex.split(command)
+    assert 1e-7 <= float(args[args.index("--optim.lr") + 1]) <= 10
     assert args[:3] == ["jaxtrain", "train", "mlp-regression"] and args.count("--optim.lr") == 1
     assert shlex.join(TINY) in command and "--steps" not in args and "--out" not in args  # the tune's own
-    assert run_as_printed(command) == 0, capsys.readouterr().err
-    config = json.loads((the_run() / "config.json").read_text())
+    config, _ = trains_as_well(command, measured, capsys)
     assert config["optim"]["lr"] == float(args[args.index("--optim.lr") + 1])
     assert (config["data"]["samples"], config["model"]["hidden"], config["epochs"]) == (600, [32, 32], 1)
 
 
-def test_tune_batch_size_recommends_a_command_with_the_settings_it_measured(tmp_path, monkeypatch, capsys):
+def test_tune_batch_size_recommends_a_command_that_trains_as_well_as_the_config(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["tune", "batch-size", "mlp-regression", *TINY, "--epochs", "1", "--batch-size", "2",
-                 "--max-batch", "8", "--no-throughput", "--out", "bs.png"]) == 0
-    command = printed(capsys.readouterr().out, "recommended:")
+    measured = ["mlp-regression", *TINY, "--epochs", "1", "--batch-size", "2"]
+    assert main(["tune", "batch-size", *measured, "--max-batch", "8", "--no-throughput", "--out", "bs.png"]) == 0
+    out = capsys.readouterr().out
+    assert "search ended at max_batch=8" in out and Path("bs.png").is_file()
+    assert "available RAM" in out or "memory limit" in out  # the default cap says its source
+    assert "check: 500 training samples per run" in out and "why: " in out
+    command = printed(out, "recommended:")
     args = shlex.split(command)
     assert shlex.join(TINY) in command and args.count("--batch-size") == 1 and "--max-batch" not in args
-    assert run_as_printed(command) == 0, capsys.readouterr().err
-    config = json.loads((the_run() / "config.json").read_text())
-    assert config["batch_size"] == int(args[args.index("--batch-size") + 1]) == 8
+    config, profiled = trains_as_well(command, measured, capsys)
+    assert config["batch_size"] == int(args[args.index("--batch-size") + 1]) > 2
+    assert config["optim"]["lr"] == float(args[args.index("--optim.lr") + 1])
     assert (config["data"]["samples"], config["model"]["hidden"]) == (600, [32, 32])
+
+    # The profile at the end of the replaced run advises flags too (speed only: the same training)
+    advised = re.findall(r"^ +(?:Try: +)?\d\. (--[a-z][\w.-]* \S+): ", profiled, re.M)
+    assert advised, profiled  # a tiny run is dispatch-bound: a larger K at least
+    for i, flag in enumerate(advised):
+        assert main(["train", *measured, *flag.split(), "--run-dir", f"advised-{i}"]) == 0, flag
+        assert best_val_loss(f"advised-{i}") <= TOLERANCE * best_val_loss("replaced"), flag
 
 
 def test_the_profiles_doctor_hint_runs_and_a_later_run_reads_the_rate_it_measured(tmp_path, monkeypatch, capsys):

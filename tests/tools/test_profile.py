@@ -188,3 +188,23 @@ def test_profile_command_errors_are_one_line(capsys):
     err = capsys.readouterr().err
     assert "missing recipe" in err and "--seconds 0 must be > 0" in err
     assert "error: jaxtrain profile writes no run directory (nothing of the run is kept); drop --run-dir" in err
+
+
+def test_advice_names_no_flag_that_changes_what_trains():
+    """A profile measures time, not the loss: a larger batch or bf16 names the tool or the comparison
+    that measures it (`jaxtrain tune batch-size`), never a flag to change (issue 61: advice that holds)."""
+    from jaxtrain._src.report.profile_report import _advice
+
+    m = {"wall_s": 10.0, "train_s": 8.0, "calls": 100, "steps": 6400, "steps_per_call": 64, "k_fixed": True,
+         "fitted": None, "steps_per_epoch": 6400, "batch_size": 32, "samples_per_step": 32, "log_every": 200,
+         "precision": "fp32", "placement": "device", "platform": "gpu", "device": "gpu: test", "devices": 1,
+         "compile_s": 1.0, "compiles": [], "epoch_compile_s": 0.0, "setup_copy_s": 0.1, "input_wait_s": 0.0,
+         "background_copy_s": 0.0, "device_wait_s": 7.5, "dispatch_s": 0.3, "device_overhead_per_call_s": 1e-5,
+         "after_call_hooks_s": {"MetricsHook": 0.1}, "epoch_hooks_s": 0.2, "user_hooks": [],
+         "flops_per_step": 1e9, "peak_flop_s": 1e14, "budget_reached": False}
+    p = build_profile(m)
+    advice = _advice(p, m)
+    texts = " ".join(a["text"] for a in advice)
+    assert "`jaxtrain tune batch-size` finds the fastest that trains as well as batch 32" in texts
+    assert "bfloat16" in texts and "not measured here" in texts
+    assert not [a["flag"] for a in advice if a["flag"] and ("batch_size" in a["flag"] or "precision" in a["flag"])]

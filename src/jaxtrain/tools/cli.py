@@ -62,15 +62,16 @@ commands:
   recipes                  list the recipes
   --version                print jaxtrain's version
   tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] [--seconds S] [--no-throughput]
-                    [--out FILE.png] [OPTIONS]
+                    [--check-samples N] [--out FILE.png] [OPTIONS]
                            the largest batch whose training step fits a memory cap (default: the device's memory),
-                           samples/s at each power of two up to it, and the learning rate for the fastest
+                           samples/s at each power of two up to it, and the fastest batch and learning rate that
+                           train as well as the config's in short runs of each
   sweep RECIPE [TRAIN FLAGS] --space NAME=KIND:ARGS ... --trials N --out DIR [--storage URL] [--study NAME]
                            a hyperparameter search on Optuna: a run directory per trial, pruning, a study
                            that re-running continues; `sweep report DIR` tables and plots it
-  tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--out FILE.png] [OPTIONS]
-                           the learning-rate range test: the loss while the rate grows exponentially, and the
-                           rate where it falls fastest
+  tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--check-samples N] [--out FILE.png] [OPTIONS]
+                           the learning-rate range test: the loss while the rate grows exponentially, and a
+                           suggested rate, recommended where a short run at it trains as well as the config's
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
   bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
@@ -454,6 +455,7 @@ def train_command(recipe: str, flags: Sequence[str], replaced: Sequence[str]) ->
 
 
 TUNE_MAX_BATCH = 2**16  # `tune.MAX_BATCH`, written here so that the help imports no JAX (a test checks they agree)
+TUNE_CHECK_SAMPLES = 2**16  # `tune.CHECK_SAMPLES`, likewise
 # `tune batch-size`'s own flags, in its help and (with the recipe's options) in `tune batch-size RECIPE --help`
 TUNE_FLAGS = (
     "  --max-memory-gb G    cap of one training step (parameters + optimizer state + batch + temporaries), GiB;\n"
@@ -462,12 +464,15 @@ TUNE_FLAGS = (
     f"  --max-batch N        the largest batch tried (default {TUNE_MAX_BATCH}; at most half the training set)",
     "  --seconds S          timed training per batch size (default 1)",
     "  --no-throughput      train only the largest batch that fits (the trial), not every power of two up to it",
+    "  --check-samples N    training samples of each short run that checks the recommended batch and learning rate\n"
+    f"                       against the config's (default {TUNE_CHECK_SAMPLES}, at most one epoch; 0: no check, and "
+    "no recommendation)",
     "  --out FILE.png       the plot (default runs/tune-RECIPE-batch-size.png)")
 
 
 def _tune(args: Sequence[str]) -> int:
     usage = ("usage: jaxtrain tune batch-size RECIPE [--preset NAME] [--max-memory-gb G] [--max-batch N] "
-             "[--seconds S] [--no-throughput] [--out FILE.png] [OPTIONS]")
+             "[--seconds S] [--no-throughput] [--check-samples N] [--out FILE.png] [OPTIONS]")
     if args[:1] == ["lr"]:
         return _tune_lr(list(args[1:]))
     if args[:1] in (["-h"], ["--help"]) or args[1:2] in (["-h"], ["--help"]):
@@ -492,6 +497,7 @@ the learning-rate range test: `jaxtrain tune lr --help` ({LR_USAGE.removeprefix(
     max_memory_gb = _number(rest, "--max-memory-gb", float, None)
     max_batch = _number(rest, "--max-batch", int, TUNE_MAX_BATCH)
     seconds = _number(rest, "--seconds", float, 1.0)
+    check_samples = _number(rest, "--check-samples", int, None)
     throughput = "--no-throughput" not in rest
     rest = [a for a in rest if a != "--no-throughput"]
     _, out = _pop_option(rest, "--out")
@@ -505,7 +511,8 @@ the learning-rate range test: `jaxtrain tune lr --help` ({LR_USAGE.removeprefix(
     out = out or f"runs/tune-{recipe.name}-batch-size.png"
     console = Console(highlight=False, soft_wrap=True)
     result = tune.batch_size(recipe, config, max_memory_gb, max_batch=max_batch, seconds=seconds,
-                             throughput=throughput, note=lambda line: console.print(f"[dim]{line}[/dim]"))
+                             throughput=throughput, check_samples=check_samples,
+                             note=lambda line: console.print(f"[dim]{line}[/dim]"))
     print_batch_size(result, console, command)
     console.print(f"plot: {plot_batch_size(result, out)}")
     return 0
@@ -603,7 +610,8 @@ def _sweep(args: Sequence[str]) -> int:
     return 0
 
 
-LR_USAGE = "usage: jaxtrain tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--out FILE.png] [OPTIONS]"
+LR_USAGE = ("usage: jaxtrain tune lr RECIPE [--min-lr A] [--max-lr B] [--steps N] [--check-samples N] [--out FILE.png] "
+            "[OPTIONS]")
 
 
 def _tune_lr(args: list[str]) -> int:
@@ -614,7 +622,12 @@ def _tune_lr(args: list[str]) -> int:
   Trains RECIPE for N steps (default: as many as the run its settings describe, up to 1,000) with
   its optimizer while the learning rate grows from A (default 1e-7) to B (default 10) by the same
   factor each step, and suggests a tenth of the learning rate where the smoothed loss is lowest.
+  The suggestion is recommended only where a short run at it (--check-samples, default {TUNE_CHECK_SAMPLES}
+  samples, at most one epoch) reached a loss no higher than one at the config's rate, from the same
+  initial weights and data order.
   The run's initial weights and data are the recipe's; nothing is written but the plot.
+  --check-samples N   training samples of each of the two short runs that check the suggestion (0: no check,
+                      and no recommendation)
   --out FILE.png      the plot (default runs/tune-RECIPE-lr.png)
   --preset, OPTIONS   the recipe's settings, as for `jaxtrain train RECIPE` (its --help lists them)""")
         return 0
@@ -630,10 +643,11 @@ def _tune_lr(args: list[str]) -> int:
     min_lr = _number(rest, "--min-lr", float, 1e-7)
     max_lr = _number(rest, "--max-lr", float, 10.0)
     steps = _number(rest, "--steps", int, None)
+    check_samples = _number(rest, "--check-samples", int, None)
     _, out = _pop_option(rest, "--out")
     command = train_command(recipe.name, rest, ["optim.lr"])  # the suggestion holds for these settings only
     config, _ = _preset_config(recipe, rest, f"jaxtrain tune lr {recipe.name}")
-    result = tune.lr_range(recipe, config, min_lr, max_lr, steps)
+    result = tune.lr_range(recipe, config, min_lr, max_lr, steps, check_samples=check_samples)
     console = Console(highlight=False, soft_wrap=True)
     print_lr_range(result, console, recipe.name, config.optim.name, command)
     console.print(f"plot: {plot_lr_range(result, recipe.name, out or f'runs/tune-{recipe.name}-lr.png')}")

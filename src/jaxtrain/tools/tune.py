@@ -19,6 +19,16 @@ throughput up to it:
    two calls and a batch at most half the training set. With `throughput=False` only the largest
    is trained, stepping down a power of two while it runs out of memory.
 
+3. The check, by training what it would recommend (`RateCheck`): a few timed steps say how fast a
+   batch is, not whether its scaled learning rate trains (mlp-regression's fastest, 2048 at the
+   square-root rule's 8e-3, stays at a val loss 8x the config's). The config and the fastest batch
+   train the same short budget (`CHECK_SAMPLES`, at most one epoch) from the same initial weights
+   and data order, the batch at the scaled rate and at the config's (and halfway between where the
+   scaled rate lost); the scaled rate is recommended only where no other rate tried beat it, and a
+   batch only where its best rate came within `CHECK_TOLERANCE` of the config's loss; otherwise the
+   batches between it and the config's are bisected for the largest that does, and when none does
+   nothing is recommended.
+
 The cap bounds the step; the datasets `fit` keeps on the device are a separate, batch-independent
 cost, reported as `data_bytes` (the default cap is what is left of the device's memory after them).
 The header of a real run shows the whole compiled call's memory, data included.
@@ -52,12 +62,14 @@ from jaxtrain.engine import (
 )
 from jaxtrain.tools.recipes.base import Recipe, Workload
 
-__all__ = ["BatchSizeResult", "BatchTrial", "LRRange", "analyse_lr_range", "batch_size", "format_lr", "lr_range",
-           "scale_learning_rate", "step_memory"]
+__all__ = ["BatchSizeResult", "BatchTrial", "LRRange", "RateCheck", "RateTrial", "analyse_lr_range", "batch_size",
+           "format_lr", "lr_range", "scale_learning_rate", "step_memory"]
 
 GiB = 1024**3
 MAX_BATCH = 2**16  # the default upper end of the search
 REPEATS = 3  # timed calls per batch size; samples/s is their median
+CHECK_SAMPLES = 2**16  # the check's budget: training samples per run (one epoch when the training set is smaller)
+CHECK_TOLERANCE = 1.1  # a recommended batch reaches at most this many times the config's loss in the check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +105,55 @@ class BatchTrial:
 
 
 @dataclasses.dataclass(frozen=True)
+class RateTrial:
+    """One short run of the check: a batch and learning rate, and the loss it reached.
+
+    Attributes:
+      batch_size: samples per micro-batch.
+      lr: the peak learning rate.
+      rate: which rate it is: "config" (the config's batch and rate), "config's rate", "halfway"
+        (the geometric mean of the config's and the scaled rate) or "scaled".
+      loss: the run's best validation loss (its last epoch's training loss without validation data);
+        inf where the loss was not finite.
+    """
+
+    batch_size: int
+    lr: float
+    rate: str
+    loss: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RateCheck:
+    """The short runs that decide what `tune batch-size` recommends: each candidate batch trains the
+    same `samples` from the same initial weights and data order at the config's rate, halfway and the
+    scaled rate, beside the config itself; a batch holds when its best rate reaches at most
+    `CHECK_TOLERANCE` x the config's loss, and the scaled rate is recommended only where no other rate
+    tried beat it.
+
+    Attributes:
+      samples: training samples each run saw (two epochs of half of it).
+      metric: what `loss` is: "val_loss" or "train_loss".
+      trials: every run, the config's first.
+      batch_size: the recommended batch, or None when no batch tried held (keep the config).
+      lr: the recommended learning rate (the best one tried at `batch_size`).
+      reason: one line: why this rate (and this batch, where the fastest did not hold).
+    """
+
+    samples: int
+    metric: str
+    trials: tuple[RateTrial, ...]
+    batch_size: int | None
+    lr: float
+    reason: str
+
+    @property
+    def baseline(self) -> RateTrial:
+        """The config's own run."""
+        return self.trials[0]
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchSizeResult:
     """What `batch_size` found.
 
@@ -117,6 +178,8 @@ class BatchSizeResult:
         `optim.warmup_steps`, `optim.decay_steps`) that are not 0, by flag: at a larger batch each
         step sees more samples.
       throughput: whether every power of two up to `largest` was timed (else only `largest`).
+      check: the short runs that chose the recommended batch and rate (`RateCheck`); None when
+        `check_samples=0` skipped them.
     """
 
     name: str
@@ -136,6 +199,7 @@ class BatchSizeResult:
     min_lr: float = 0.0
     step_settings: dict[str, int] = dataclasses.field(default_factory=dict)
     throughput: bool = True
+    check: RateCheck | None = None
 
     def row(self, batch: int) -> BatchTrial:
         """The row of `batch`."""
@@ -145,13 +209,24 @@ class BatchSizeResult:
         """`(lr, rule)`: the config's learning rate scaled to `batch` (see `scale_learning_rate`)."""
         return scale_learning_rate(self.base_lr, self.base_batch, batch * self.grad_accum, self.optimizer)
 
-    def flags(self, batch: int) -> str:
-        """The command-line flags that train at `batch` with the scaled learning rate."""
-        lr, _ = self.learning_rate(batch)
+    def flags(self, batch: int, lr: float | None = None) -> str:
+        """The command-line flags that train at `batch` with `lr` (default the scaled learning rate)."""
+        lr = self.learning_rate(batch)[0] if lr is None else lr
         flags = f"--batch-size {batch} --optim.lr {format_lr(lr)}"
         if self.min_lr:
             flags += f" --optim.min-lr {format_lr(self.min_lr * lr / self.base_lr)}"
         return flags
+
+    @property
+    def recommended(self) -> str | None:
+        """The flags the finder recommends: the checked batch and rate (`check`); the best batch at the
+        scaled rate when nothing was checked (`check_samples=0`); None when the check found no batch
+        that trains as well as the config (keep it)."""
+        if self.check is None:
+            return self.flags(self.best)
+        if self.check.batch_size is None:
+            return None
+        return self.flags(self.check.batch_size, self.check.lr)
 
     def same_samples_flags(self, batch: int) -> str:
         """`step_settings` divided by the growth of the batch: the flags that keep the samples a run
@@ -196,6 +271,7 @@ def batch_size(
     seconds: float = 1.0,
     refine_steps: int = 4,
     throughput: bool = True,
+    check_samples: int | None = None,
     name: str | None = None,
     note: Callable[[str], None] | None = None,
 ) -> BatchSizeResult:
@@ -215,6 +291,9 @@ def batch_size(
         does not (each one compile); 0 keeps powers of two.
       throughput: time every power of two up to the largest batch; False trains only the largest
         (stepping down a power of two at a time while a trial runs out of memory).
+      check_samples: the check's budget, training samples per short run (see `RateCheck`); None:
+        `CHECK_SAMPLES`, or one epoch when the training set is smaller; 0: no check (the result
+        then recommends the best batch at the scaled rate, untested).
       name: the name to report (default the recipe's, or "workload").
       note: called with a line of progress after each compile and each measurement.
 
@@ -233,19 +312,22 @@ def batch_size(
         raise ConfigError(f"max_batch={max_batch!r} must be an integer >= 1")
     if not seconds > 0:
         raise ConfigError(f"seconds={seconds!r} must be positive")
+    if check_samples is not None and not (isinstance(check_samples, int) and check_samples >= 0):
+        raise ConfigError(f"check_samples={check_samples!r} must be a whole number of samples >= 0 (0: no check), "
+                          "e.g. --check-samples 65536")
     if isinstance(recipe_or_workload, Recipe):
         recipe = recipe_or_workload
         config = recipe.config if config is None else config
         workload = recipe.build(config)
         try:
             return _find(workload, config, max_memory_gb, max_batch, seconds, refine_steps, throughput,
-                         name or recipe.name, note or (lambda line: None))
+                         check_samples, name or recipe.name, note or (lambda line: None))
         finally:
             workload.close()
     if not isinstance(recipe_or_workload, Workload):
         raise ConfigError(f"batch_size takes a jaxtrain Recipe or Workload; got {type(recipe_or_workload).__name__}")
     return _find(recipe_or_workload, config or TrainConfig(), max_memory_gb, max_batch, seconds, refine_steps,
-                 throughput, name or "workload", note or (lambda line: None))
+                 throughput, check_samples, name or "workload", note or (lambda line: None))
 
 
 def step_memory(workload: Workload, config: TrainConfig, batch_sizes: Sequence[int]) -> list[dict[str, int]]:
@@ -256,7 +338,8 @@ def step_memory(workload: Workload, config: TrainConfig, batch_sizes: Sequence[i
 
 
 def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_batch: int, seconds: float,
-          refine_steps: int, throughput: bool, name: str, note: Callable[[str], None]) -> BatchSizeResult:
+          refine_steps: int, throughput: bool, check_samples: int | None, name: str,
+          note: Callable[[str], None]) -> BatchSizeResult:
     layout = make_layout(config.mesh)
     device = jax.local_devices()[0]
     n = layout.num_devices  # every batch splits over the devices: batches are n x powers of two
@@ -346,7 +429,7 @@ def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_bat
     largest = max(trained)
     best = max(trained, key=lambda b: rows[b].samples_per_s or 0.0)  # (every trained row has a rate)
     table = tuple(rows[b] for b in sorted(rows))
-    return BatchSizeResult(
+    result = BatchSizeResult(
         name=name, device=device_description(device), cap_bytes=cap, cap_source=cap_source,
         state_bytes=step_memory.state_bytes, data_bytes=data_bytes, stopped_by=stopped_by, rows=table,
         largest=largest, best=best, base_batch=config.samples_per_step, base_lr=config.optim.lr,
@@ -354,6 +437,77 @@ def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_bat
         min_lr=config.optim.min_lr if config.optim.schedule == "warmup-cosine" else 0.0,
         step_settings=_step_settings(config), throughput=throughput,
     )
+    samples = min(CHECK_SAMPLES, n_train) if check_samples is None else check_samples
+    if not samples:
+        return result
+    # the batches the check may recommend: those that trained (or, without throughput, fit) from the best
+    # toward the config's, the best first
+    ok = [b for b in sorted(rows) if rows[b].fits and (rows[b].trained or not (throughput or rows[b].failure))]
+    base = config.samples_per_step
+    between = [b for b in ok if min(base, best * config.grad_accum) < b * config.grad_accum
+               < max(base, best * config.grad_accum)]
+    candidates = [best, *sorted(between, key=lambda b: -abs(b * config.grad_accum - base))]
+    runner = _ShortRun(w, config, name, n_train, samples)
+    return dataclasses.replace(result, check=_check(result, runner, candidates, note))
+
+
+def _check(result: BatchSizeResult, runner: _ShortRun, candidates: list[int],
+           note: Callable[[str], None]) -> RateCheck:
+    """Trains the config and the candidate batches (the best first, then toward the config's batch)
+    on the same short budget and keeps the first batch, by bisection, whose best rate holds (see `RateCheck`)."""
+    baseline = runner(runner.config.batch_size, result.base_lr, "config")
+    note(f"check: the config (batch {runner.config.batch_size}, lr {format_lr(result.base_lr)}) reached "
+         f"{runner.metric} {baseline.loss:.4g} in {runner.samples:,} samples")
+    trials, tried = [baseline], {}
+
+    def best_rate(b: int) -> RateTrial:
+        scaled, _ = result.learning_rate(b)
+        # halfway (in log) is tried only where the scaled rate lost to the config's
+        rates = {"scaled": scaled, "config's rate": result.base_lr, "halfway": math.sqrt(scaled * result.base_lr)}
+        if b * result.grad_accum == result.base_batch:  # the config's batch: its rate is the scaled one
+            rates = {"scaled": result.base_lr}
+        runs: list[RateTrial] = []
+        for rate, lr in rates.items():
+            if rate == "halfway" and runs[0].loss <= runs[1].loss:  # (run after the config's rate) not needed
+                continue
+            runs.append(runner(b, lr, rate))
+            note(f"check: batch {b}, lr {format_lr(lr)} ({rate}): {runner.metric} {runs[-1].loss:.4g}")
+        trials.extend(runs)
+        tried[b] = runs
+        return min(runs, key=lambda r: r.loss)  # ties keep the earlier: the scaled rate
+
+    def holds(trial: RateTrial) -> bool:
+        return trial.loss <= CHECK_TOLERANCE * baseline.loss
+
+    picked: RateTrial | None = best_rate(candidates[0])
+    if picked is not None and not holds(picked):  # bisection toward the config's batch: the largest that holds, if any
+        lo, hi, found = 0, len(candidates), None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            trial = best_rate(candidates[mid])
+            lo, hi, found = (lo, mid, trial) if holds(trial) else (mid, hi, found)
+        picked = found
+    metric, base = runner.metric, baseline.loss
+    first = tried[candidates[0]]
+    why = ""
+    if picked is None or picked.batch_size != candidates[0]:
+        why = (f"batch {candidates[0]:,} reached {metric} {min(r.loss for r in first):.4g} at best, over "
+               f"{CHECK_TOLERANCE:g}x the config's {base:.4g}; ")
+    if picked is None:
+        reason = why + (f"no batch tried held (the same {runner.samples:,} samples each): keep the config's batch "
+                        "and learning rate")
+        return RateCheck(runner.samples, metric, tuple(trials), None, result.base_lr, reason)
+    runs = tried[picked.batch_size]
+    scaled = runs[0]
+    if picked is scaled:
+        rate = f"the scaled rate {format_lr(scaled.lr)} reached {metric} {scaled.loss:.4g}" + (
+            f", no worse than {min(r.loss for r in runs[1:]):.4g} at the other rates tried" if runs[1:] else "")
+    else:
+        rate = (f"the scaled rate {format_lr(scaled.lr)} reached {metric} {scaled.loss:.4g} against "
+                f"{picked.loss:.4g} at {format_lr(picked.lr)} ({picked.rate}), which is recommended")
+    reason = (f"{why}{rate} (batch {picked.batch_size:,}; the config: {base:.4g}; {runner.samples:,} samples each, "
+              "one run each)")
+    return RateCheck(runner.samples, metric, tuple(trials), picked.batch_size, picked.lr, reason)
 
 
 def _step_settings(config: TrainConfig) -> dict[str, int]:
@@ -476,6 +630,50 @@ class _Trainer:
                                    call_memory=out.summary["compiled_memory"])
 
 
+class _ShortRun:
+    """One short run of the check: `fit` (silent, no run directory) from the workload's initial weights
+    for two epochs of about samples / 2 each at a batch and learning rate, the config's other settings
+    kept; returns its best validation loss (the last epoch's training loss without validation data)."""
+
+    def __init__(self, w: Workload, config: TrainConfig, name: str, n_train: int, samples: int):
+        self._w, self.config, self._name, self._n_train = w, config, name, n_train
+        self.samples = samples
+        self.metric = "val_loss" if w.val is not None else "train_loss"
+        self._initial = jax.tree.map(jnp.copy, nnx.state(w.model))
+
+    def __call__(self, batch: int, lr: float, rate: str) -> RateTrial:
+        c = self.config
+        samples_per_step = batch * c.grad_accum
+        per_epoch = max(1, min(self.samples // samples_per_step // 2, self._n_train // samples_per_step))
+        if per_epoch > 64:  # calls of K <= 64 steps that divide the epoch (no program for a shorter last call)
+            per_epoch -= per_epoch % 16
+        k = max(d for d in range(1, min(per_epoch, 64) + 1) if per_epoch % d == 0)
+        optim = dataclasses.replace(c.optim, lr=lr)
+        if c.optim.schedule == "warmup-cosine" and c.optim.lr:  # as `BatchSizeResult.flags` scales it
+            optim = dataclasses.replace(optim, min_lr=c.optim.min_lr * lr / c.optim.lr)
+        config = dataclasses.replace(
+            c, batch_size=batch, optim=optim, epochs=2, steps_per_epoch=per_epoch, steps_per_call=k, eval_every=1,
+            step_form="scan" if c.step_form == "auto" else c.step_form,  # no timing probe: one form for every run
+            on_nan="stop", tensorboard=False, track="", log_every=10**9,
+            checkpoint=dataclasses.replace(c.checkpoint, enabled=False),
+            early_stopping=dataclasses.replace(c.early_stopping, patience=0))
+        nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
+        try:
+            out = run(self._w.model, self._w.loss_fn, self._w.train, self._w.val, config,
+                      preprocess=self._w.preprocess, augment=self._w.augment, verbosity="silent",
+                      session=RunOptions(name=self._name))
+        except NonFiniteLossError:
+            return RateTrial(batch, lr, rate, math.inf)
+        except Exception as e:
+            if not _out_of_memory(e):
+                raise
+            return RateTrial(batch, lr, rate, math.inf)
+        finally:
+            nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
+        loss = out.summary["best_val_loss" if self.metric == "val_loss" else "final_train_loss"]
+        return RateTrial(batch, lr, rate, loss if loss is not None and math.isfinite(loss) else math.inf)
+
+
 def _out_of_memory(e: Exception) -> bool:
     """Whether `e` is XLA's out-of-memory error (RESOURCE_EXHAUSTED)."""
     text = str(e)
@@ -550,6 +748,8 @@ class LRRange:
       steepest: the learning rate where the smoothed loss falls fastest against log(lr).
       min_loss_lr: the learning rate at the smoothed loss's minimum (too high to train at: the loss
         is about to rise).
+      check: the short runs of the config's rate and the suggestion (`RateCheck`: `lr` is the one
+        recommended, the suggestion only where it trained at least as well); None when not checked.
     """
 
     lrs: list[float]
@@ -558,6 +758,7 @@ class LRRange:
     end: int
     steepest: float
     min_loss_lr: float
+    check: RateCheck | None = None
 
     @property
     def suggestion(self) -> float:
@@ -606,7 +807,7 @@ class _Losses(Hook):
 
 
 def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 10.0, steps: int | None = None,
-             steps_per_call: int = 10) -> LRRange:
+             steps_per_call: int = 10, check_samples: int | None = None) -> LRRange:
     """Trains `recipe` for `steps` steps with its optimizer while the learning rate grows from
     `min_lr` to `max_lr` by the same factor each step (`optim.schedule="exponential"`); returns
     the losses and the suggestion. Updates whose loss or gradient is not finite are skipped
@@ -614,13 +815,30 @@ def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 
     `steps` defaults to the optimizer steps of the run `config` describes, up to `MAX_STEPS`: the
     rate a run trains best at depends on its length, and so does the test's curve.
 
+    The suggestion is then checked: the config's rate and the suggestion train `check_samples`
+    samples each (default `CHECK_SAMPLES`, at most one epoch; 0: no check) from the same initial
+    weights, and `check.lr` is the suggestion only where it reached a loss no higher than the config's.
+
     Raises:
       ConfigError: a bad range, fewer steps than the training set holds, or a curve that diverged
         before it could be read.
     """
     if not 0 < min_lr < max_lr:
         raise ConfigError(f"min_lr={min_lr:g} and max_lr={max_lr:g}: need 0 < min_lr < max_lr")
+    if check_samples is not None and not (isinstance(check_samples, int) and check_samples >= 0):
+        raise ConfigError(f"check_samples={check_samples!r} must be a whole number of samples >= 0 (0: no check)")
     w = recipe.build(config)
+    try:
+        return _lr_range(w, recipe.name, config, min_lr, max_lr, steps, steps_per_call, check_samples)
+    finally:
+        w.close()
+
+
+def _lr_range(w: Workload, name: str, config: Any, min_lr: float, max_lr: float, steps: int | None,
+              steps_per_call: int, check_samples: int | None) -> LRRange:
+    n_train = data_lib.num_rows(w.train, "train")
+    samples = min(CHECK_SAMPLES, n_train) if check_samples is None else check_samples
+    runner = _ShortRun(w, config, name, n_train, samples) if samples else None  # the initial weights, kept
     if steps is None:
         per_epoch = config.steps_per_epoch or data_lib.num_rows(w.train, "train") // config.samples_per_step
         steps = min(MAX_STEPS, max(20, config.epochs * per_epoch))
@@ -639,6 +857,16 @@ def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 
         early_stopping=dataclasses.replace(config.early_stopping, patience=0))
     losses = _Losses()
     run(w.model, w.loss_fn, w.train, None, range_config, hooks=[losses], preprocess=w.preprocess, augment=w.augment,
-        verbosity="silent", session=RunOptions(name=recipe.name))
+        verbosity="silent", session=RunOptions(name=name))
     schedule = min_lr * (max_lr / min_lr) ** (jnp.arange(steps) / (steps - 1))
-    return analyse_lr_range([float(x) for x in schedule], losses.losses[:steps])
+    result = analyse_lr_range([float(x) for x in schedule], losses.losses[:steps])
+    if runner is None:
+        return result
+    base = runner(config.batch_size, config.optim.lr, "config")
+    tried = runner(config.batch_size, float(format_lr(result.suggestion)), "suggestion")  # the rate printed
+    held = tried.loss <= base.loss
+    reason = (f"the suggestion {format_lr(tried.lr)} reached {runner.metric} {tried.loss:.4g} against {base.loss:.4g} "
+              f"at the config's rate {format_lr(base.lr)} ({samples:,} samples each, one run each)"
+              + ("" if held else ": the config's rate is kept"))
+    check = RateCheck(samples, runner.metric, (base, tried), config.batch_size, tried.lr if held else base.lr, reason)
+    return dataclasses.replace(result, check=check)

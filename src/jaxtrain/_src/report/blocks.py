@@ -160,8 +160,8 @@ def epoch_block(epoch: int, epochs: int, record: dict[str, Any], elapsed_s: floa
             lines.append(
                 render(f"  Input-bound: the compiled step waited for data. Hold the data on the device if it fits "
                        f"({setting('data.placement', 'device')} or a larger {setting('data.memory_budget_gb')}), "
-                       "store the HDF5 file uncompressed or with lzf and chunks of >= 1 MiB, use a larger batch, "
-                       "or move the file to faster storage.")
+                       "store the HDF5 file uncompressed or with lzf and chunks of >= 1 MiB, move the file to "
+                       "faster storage, or a larger batch (`jaxtrain tune batch-size` checks that it trains as well).")
             )
     if record.get("skipped_steps"):
         lines.append(render(f"  Skipped Steps:  {record['skipped_steps']} (non-finite loss or gradient; "

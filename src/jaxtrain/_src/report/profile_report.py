@@ -130,10 +130,13 @@ def _advice(p: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
                          f"the {_ms(overhead)} overhead is paid once per call: {new_k} steps per call make it "
                          f"about {share:.0%} of a call (0 lets jaxtrain measure K)"))
     rate = f", and larger matmuls run nearer the device's rate (now {p['mfu']:.1%} of it)" if low_mfu else ""
-    out.append(_item("compute-bound", setting("batch_size", 2 * B),
+    # A batch or precision changes what trains, which a profile does not measure: these name the tool or
+    # the comparison that does, never a flag to change on the profile's word alone.
+    out.append(_item("compute-bound", None,
                      (s["dispatch"] + s["host_sync"]) / 2 + (s["compute"] / 4 if low_mfu else 0.0),
-                     f"twice the work per step for the same per-call costs{rate}; scale the learning rate with it "
-                     "(`jaxtrain tune batch-size` measures both)"))
+                     f"a larger batch: more work per step for the same per-call costs{rate}; `jaxtrain tune "
+                     f"batch-size` finds the fastest that trains as well as batch {B} (its learning rate checked "
+                     "on short runs)"))
     if m["placement"] == "stream":
         out.append(_item("input-bound", setting("data.placement", "device"), s["input"] + s["transfer"],
                          "hold the training set on the device: no reads or copies per batch (it must fit; raise "
@@ -155,9 +158,9 @@ def _advice(p: dict[str, Any], m: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_item("host-sync-bound", None, share, f"{name} works after every call: read device values "
                              "in `on_log` rows or every N calls, not after each call"))
     if m["platform"] != "cpu" and m["precision"] == "fp32":
-        out.append(_item("compute-bound", setting("precision", "bf16"), s["compute"] / 2, "bfloat16 matmuls run "
-                         "several times faster than float32 on GPUs and TPUs (the loss and the optimizer update stay "
-                         "float32)"))
+        out.append(_item("compute-bound", None, s["compute"] / 2, f"bfloat16 matmuls ({setting('precision', 'bf16')}) "
+                         "run several times faster than float32 on GPUs and TPUs (the loss and the optimizer update "
+                         "stay float32); not measured here: compare a run's loss with this one's before keeping it"))
     ranked = sorted((c for c in out if c["saves"] >= MIN_SAVING), key=lambda c: (c["fixes"] != p["verdict"],
                                                                                     -c["saves"]))
     ranked[1:] = sorted(ranked[1:], key=lambda c: -c["saves"])  # after the bound's best fix, the most saving

@@ -57,11 +57,36 @@ def print_batch_size(result: "BatchSizeResult", console: Console, command: str =
     ratio = ratio if result.optimizer == "sgd" else f"sqrt({ratio})"
     console.print(f"learning rate for {samples:,} samples per step (the config's is {result.base_lr:g} for "
                   f"{result.base_batch:,}): {result.base_lr:g} x {ratio} = {lr:.3g}, the {rule}")
-    console.print(f"recommended: {(command + ' ') if command else ''}{result.flags(result.best)}")
-    same = result.same_samples_flags(result.best)
-    if same and samples != result.base_batch:
-        console.print(f"settings counted in steps see {samples / result.base_batch:.3g}x the samples per step; "
-                      f"for the same samples: {same}")
+    check = result.check
+    if check is None:  # check_samples=0: nothing measured its training, so nothing is recommended
+        console.print("unchecked (no check ran): the fastest batch at the scaled rate would be "
+                      f"{result.flags(result.best)}")
+        return
+    _print_check(result, console)
+    if check.batch_size is None:  # (the check's reason said why)
+        console.print("recommended: no change (keep the config's batch and learning rate)")
+        return
+    console.print(f"recommended: {(command + ' ') if command else ''}{result.recommended}")
+    samples = check.batch_size * result.grad_accum
+    if result.step_settings and samples != result.base_batch:  # (the check trained with them as they are)
+        console.print(f"settings counted in steps ({', '.join(result.step_settings)}) are kept: each step sees "
+                      f"{samples / result.base_batch:.3g}x the samples (dividing them by that is not checked)")
+
+
+def _print_check(result: "BatchSizeResult", console: Console) -> None:
+    """The check's runs (one line each) and its one-line reason."""
+    from jaxtrain.tools.tune import CHECK_TOLERANCE, format_lr
+
+    check = result.check
+    assert check is not None
+    base = check.baseline.loss
+    console.print(f"check: {check.samples:,} training samples per run, same initial weights and data order; "
+                  f"{check.metric} (a batch holds within {CHECK_TOLERANCE:g}x the config's)")
+    for t in check.trials:
+        loss = f"{t.loss:.4g}" if t.loss != float("inf") else "not finite"
+        ratio = f" ({t.loss / base:.2f}x)" if t is not check.baseline and base > 0 and t.loss != float("inf") else ""
+        console.print(f"  batch {t.batch_size:>6,} lr {format_lr(t.lr):>7} {t.rate:<14} {loss}{ratio}")
+    console.print(f"why: {check.reason}")
 
 
 def plot_batch_size(result: "BatchSizeResult", out: str | os.PathLike) -> Path:
@@ -125,6 +150,14 @@ def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: st
     console.print(f"the loss is lowest at learning rate {format_lr(result.min_loss_lr)} (too high to train at: it "
                   f"rises after); the suggestion is a tenth of it, {format_lr(result.suggestion)} (steepest descent "
                   f"at {format_lr(result.steepest)})")
+    check = result.check
+    if check is None:  # check_samples=0: not compared with the config's rate, so not recommended
+        console.print(f"unchecked (no check ran): the suggestion is --optim.lr {format_lr(result.suggestion)}")
+        return
+    console.print(f"check: {check.reason}")
+    if check.lr != check.trials[1].lr:  # the suggestion trained worse than the config's rate
+        console.print(f"recommended: no change (keep the config's learning rate, {format_lr(check.lr)})")
+        return
     console.print(f"train with: {command or f'jaxtrain train {name}'} --optim.lr {format_lr(result.suggestion)}")
 
 
