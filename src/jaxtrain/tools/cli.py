@@ -79,6 +79,7 @@ commands:
   bench ema [OPTIONS]      what an average of the weights (--ema) costs per training step
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
   bench frameworks [OPTIONS]  mnist-cnn and char-gpt: jaxtrain vs PyTorch eager / torch.compile
+  bench gpu [--tiny] [--out DIR]  the GPU proof on one H100/H200 in ~9 min (benchmarks/gpu.sh): one JSON, one table
   bench profile --workload char-gpt|mnist-cnn|mlp-regression [--steps N] [--top N] [--out DIR]
                            per-op profile of one training step (jax.profiler trace vs torch.profiler), by op family
   bench data [OPTIONS]     HDF5 streaming vs device-resident throughput, memory, generation
