@@ -34,6 +34,7 @@ from rich.console import Console
 from jaxtrain._src.checks import check_fit_inputs
 from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.config import TrainConfig, to_dict
+from jaxtrain._src.errors import setting
 from jaxtrain._src.feeds import Feed, adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, MemoryHook, ProgressHook, Run, RunHook
 from jaxtrain._src.loop_state import LoopState
@@ -177,6 +178,10 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     console, shown, bar = printing(spec.console, spec.verbosity, primary)
     first = build_program(runs[0].model, spec.loss_fn, config, train_data=spec.train_data,
                           optimizer=runs[0].optimizer, preprocess=spec.preprocess, augment=spec.augment)
+    if first.rewrite_declined and primary:
+        note(f"the loss was not rewritten for XLA:CPU ({setting('rewrite')}): {first.rewrite_declined}; it trains "
+             f"as written, any convolution or max pool in it at XLA:CPU's slower speed "
+             f"({setting('rewrite', 'off')} skips the attempt)")
     programs = joint.programs(first, runs) if joint else [first]
     feed = first.feed
     assert feed is not None  # built with training data
@@ -285,7 +290,7 @@ def _run(kind: type[Run], name: str, config: TrainConfig, console: Console, run_
     """A `Run` (or a member's `kind` of one): the one place runs are made."""
     return kind(name=name, config=config, console=console, run_dir=run_dir, device=jax.local_devices()[0],
                 layout=program.layout, feed=feed, calls=calls, state=state, step=int(state.step), loop=loop, hooks=[],
-                **more)
+                rewrite_declined=program.rewrite_declined, **more)
 
 
 def _plan(guards: list[RunGuard], total_steps: int, population: bool) -> tuple[int | None, list[dict[str, Any] | None]]:
