@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 import socket
+import sys
 
 import optuna
 import pytest
@@ -123,6 +124,31 @@ def test_bad_sweeps_are_one_line_and_exit_2(tmp_path, capsys):
         assert len(err) == 1 and message in err[0], err
     assert cli.main(["sweep", "report", str(tmp_path / "none")]) == 2
     assert "holds no study.db" in capsys.readouterr().err
+
+
+def test_a_sweep_without_optuna_is_one_line_naming_the_extra_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # the base install alone (make demo): no sweep extra
+    out = tmp_path / "s"
+    for command in (["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "1", "--out", str(out)],
+                    ["sweep", "report", str(out)]):
+        assert cli.main(command) == 2
+        assert 'needs optuna, which is not installed' in (line := _one_line(capsys)), line
+        assert 'pip install -e ".[sweep]"' in line, line
+    assert not out.exists()
+
+
+def test_a_sweep_refused_in_a_folder_it_made_leaves_no_lock_behind(tmp_path, monkeypatch):
+    def refuse(*args):
+        raise ConfigError("the storage failed")
+
+    monkeypatch.setattr(sweep._Job, "open", refuse)
+    for out in (tmp_path / "new", tmp_path / "held"):
+        if out.name == "held":  # a folder the user made, or holding more than the lock, is left as it is
+            out.mkdir()
+        with pytest.raises(ConfigError, match="the storage failed"):
+            sweep.sweep(get_recipe("mlp-regression"), get_recipe("mlp-regression").config,
+                        [sweep.parse_space("optim.lr=loguniform:1e-4:1e-2")], 1, out)
+    assert not (tmp_path / "new").exists() and (tmp_path / "held").is_dir()
 
 
 def _one_line(capsys) -> str:

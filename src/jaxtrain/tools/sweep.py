@@ -61,7 +61,17 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain import ConfigError, Hook, JaxtrainError, NonFiniteLossError, TrainingStopped
-from jaxtrain.engine import MAX_SEED, argument, flat_dict, format_bytes, lock_directory, refuse_links, setting, to_dict
+from jaxtrain.engine import (
+    MAX_SEED,
+    argument,
+    flat_dict,
+    format_bytes,
+    lock_directory,
+    refuse_links,
+    require,
+    setting,
+    to_dict,
+)
 from jaxtrain.tools.recipes.base import Recipe
 
 __all__ = ["Space", "SweepStopped", "apply_values", "load_study", "parse_space", "print_report", "print_result",
@@ -345,6 +355,7 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
       SweepStopped: SIGTERM or Ctrl-C stopped it (workers), or stopped `fit` in a trial.
       JaxtrainError: workers failed before the study held `trials` finished trials.
     """
+    require("optuna", "jaxtrain sweep")  # first: a missing extra is one line, and nothing is written
     for name, value in (("trials", trials), ("workers", workers), ("heartbeat", heartbeat), ("population", population)):
         if value < 1:
             raise ConfigError(f"{argument(name, value)} must be >= 1")
@@ -456,6 +467,7 @@ def _claim(out: Path, lock: bool) -> Iterator[None]:
     locked. A study in the folder (SQLite, the default) is this sweep's alone: more processes are
     its workers. Sweeps that share a study in a `storage` share their folder by design (machines
     writing their trials into one shared folder), so theirs is not locked."""
+    made = not out.exists()
     if lock:
         held = lock_directory(out, "sweep folder", argument("out"), "that sweep", out=out)
     else:
@@ -464,12 +476,19 @@ def _claim(out: Path, lock: bool) -> Iterator[None]:
         except OSError as e:
             raise ConfigError(f"cannot use sweep folder {out}: {e.strerror}; choose another {argument('out')}",
                               out=out) from None
+    failed = True
     try:
         _refuse_links(out, [p.name for p in out.iterdir() if p.name.startswith("trial-")] + list(SWEEP_FILES))
         yield
+        failed = False
     finally:
         if lock:
             held.close()
+        if failed and made:  # a sweep that stopped before writing anything leaves no folder holding a lone .lock
+            with contextlib.suppress(OSError):
+                if {p.name for p in out.iterdir()} <= {".lock"}:
+                    (out / ".lock").unlink(missing_ok=True)
+                    out.rmdir()
 
 
 def _refuse_links(out: Path, names: Sequence[str]) -> None:
@@ -1111,6 +1130,8 @@ def print_report(study: Any, console: Console, objective: str, importances: bool
             scores = optuna.importance.get_param_importances(study)
         except (ValueError, RuntimeError) as e:  # e.g. every complete trial drew the same values
             console.print(f"parameter importances: not computed ({e})")
+        except ImportError:  # Optuna's fANOVA fits scikit-learn's forests; no extra of jaxtrain installs it
+            console.print("parameter importances: not computed (fANOVA needs scikit-learn: pip install scikit-learn)")
         else:
             console.print("parameter importances (fANOVA): " + ", ".join(f"{k} {v:.2f}"
                                                                          for k, v in scores.items()))
@@ -1142,10 +1163,9 @@ def load_study(out: str | Path, storage: str | None = None, study: str | None = 
     """The study of the sweep folder `out` (or of `storage`); its only study when `study` is None.
 
     Raises:
-      ConfigError: no study there, or several and none named.
+      ConfigError: no study there, or several and none named; Optuna not installed.
     """
-    import optuna
-
+    optuna = require("optuna", "jaxtrain sweep report")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     url = storage or f"sqlite:///{Path(out).resolve() / 'study.db'}"
     if storage is None and not (Path(out) / "study.db").is_file():
@@ -1163,6 +1183,7 @@ def load_study(out: str | Path, storage: str | None = None, study: str | None = 
 
 def plot_report(study: Any, out: str | Path) -> list[Path]:
     """PNGs of the optimization history, parallel coordinates and slices in `out`."""
+    require("optuna", "jaxtrain sweep report")
     import matplotlib
 
     matplotlib.use("Agg")
