@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.export import check_directory as check_export_directory
     from jaxtrain._src.export import check_platforms as check_export_platforms
     from jaxtrain._src.extras import missing_package, require
-    from jaxtrain._src.feeds import budget_bytes
+    from jaxtrain._src.feeds import budget_bytes, epoch_steps
     from jaxtrain._src.hooks.base import Run, RunHook
     from jaxtrain._src.hooks.profile import ProfileBudgetReached
     from jaxtrain._src.load import load_with_step, read_config
@@ -99,6 +99,7 @@ _HOMES = {
     "compiled_memory": ("jaxtrain._src.memory", "compiled_memory"),
     "cudnn_attention": ("jaxtrain._src.models.attention", "cudnn"),
     "device_description": ("jaxtrain._src.report.blocks", "device_description"),
+    "epoch_steps": ("jaxtrain._src.feeds", "epoch_steps"),
     "flat_dict": ("jaxtrain._src.config", "flat_dict"),
     "format_bytes": ("jaxtrain._src.memory", "format_bytes"),
     "from_dict": ("jaxtrain._src.config", "from_dict"),
@@ -175,6 +176,7 @@ __all__ = [
     "compiled_memory",
     "cudnn_attention",
     "device_description",
+    "epoch_steps",
     "flat_dict",
     "format_bytes",
     "from_dict",

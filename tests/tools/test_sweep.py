@@ -178,9 +178,17 @@ def test_bad_storages_seeds_spaces_and_sizes_are_one_line_naming_the_flag_before
             ([*lr, "--space", "optim.lr=uniform:1e-4:1e-2"], "--space optim.lr is given twice"),
             (["--space", "optim.b1=uniform:0.5:1.5"], "the config refuses 1.5"),  # the high end, not only the low
             (["--space", "optim.name=choice:adam,nope"], "the config refuses 'nope'"),
+            (["--space", "epochs=uniform:1:3"], "epochs takes whole numbers, and uniform draws fractions; write "
+                                                "epochs=int:1:3"),
             ([*lr, "--workers", str(os.cpu_count() + 1)], f"--workers {os.cpu_count() + 1}: this machine gives the "
                                                           "sweep"),
             ([*lr, "--trials", "100000"], "--trials 100000: past 10,000 trials"),
+            # what `fit` would refuse at the trial that draws it, against the training set (512 rows)
+            (["--space", "batch_size=int:16:4096"], "--space batch_size=int:16:4096: at its largest batch, "
+                                                    "batch_size=4096 is larger than the training set (512 samples)"),
+            (["--space", "grad_accum=choice:1,64"], "batch_size x grad_accum = 2048 is larger than the training set"),
+            (["--space", "data.val_samples=int:88:590"], "at data.val_samples=590, batch_size=32 is larger than the "
+                                                         "training set (10 samples)"),
             ([*lr, "--trials", "2000", "--population", "2000"], "--population 2000: a population's trials are all "
                                                                 "asked before any trains")):
         trials = [] if "--trials" in args else ["--trials", "1"]

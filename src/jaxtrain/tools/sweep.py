@@ -346,8 +346,9 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         most `MAX_POPULATION`; from `MEASURED_POPULATION` up, the members' states must fit the device.
 
     Raises:
-      ConfigError: before anything runs: a bad space (a field given twice, a section, an end of a
-        range the config refuses), trials, workers, heartbeat or population < 1 or more than the
+      ConfigError: before anything runs: Optuna not installed (the "sweep" extra), a bad space (a
+        field given twice, a section, an end of a range the config refuses, a fractional kind over a
+        whole-number field, a batch the training set cannot fill at the range's end), trials, workers, heartbeat or population < 1 or more than the
         machine holds, a seed out of range, an unknown sampler, pruner or direction, a sweep folder in
         use or holding symbolic links, a storage that cannot be opened, a study of another direction
         whose fields were drawn from other kinds of distribution, or whose trials trained with other
@@ -368,6 +369,7 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"direction={direction!r}: choose minimize or maximize")
     _check_spaces(config, spaces)
+    _check_batches(recipe, config, spaces)
     _check_workers(workers)
     _check_population(recipe, config, min(population, trials))
     out = Path(out)
@@ -406,8 +408,74 @@ def _check_spaces(config: Any, spaces: Sequence[Space]) -> None:
             except ConfigError as e:
                 if e.template.startswith("--space"):
                     raise
+                if space.kind in ("uniform", "loguniform") and _takes_whole(config, space.name, value):
+                    raise ConfigError(f"--space {space}: {space.name} takes whole numbers, and {space.kind} draws "
+                                      f"fractions; write {Space(space.name, 'int', space.low, space.high)}") from None
                 raise ConfigError(f"--space {space}: the config refuses {value!r} ({e.template}); keep the range "
                                   "within the values it takes") from None
+
+
+def _takes_whole(config: Any, name: str, value: float) -> bool:
+    """Whether the field refuses the float `value` but takes it as an int (`epochs`, a model's width)."""
+    if not float(value).is_integer():
+        return False
+    try:
+        apply_values(config, {name: int(value)})
+    except ConfigError:
+        return False
+    return True
+
+
+# Fields whose drawn values `fit` checks against the training set's size (`epoch_steps`), and the
+# section whose fields decide that size: a space over any of them is checked against the data.
+STEP_FIELDS = ("batch_size", "grad_accum", "steps_per_epoch")
+DATA_SECTION = "data."
+
+
+def _check_batches(recipe: Recipe, config: Any, spaces: Sequence[Space]) -> None:
+    """Refuses, before any trial, a space that can draw a step of more rows than the training set
+    holds (or `steps_per_epoch` batches more than it): `fit` would refuse the trial that draws it,
+    half way through the sweep. The largest batch the space draws (every step field at its largest
+    value) is checked against the training set of the workload built at the sweep's settings and,
+    where the space draws the data's own settings, at each end of each of those (their data made
+    or opened once each, as a trial would: a second or so for the recipes' synthetic sets). A
+    build refused at such an end (too large for the memory) is refused here too."""
+    from jaxtrain import data as data_lib
+    from jaxtrain.engine import epoch_steps
+
+    steps = [s for s in spaces if s.name in STEP_FIELDS]
+    data = [s for s in spaces if s.name.startswith(DATA_SECTION)]
+    if not steps and not data:
+        return
+    largest = {s.name: max(s.ends()) for s in steps}
+    ends: list[tuple[Space | None, Any]] = [(None, None)] if not data else [(s, v) for s in data for v in s.ends()]
+    for space, value in ends:
+        at = config if space is None else apply_values(config, {space.name: value})
+        w = _build_at(recipe, at, space, value)
+        try:
+            train = w.train
+            n = len(train) if data_lib.is_source(train) else (
+                None if hasattr(train, "abstract_batch") else data_lib.num_samples(train, "train_data"))
+        finally:
+            w.close()
+        if n is None:  # data the run makes as it trains (self-play's replay buffer): no size to check
+            return
+        try:
+            epoch_steps(apply_values(at, largest), n)
+        except ConfigError as e:
+            drawn = " and ".join(f"--space {s}" for s in [*steps, *([space] if space is not None else [])])
+            where = "its largest batch" if space is None else f"{space.name}={value!r}"
+            raise ConfigError(f"{drawn}: at {where}, {e.template}; narrow the range") from None
+
+
+def _build_at(recipe: Recipe, config: Any, space: Space | None, value: Any) -> Any:
+    """The workload of `config`, whose build refusing it (at an end of `space`) is the space's error."""
+    try:
+        return recipe.build(config)
+    except JaxtrainError as e:
+        if space is None:
+            raise
+        raise ConfigError(f"--space {space}: at {space.name}={value!r}, {e.template}") from None
 
 
 def _cores() -> int:
