@@ -425,8 +425,9 @@ def test_a_declined_rewrite_is_one_note_and_in_the_summary(monkeypatch, capsys):
     from jaxtrain._src.rewrite import LossRewrite
 
     monkeypatch.setattr(program, "rewrite_loss", lambda loss, *a, **k: LossRewrite(loss, declined="it would not"))
-    data = {"x": np.zeros((16, 8, 8, 1), np.float32), "y": np.zeros(16, np.int32)}
-    result = fit(_build(_PoolNet), _xent, data, None, TrainConfig(epochs=1, batch_size=16), verbosity="silent")
+    data = {"x": np.zeros((8, 3), np.float32), "y": np.zeros(8, np.int32)}  # the plumbing alone: a small model
+    result = fit(nnx.Linear(3, 3, rngs=nnx.Rngs(0)), lambda m, b, k: _xent(lambda x: m(x), b, k), data, None,
+                 TrainConfig(epochs=1, batch_size=8, step_form="step"), verbosity="silent")
     notes = [line for line in capsys.readouterr().err.splitlines() if "rewrite" in line]
     assert notes == ["note: the loss was not rewritten for XLA:CPU (TrainConfig.rewrite): it would not; it trains as "
                      "written, any convolution or max pool in it at XLA:CPU's slower speed "

@@ -348,11 +348,12 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
     Raises:
       ConfigError: before anything runs: Optuna not installed (the "sweep" extra), a bad space (a
         field given twice, a section, an end of a range the config refuses, a fractional kind over a
-        whole-number field, a batch the training set cannot fill at the range's end), trials, workers, heartbeat or population < 1 or more than the
-        machine holds, a seed out of range, an unknown sampler, pruner or direction, a sweep folder in
-        use or holding symbolic links, a storage that cannot be opened, a study of another direction
-        whose fields were drawn from other kinds of distribution, or whose trials trained with other
-        settings (besides those in `FREE`: where a trial runs, what it prints and keeps).
+        whole-number field, a batch the training set cannot fill at the range's end), trials,
+        workers, heartbeat or population < 1 or more than the machine holds, a seed out of range,
+        an unknown sampler, pruner or direction, a sweep folder in use or holding symbolic links,
+        a storage that cannot be opened, a study of another direction whose fields were drawn from
+        other kinds of distribution, or whose trials trained with other settings (besides those in
+        `FREE`: where a trial runs, what it prints and keeps).
       SweepStopped: SIGTERM or Ctrl-C stopped it (workers), or stopped `fit` in a trial.
       JaxtrainError: workers failed before the study held `trials` finished trials.
     """
