@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.evaluate import evaluate_state
     from jaxtrain._src.export import check_directory as check_export_directory
     from jaxtrain._src.export import check_platforms as check_export_platforms
-    from jaxtrain._src.feeds import budget_bytes
+    from jaxtrain._src.extras import missing_package, require
+    from jaxtrain._src.feeds import budget_bytes, epoch_steps
     from jaxtrain._src.hooks.base import Run, RunHook
     from jaxtrain._src.hooks.profile import ProfileBudgetReached
     from jaxtrain._src.load import load_with_step, read_config
@@ -99,6 +100,7 @@ _HOMES = {
     "compiled_memory": ("jaxtrain._src.memory", "compiled_memory"),
     "cudnn_attention": ("jaxtrain._src.models.attention", "cudnn"),
     "device_description": ("jaxtrain._src.report.blocks", "device_description"),
+    "epoch_steps": ("jaxtrain._src.feeds", "epoch_steps"),
     "evaluate_state": ("jaxtrain._src.evaluate", "evaluate_state"),
     "flat_dict": ("jaxtrain._src.config", "flat_dict"),
     "format_bytes": ("jaxtrain._src.memory", "format_bytes"),
@@ -116,6 +118,7 @@ _HOMES = {
     "matmul_rate": ("jaxtrain._src.machine", "matmul_rate"),
     "measure_matmul_rate": ("jaxtrain._src.machine", "measure_matmul_rate"),
     "memory_lines": ("jaxtrain._src.report.memory_report", "memory_lines"),
+    "missing_package": ("jaxtrain._src.extras", "missing_package"),
     "model_summary": ("jaxtrain._src.report.model_summary", "model_summary"),
     "plot_run": ("jaxtrain._src.report.plots", "plot_run"),
     "predict_batches": ("jaxtrain._src.predict", "predict_batches"),
@@ -128,6 +131,7 @@ _HOMES = {
     "release_compiled_programs": ("jaxtrain._src.memory", "release_compiled_programs"),
     "remove_partials": ("jaxtrain._src.safe_files", "remove_partials"),
     "rendering": ("jaxtrain._src.errors", "rendering"),
+    "require": ("jaxtrain._src.extras", "require"),
     "rows_text": ("jaxtrain._src.data.sources", "rows_text"),
     "run": ("jaxtrain._src.loop", "run"),
     "sample_gpt": ("jaxtrain._src.models.gpt", "sample"),
@@ -174,6 +178,7 @@ __all__ = [
     "compiled_memory",
     "cudnn_attention",
     "device_description",
+    "epoch_steps",
     "evaluate_state",
     "flat_dict",
     "format_bytes",
@@ -191,6 +196,7 @@ __all__ = [
     "matmul_rate",
     "measure_matmul_rate",
     "memory_lines",
+    "missing_package",
     "model_summary",
     "plot_run",
     "predict_batches",
@@ -203,6 +209,7 @@ __all__ = [
     "release_compiled_programs",
     "remove_partials",
     "rendering",
+    "require",
     "rows_text",
     "run",
     "sample_gpt",

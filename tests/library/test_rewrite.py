@@ -350,32 +350,87 @@ def test_nnx_objects_as_arguments_keep_their_updates():
 TRAINED_TOL = {"fp32": TOL, "fp16": TOL, "bf16": 1e-2}
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_fit_rewrites_a_conv_models_loss_on_the_cpu_and_trains_to_the_same_weights(precision):
+class _PoolNet(nnx.Module):
+    def __init__(self, rngs):
+        self.conv = nnx.Conv(1, 4, (3, 3), padding="VALID", rngs=rngs)
+        self.out = nnx.Linear(3 * 3 * 4, 3, rngs=rngs)
+
+    def __call__(self, x):  # (B, 8, 8, 1) -> (B, 3)
+        h = nnx.max_pool(nnx.relu(self.conv(x)), (2, 2), strides=(2, 2))  # (B, 3, 3, 4)
+        return self.out(h.reshape(h.shape[0], -1))
+
+
+def _xent(model, batch, key):
+    logits = model(batch["x"]).astype(jnp.float32)
+    return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, batch["y"][:, None], -1)[:, 0]), {}
+
+
+POOL_NET_REWRITES = "1 convolutions as im2col + matmul, 1 max pools as strided maxima"
+
+
+@pytest.mark.parametrize("precision,pixels", [("fp32", True), ("bf16", False), ("fp16", False)])
+def test_fit_rewrites_a_conv_models_loss_on_the_cpu_and_trains_to_the_same_weights(precision, pixels, capsys):
+    """With `pixels`, (B, 8, 8) uint8 images that `standardize_images` makes (B, 8, 8, 1) float32 inside
+    the step: the loss is traced on the batch it receives (traced on the stored batch, the rewrite was
+    skipped)."""
     from conftest import leaves_close
 
     from jaxtrain import TrainConfig, fit
-
-    class Net(nnx.Module):
-        def __init__(self, rngs):
-            self.conv = nnx.Conv(1, 4, (3, 3), padding="VALID", rngs=rngs)
-            self.out = nnx.Linear(3 * 3 * 4, 3, rngs=rngs)
-
-        def __call__(self, x):  # (B, 8, 8, 1) -> (B, 3)
-            h = nnx.max_pool(nnx.relu(self.conv(x)), (2, 2), strides=(2, 2))  # (B, 3, 3, 4)
-            return self.out(h.reshape(h.shape[0], -1))
-
-    def loss(model, batch, key):
-        logits = model(batch["x"]).astype(jnp.float32)
-        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, batch["y"][:, None], -1)[:, 0]), {}
+    from jaxtrain.data import standardize_images
 
     rng = np.random.default_rng(0)
-    data = {"x": rng.normal(size=(64, 8, 8, 1)).astype(np.float32), "y": rng.integers(0, 3, 64).astype(np.int32)}
+    x = rng.integers(0, 256, (64, 8, 8)).astype(np.uint8) if pixels else rng.normal(size=(64, 8, 8, 1))
+    x = x if pixels else x.astype(np.float32)
+    data = {"x": x, "y": rng.integers(0, 3, 64).astype(np.int32)}
+    preprocess = standardize_images("x", 0.5, 0.25) if pixels else None
     config = {r: TrainConfig(epochs=2, batch_size=16, rewrite=r, step_form="scan", precision=precision)
               for r in ("auto", "off")}
-    results = {r: fit(_build(Net), loss, data, data, config[r], verbosity="silent") for r in ("auto", "off")}
-    assert results["auto"].summary["rewrites"] == "1 convolutions as im2col + matmul, 1 max pools as strided maxima"
+    results = {r: fit(_build(_PoolNet), _xent, data, data, config[r], preprocess=preprocess, verbosity="silent")
+               for r in ("auto", "off")}
+    assert results["auto"].summary["rewrites"] == POOL_NET_REWRITES
+    assert results["auto"].summary["rewrite_declined"] is None and "rewritten" not in capsys.readouterr().err
     assert results["off"].summary["rewrites"] is None
     tol = TRAINED_TOL[precision]
     assert leaves_close(results["auto"].state.params, results["off"].state.params) <= tol
     assert results["auto"].history[-1]["val_loss"] == pytest.approx(results["off"].history[-1]["val_loss"], rel=tol)
+
+
+def test_a_rewrite_whose_trace_fails_is_declined_with_the_reason():
+    from jaxtrain._src.rewrite import rewrite_loss
+
+    model, batch = _build(_PoolNet), {"x": jax.ShapeDtypeStruct((4, 8, 8, 1), jnp.float32),
+                                      "y": jax.ShapeDtypeStruct((4,), jnp.int32)}
+
+    def broken(batch, key):
+        raise ZeroDivisionError("no pixels\nsecond line")
+
+    def loss(model, batch, key):
+        return _xent(model, {"x": batch["x"][..., 0], "y": batch["y"]}, key)  # a 3-D input to a 2-D conv
+
+    for fn, transform, why in [(_xent, broken, "preprocess/augment did not trace on a batch (ZeroDivisionError: "
+                                                "no pixels)"),
+                               (loss, None, "the loss did not trace on the batch it trains on (")]:
+        rewrite = rewrite_loss(fn, model, batch, "auto", platform="cpu", transform=transform)
+        assert rewrite.loss is fn and rewrite.rewrites is None and not rewrite.clean
+        assert rewrite.declined.startswith(why) and "\n" not in rewrite.declined
+    for setting, platform in [("off", "cpu"), ("auto", "gpu")]:  # not asked for: nothing declined
+        assert rewrite_loss(loss, model, batch, setting, platform=platform).declined is None
+    assert rewrite_loss(_xent, model, batch, "on", platform="gpu").rewrites == POOL_NET_REWRITES
+
+
+def test_a_declined_rewrite_is_one_note_and_in_the_summary(monkeypatch, capsys):
+    from jaxtrain import TrainConfig, fit
+    from jaxtrain._src import program
+    from jaxtrain._src.report import final_block
+    from jaxtrain._src.rewrite import LossRewrite
+
+    monkeypatch.setattr(program, "rewrite_loss", lambda loss, *a, **k: LossRewrite(loss, declined="it would not"))
+    data = {"x": np.zeros((8, 3), np.float32), "y": np.zeros(8, np.int32)}  # the plumbing alone: a small model
+    result = fit(nnx.Linear(3, 3, rngs=nnx.Rngs(0)), lambda m, b, k: _xent(lambda x: m(x), b, k), data, None,
+                 TrainConfig(epochs=1, batch_size=8, step_form="step"), verbosity="silent")
+    notes = [line for line in capsys.readouterr().err.splitlines() if "rewrite" in line]
+    assert notes == ["note: the loss was not rewritten for XLA:CPU (TrainConfig.rewrite): it would not; it trains as "
+                     "written, any convolution or max pool in it at XLA:CPU's slower speed "
+                     "(TrainConfig(rewrite=\"off\") skips the attempt)"]
+    assert result.summary["rewrites"] is None and result.summary["rewrite_declined"] == "it would not"
+    assert "  Not Rewritten:        it would not" in final_block(result.summary).splitlines()

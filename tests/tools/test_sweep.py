@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 import socket
+import sys
 
 import optuna
 import pytest
@@ -125,6 +126,31 @@ def test_bad_sweeps_are_one_line_and_exit_2(tmp_path, capsys):
     assert "holds no study.db" in capsys.readouterr().err
 
 
+def test_a_sweep_without_optuna_is_one_line_naming_the_extra_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # the base install alone (make demo): no sweep extra
+    out = tmp_path / "s"
+    for command in (["sweep", "mlp-regression", *FLAGS, *SPACE, "--trials", "1", "--out", str(out)],
+                    ["sweep", "report", str(out)]):
+        assert cli.main(command) == 2
+        assert 'needs optuna, which is not installed' in (line := _one_line(capsys)), line
+        assert 'pip install -e ".[sweep]"' in line, line
+    assert not out.exists()
+
+
+def test_a_sweep_refused_in_a_folder_it_made_leaves_no_lock_behind(tmp_path, monkeypatch):
+    def refuse(*args):
+        raise ConfigError("the storage failed")
+
+    monkeypatch.setattr(sweep._Job, "open", refuse)
+    for out in (tmp_path / "new", tmp_path / "held"):
+        if out.name == "held":  # a folder the user made, or holding more than the lock, is left as it is
+            out.mkdir()
+        with pytest.raises(ConfigError, match="the storage failed"):
+            sweep.sweep(get_recipe("mlp-regression"), get_recipe("mlp-regression").config,
+                        [sweep.parse_space("optim.lr=loguniform:1e-4:1e-2")], 1, out)
+    assert not (tmp_path / "new").exists() and (tmp_path / "held").is_dir()
+
+
 def _one_line(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
@@ -152,9 +178,17 @@ def test_bad_storages_seeds_spaces_and_sizes_are_one_line_naming_the_flag_before
             ([*lr, "--space", "optim.lr=uniform:1e-4:1e-2"], "--space optim.lr is given twice"),
             (["--space", "optim.b1=uniform:0.5:1.5"], "the config refuses 1.5"),  # the high end, not only the low
             (["--space", "optim.name=choice:adam,nope"], "the config refuses 'nope'"),
+            (["--space", "epochs=uniform:1:3"], "epochs takes whole numbers, and uniform draws fractions; write "
+                                                "epochs=int:1:3"),
             ([*lr, "--workers", str(os.cpu_count() + 1)], f"--workers {os.cpu_count() + 1}: this machine gives the "
                                                           "sweep"),
             ([*lr, "--trials", "100000"], "--trials 100000: past 10,000 trials"),
+            # what `fit` would refuse at the trial that draws it, against the training set (512 rows)
+            (["--space", "batch_size=int:16:4096"], "--space batch_size=int:16:4096: at its largest batch, "
+                                                    "batch_size=4096 is larger than the training set (512 samples)"),
+            (["--space", "grad_accum=choice:1,64"], "batch_size x grad_accum = 2048 is larger than the training set"),
+            (["--space", "data.val_samples=int:88:590"], "at data.val_samples=590, batch_size=32 is larger than the "
+                                                         "training set (10 samples)"),
             ([*lr, "--trials", "2000", "--population", "2000"], "--population 2000: a population's trials are all "
                                                                 "asked before any trains")):
         trials = [] if "--trials" in args else ["--trials", "1"]

@@ -190,6 +190,6 @@ def test_tracker_mistakes_are_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
     assert main([*TRAIN, "--epochs", "1", "--track", "mlflow", "--run-dir", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "needs the mlflow package: pip install mlflow" in err[0]
-    assert not os.path.exists(tmp_path / "b" / "trackers.json")
+    assert len(err) == 1 and 'the mlflow tracker needs mlflow' in err[0] and 'pip install -e ".[track]"' in err[0]
+    assert not os.path.exists(tmp_path / "b")  # refused before the run directory is claimed
 

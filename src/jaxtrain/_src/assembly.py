@@ -34,6 +34,7 @@ from rich.console import Console
 from jaxtrain._src.checks import check_fit_inputs
 from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.config import TrainConfig, to_dict
+from jaxtrain._src.errors import setting
 from jaxtrain._src.feeds import Feed, adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, MemoryHook, ProgressHook, Run, RunHook
 from jaxtrain._src.loop_state import LoopState
@@ -181,6 +182,10 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
         note("the learning rate of your optimizer= is not in its state, so lr is not logged; wrap it as "
              "jaxtrain.log_learning_rate(optimizer, schedule) (a constant rate c: schedule=c), or build it with "
              "optax.inject_hyperparams")
+    if first.rewrite_declined and primary:
+        note(f"the loss was not rewritten for XLA:CPU ({setting('rewrite')}): {first.rewrite_declined}; it trains "
+             f"as written, any convolution or max pool in it at XLA:CPU's slower speed "
+             f"({setting('rewrite', 'off')} skips the attempt)")
     programs = joint.programs(first, runs) if joint else [first]
     feed = first.feed
     assert feed is not None  # built with training data
@@ -289,7 +294,7 @@ def _run(kind: type[Run], name: str, config: TrainConfig, console: Console, run_
     """A `Run` (or a member's `kind` of one): the one place runs are made."""
     return kind(name=name, config=config, console=console, run_dir=run_dir, device=jax.local_devices()[0],
                 layout=program.layout, feed=feed, calls=calls, state=state, step=int(state.step), loop=loop, hooks=[],
-                **more)
+                rewrite_declined=program.rewrite_declined, **more)
 
 
 def _plan(guards: list[RunGuard], total_steps: int, population: bool) -> tuple[int | None, list[dict[str, Any] | None]]:

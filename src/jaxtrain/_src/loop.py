@@ -24,6 +24,7 @@ from jaxtrain._src.checks import check_path_length
 from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError, setting
+from jaxtrain._src.extras import EXTRAS, check_installed
 from jaxtrain._src.hooks import (
     CheckpointHook,
     EarlyStopping,
@@ -230,4 +231,7 @@ def _check_arguments(model: Any, config: Any, optimizer: Any, hooks: Any, run_di
     if config.track and run_dir is None:
         raise ConfigError(f"track={config.track!r} needs a run directory (run_dir=...): the trackers upload its "
                           "files and keep the tracked run's id there")
+    for name in (n.strip() for n in config.track.split(",")):
+        if name in EXTRAS:  # checked before the run directory is claimed: a missing package leaves nothing behind
+            check_installed(name, f"the {name} tracker")
     check_path_length(run_dir, "run_dir")

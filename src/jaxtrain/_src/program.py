@@ -11,6 +11,7 @@ to assemble one by hand (tests/library/test_layers.py walks the source to keep i
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -28,10 +29,10 @@ from jaxtrain._src.memory import release_free_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import build_schedule, build_train_optimizer, learning_rate_fn
 from jaxtrain._src.precision import Policy, note_float32_products, policy_of
-from jaxtrain._src.rewrite import rewrite_loss
+from jaxtrain._src.rewrite import LossRewrite, rewrite_loss
 from jaxtrain._src.sharding import Layout, make_layout
 from jaxtrain._src.state import TrainState, eval_graphdef, in_mode, init_state, split_params
-from jaxtrain._src.step import Augment, LossFn, Preprocess, make_eval_step, make_train_step
+from jaxtrain._src.step import Augment, LossFn, Preprocess, loss_input, make_eval_step, make_train_step
 
 __all__ = ["Program", "build_program"]
 
@@ -56,6 +57,7 @@ class Program:
       rewrites: what of the loss was rewritten for XLA:CPU (`rewrite.rewrite_loss`), or None.
       loss_clean: the loss, as trained, is known to hold no op that XLA:CPU runs slowly in a loop.
       logs_lr: the step's metrics hold `lr`, the learning rate of each update (`optim.learning_rate_fn`).
+      rewrite_declined: why the rewrite that `config.rewrite` asked for did not happen, or None.
     """
 
     config: TrainConfig
@@ -73,6 +75,7 @@ class Program:
     rewrites: str | None = None
     loss_clean: bool = False
     logs_lr: bool = False
+    rewrite_declined: str | None = None
 
     def calls(self, steps_per_call: int = 0, auto: AutoSteps = AutoSteps(), source: CallSource | None = None,
               log: Callable[[str], None] = lambda message: None, form: str | None = None) -> CompiledCalls:
@@ -171,24 +174,31 @@ def build_program(
         state = layout.put(state, shardings)
         announce("state initialised")
     policy = policy_of(config)
-    rewrites, clean = None, False
-    batch = _one_batch(train_data, config) if train_data is not None else None
-    if batch is not None:  # XLA:CPU's slow ops, rewritten before differentiation
+    rewrite = LossRewrite(loss_fn)
+    if train_data is not None:  # XLA:CPU's slow ops, rewritten before differentiation
         training = in_mode(model, train=True)
-        loss_fn, rewrites, clean = rewrite_loss(loss_fn, training, batch, config.rewrite)
-        if policy.name != "fp32" and not abstract:  # products the model keeps in float32 under bf16 or fp16
-            note_float32_products(loss_fn, training, batch, policy)
+        batch = _one_batch(train_data, config)
+        seen = functools.partial(loss_input, preprocess=preprocess, augment=augment)
+        rewrite = rewrite_loss(loss_fn, training, batch, config.rewrite, transform=seen)
+        loss_fn = rewrite.loss
+        if batch is not None and policy.name != "fp32" and not abstract:  # products kept in float32 under bf16/fp16
+            try:
+                loss_batch = jax.eval_shape(seen, batch, jax.random.key(0))
+            except Exception:  # noqa: BLE001 - preprocess or augment fails with its own error in the step
+                loss_batch = None
+            if loss_batch is not None:
+                note_float32_products(loss_fn, training, loss_batch, policy)
     lr = learning_rate_fn(tx, state.params, schedule)
     train_step = make_train_step(graphdef, loss_fn, tx, preprocess, augment, lr, layout.gather_params,
                                  layout.split_grads, policy, config.grad_accum)
     eval_step = make_eval_step(eval_graphdef(model), loss_fn, preprocess, policy)
     return Program(config, layout, feed, tx, schedule, policy, graphdef, state, shardings, train_step, eval_step,
-                   total_steps, rewrites, clean, lr is not None)
+                   total_steps, rewrite.rewrites, rewrite.clean, lr is not None, rewrite.declined)
 
 
 def _one_batch(train_data: Any, config: TrainConfig) -> Any:
-    """One training batch as abstract shapes, as the loss sees it (preprocessing aside); None for
-    data that only their feed describes (a loader's batches)."""
+    """One training batch as abstract shapes, as the data hold it (before preprocess and augment);
+    None for data that only their feed describes (a loader's batches)."""
     try:
         return abstract_batch(train_data, config.batch_size, "train_data")
     except Exception:  # noqa: BLE001 - data described only by their feed: no rewrite

@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -428,26 +428,62 @@ class _Rewriter:
                     bwd=lu.wrap_init(rewritten_bwd, debug_info=bwd.debug_info))
 
 
+class LossRewrite(NamedTuple):
+    """What `rewrite_loss` made of a loss.
+
+    Attributes:
+      loss: the loss to train: rewritten (`rewrite_convs`), or the user's own.
+      rewrites: what was rewritten ("2 convolutions as im2col + matmul, ..."), or None.
+      clean: the loss was traced and, as returned, holds neither convolutions nor max pools (so its
+        step has none of the ops `slow_ops` names).
+      declined: why a rewrite that the setting asked for did not happen (the trace failed), for one
+        note and the run's summary; None when it happened, had nothing to do, or was not asked for.
+    """
+
+    loss: Callable[..., Any]
+    rewrites: str | None = None
+    clean: bool = False
+    declined: str | None = None
+
 
 def rewrite_loss(loss_fn: Callable[..., Any], model: nnx.Module, batch: Any, setting: str = "auto",
-                 platform: str | None = None) -> tuple[Callable[..., Any], str | None, bool]:
-    """`(loss, what was rewritten, clean)`: the loss `fit` trains, with its convolutions and max
-    pools rewritten (`rewrite_convs`) when `setting` is "on", or "auto" on the CPU (XLA:CPU's slow
-    paths; off on other backends, where they were not measured slower) and the loss holds them;
-    otherwise `loss_fn` itself and None. `clean`: the loss was traced and, as returned, holds
-    neither (so its step has none of the ops `slow_ops` names). `batch`: abstract shapes suffice."""
+                 platform: str | None = None,
+                 transform: Callable[[Any, jax.Array], Any] | None = None) -> LossRewrite:
+    """The loss `fit` trains, with its convolutions and max pools rewritten (`rewrite_convs`) when
+    `setting` is "on", or "auto" on the CPU (XLA:CPU's slow paths; off on other backends, where they
+    were not measured slower) and the loss holds them; otherwise `loss_fn` itself.
+
+    `batch` is a training batch as the data hold it (abstract shapes suffice) and `transform(batch,
+    key)` what the step does to it before the loss (preprocess, then augment): the loss is traced on
+    what it really receives, so a preprocess that changes the batch's shapes (a channel axis added)
+    does not make the trace fail. A trace that fails all the same is a declined rewrite: the loss
+    trains as written and `declined` says why."""
     if setting == "off" or (setting == "auto" and (platform or jax.default_backend()) != "cpu"):
-        return loss_fn, None, False
+        return LossRewrite(loss_fn)
+    if batch is None:
+        return LossRewrite(loss_fn, declined="the training data do not give the shapes of a batch before the run")
+    key = jax.random.key(0)
+    if transform is not None:
+        try:
+            batch = jax.eval_shape(transform, batch, key)
+        except Exception as e:  # noqa: BLE001 - the user's preprocess or augment fails with its own error in the step
+            return LossRewrite(loss_fn, declined=f"preprocess/augment did not trace on a batch ({_one_line(e)})")
     graphdef, state = nnx.split(model)
     try:
-        jaxpr = jax.make_jaxpr(lambda s, b, k: loss_fn(nnx.merge(graphdef, s, copy=True), b, k))(
-            state, batch, jax.random.key(0))
-    except Exception:  # noqa: BLE001 - a loss that does not trace here fails with its own error in the step
-        return loss_fn, None, False
+        jaxpr = jax.make_jaxpr(lambda s, b, k: loss_fn(nnx.merge(graphdef, s, copy=True), b, k))(state, batch, key)
+    except Exception as e:  # noqa: BLE001 - a loss that does not trace here fails with its own error in the step
+        return LossRewrite(loss_fn, declined=f"the loss did not trace on the batch it trains on ({_one_line(e)})")
     counts = count_primitives(jaxpr)
     convs, pools = counts.get("conv_general_dilated", 0), counts.get("reduce_window_max", 0)
     if not convs and not pools:
-        return loss_fn, None, True
+        return LossRewrite(loss_fn, clean=True)
     what = ", ".join(part for part in (f"{convs} convolutions as im2col + matmul" if convs else "",
                                        f"{pools} max pools as strided maxima" if pools else "") if part)
-    return rewrite_convs(loss_fn), what, True
+    return LossRewrite(rewrite_convs(loss_fn), what, True)
+
+
+def _one_line(e: BaseException) -> str:
+    """`TypeError: the first line of its message`, at most 200 characters."""
+    lines = str(e).strip().splitlines()
+    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -63,11 +63,7 @@ def make_train_step(
     def micro_step(params: nnx.State, model_state: nnx.State, batch: Batch, key: jax.Array, scale: jax.Array):
         """Gradients of one (micro-)batch: `((loss, metrics), model_state, grads)`, grads scaled."""
         augment_key, loss_key = jax.random.split(key)
-        if preprocess is not None:
-            batch = preprocess(batch)
-        if augment is not None:
-            batch = augment(batch, augment_key)
-        batch = policy.cast(batch)
+        batch = policy.cast(loss_input(batch, augment_key, preprocess, augment))
 
         def objective(params: nnx.State) -> tuple[jax.Array, tuple[jax.Array, Metrics, nnx.State]]:
             params = policy.cast(params)
@@ -122,6 +118,17 @@ def make_train_step(
         return new_state, {"loss": loss, **metrics}
 
     return train_step
+
+
+def loss_input(batch: Batch, key: jax.Array, preprocess: Preprocess | None = None,
+               augment: Augment | None = None) -> Batch:
+    """What a training step's loss receives of `batch` (before the precision cast): `preprocess`,
+    then `augment` with `key`. The program builder traces the loss on it (`rewrite.rewrite_loss`)."""
+    if preprocess is not None:
+        batch = preprocess(batch)
+    if augment is not None:
+        batch = augment(batch, key)
+    return batch
 
 
 def _same_dtype(new: jax.Array, old: jax.Array) -> jax.Array:

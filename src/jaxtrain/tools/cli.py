@@ -953,12 +953,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             except JaxtrainError as e:
                 print(f"error: {e.for_cli()}", file=sys.stderr)
                 return e.exit_code
+            except ImportError as e:  # an optional package a feature imports: one line naming its extra
+                error = _missing_package(e, command)
+                if error is None:
+                    raise
+                print(f"error: {error.for_cli()}", file=sys.stderr)
+                return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _missing_package(e: ImportError, command: str) -> Any:
+    """The one-line ConfigError for `e` when it is an optional package's (or one of jaxtrain's own
+    dependencies') import, else None. The benchmarks' PyTorch comes from the "bench" extra."""
+    from jaxtrain.engine import missing_package
+
+    return missing_package(e, f"jaxtrain {command}", {"torch": "bench"} if command == "bench" else None)
 
 
 def _refuse_completion(args: Sequence[str]) -> None:
@@ -1020,7 +1034,11 @@ def entry_point() -> None:
         code = main()
     except (KeyboardInterrupt, ImportError) as e:  # before `main` took over (it says the same); nothing written yet
         if isinstance(e, ImportError) and not seen:  # a broken install, not Ctrl-C
-            raise
+            error = _missing_package(e, sys.argv[1])
+            if error is None:
+                raise
+            print(f"error: {error.for_cli()}", file=sys.stderr, flush=True)
+            sys.exit(error.exit_code)
         print("interrupted", file=sys.stderr, flush=True)
         os._exit(130)  # not the interpreter's teardown of modules the signal left half imported
     except BrokenPipeError:

@@ -61,7 +61,17 @@ from rich.console import Console
 from rich.table import Table
 
 from jaxtrain import ConfigError, DistConfig, Hook, JaxtrainError, NonFiniteLossError, TrainingStopped
-from jaxtrain.engine import MAX_SEED, argument, flat_dict, format_bytes, lock_directory, refuse_links, setting, to_dict
+from jaxtrain.engine import (
+    MAX_SEED,
+    argument,
+    flat_dict,
+    format_bytes,
+    lock_directory,
+    refuse_links,
+    require,
+    setting,
+    to_dict,
+)
 from jaxtrain.tools.recipes.base import Recipe
 
 __all__ = ["Space", "SweepStopped", "apply_values", "load_study", "parse_space", "print_report", "print_result",
@@ -342,15 +352,18 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         most `MAX_POPULATION`; from `MEASURED_POPULATION` up, the members' states must fit the device.
 
     Raises:
-      ConfigError: before anything runs: a bad space (a field given twice, a section, an end of a
-        range the config refuses), trials, workers, heartbeat or population < 1 or more than the
-        machine holds, a seed out of range, an unknown sampler, pruner or direction, a sweep folder in
-        use or holding symbolic links, a storage that cannot be opened, a study of another direction
-        whose fields were drawn from other kinds of distribution, or whose trials trained with other
-        settings (besides those in `FREE`: where a trial runs, what it prints and keeps).
+      ConfigError: before anything runs: Optuna not installed (the "sweep" extra), a bad space (a
+        field given twice, a section, an end of a range the config refuses, a fractional kind over a
+        whole-number field, a batch the training set cannot fill at the range's end), trials,
+        workers, heartbeat or population < 1 or more than the machine holds, a seed out of range,
+        an unknown sampler, pruner or direction, a sweep folder in use or holding symbolic links,
+        a storage that cannot be opened, a study of another direction whose fields were drawn from
+        other kinds of distribution, or whose trials trained with other settings (besides those in
+        `FREE`: where a trial runs, what it prints and keeps).
       SweepStopped: SIGTERM or Ctrl-C stopped it (workers), or stopped `fit` in a trial.
       JaxtrainError: workers failed before the study held `trials` finished trials.
     """
+    require("optuna", "jaxtrain sweep")  # first: a missing extra is one line, and nothing is written
     for name, value in (("trials", trials), ("workers", workers), ("heartbeat", heartbeat), ("population", population)):
         if value < 1:
             raise ConfigError(f"{argument(name, value)} must be >= 1")
@@ -363,6 +376,7 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
     if direction not in ("minimize", "maximize"):
         raise ConfigError(f"direction={direction!r}: choose minimize or maximize")
     _check_spaces(config, spaces)
+    _check_batches(recipe, config, spaces)
     _check_workers(workers)
     _check_population(recipe, config, min(population, trials))
     out = Path(out)
@@ -401,8 +415,74 @@ def _check_spaces(config: Any, spaces: Sequence[Space]) -> None:
             except ConfigError as e:
                 if e.template.startswith("--space"):
                     raise
+                if space.kind in ("uniform", "loguniform") and _takes_whole(config, space.name, value):
+                    raise ConfigError(f"--space {space}: {space.name} takes whole numbers, and {space.kind} draws "
+                                      f"fractions; write {Space(space.name, 'int', space.low, space.high)}") from None
                 raise ConfigError(f"--space {space}: the config refuses {value!r} ({e.template}); keep the range "
                                   "within the values it takes") from None
+
+
+def _takes_whole(config: Any, name: str, value: float) -> bool:
+    """Whether the field refuses the float `value` but takes it as an int (`epochs`, a model's width)."""
+    if not float(value).is_integer():
+        return False
+    try:
+        apply_values(config, {name: int(value)})
+    except ConfigError:
+        return False
+    return True
+
+
+# Fields whose drawn values `fit` checks against the training set's size (`epoch_steps`), and the
+# section whose fields decide that size: a space over any of them is checked against the data.
+STEP_FIELDS = ("batch_size", "grad_accum", "steps_per_epoch")
+DATA_SECTION = "data."
+
+
+def _check_batches(recipe: Recipe, config: Any, spaces: Sequence[Space]) -> None:
+    """Refuses, before any trial, a space that can draw a step of more rows than the training set
+    holds (or `steps_per_epoch` batches more than it): `fit` would refuse the trial that draws it,
+    half way through the sweep. The largest batch the space draws (every step field at its largest
+    value) is checked against the training set of the workload built at the sweep's settings and,
+    where the space draws the data's own settings, at each end of each of those (their data made
+    or opened once each, as a trial would: a second or so for the recipes' synthetic sets). A
+    build refused at such an end (too large for the memory) is refused here too."""
+    from jaxtrain import data as data_lib
+    from jaxtrain.engine import epoch_steps
+
+    steps = [s for s in spaces if s.name in STEP_FIELDS]
+    data = [s for s in spaces if s.name.startswith(DATA_SECTION)]
+    if not steps and not data:
+        return
+    largest = {s.name: max(s.ends()) for s in steps}
+    ends: list[tuple[Space | None, Any]] = [(None, None)] if not data else [(s, v) for s in data for v in s.ends()]
+    for space, value in ends:
+        at = config if space is None else apply_values(config, {space.name: value})
+        w = _build_at(recipe, at, space, value)
+        try:
+            train = w.train
+            n = len(train) if data_lib.is_source(train) else (
+                None if hasattr(train, "abstract_batch") else data_lib.num_samples(train, "train_data"))
+        finally:
+            w.close()
+        if n is None:  # data the run makes as it trains (self-play's replay buffer): no size to check
+            return
+        try:
+            epoch_steps(apply_values(at, largest), n)
+        except ConfigError as e:
+            drawn = " and ".join(f"--space {s}" for s in [*steps, *([space] if space is not None else [])])
+            where = "its largest batch" if space is None else f"{space.name}={value!r}"
+            raise ConfigError(f"{drawn}: at {where}, {e.template}; narrow the range") from None
+
+
+def _build_at(recipe: Recipe, config: Any, space: Space | None, value: Any) -> Any:
+    """The workload of `config`, whose build refusing it (at an end of `space`) is the space's error."""
+    try:
+        return recipe.build(config)
+    except JaxtrainError as e:
+        if space is None:
+            raise
+        raise ConfigError(f"--space {space}: at {space.name}={value!r}, {e.template}") from None
 
 
 def _cores() -> int:
@@ -462,6 +542,7 @@ def _claim(out: Path, lock: bool) -> Iterator[None]:
     locked. A study in the folder (SQLite, the default) is this sweep's alone: more processes are
     its workers. Sweeps that share a study in a `storage` share their folder by design (machines
     writing their trials into one shared folder), so theirs is not locked."""
+    made = not out.exists()
     if lock:
         held = lock_directory(out, "sweep folder", argument("out"), "that sweep", out=out)
     else:
@@ -470,12 +551,19 @@ def _claim(out: Path, lock: bool) -> Iterator[None]:
         except OSError as e:
             raise ConfigError(f"cannot use sweep folder {out}: {e.strerror}; choose another {argument('out')}",
                               out=out) from None
+    failed = True
     try:
         _refuse_links(out, [p.name for p in out.iterdir() if p.name.startswith("trial-")] + list(SWEEP_FILES))
         yield
+        failed = False
     finally:
         if lock:
             held.close()
+        if failed and made:  # a sweep that stopped before writing anything leaves no folder holding a lone .lock
+            with contextlib.suppress(OSError):
+                if {p.name for p in out.iterdir()} <= {".lock"}:
+                    (out / ".lock").unlink(missing_ok=True)
+                    out.rmdir()
 
 
 def _refuse_links(out: Path, names: Sequence[str]) -> None:
@@ -1134,6 +1222,8 @@ def print_report(study: Any, console: Console, objective: str, importances: bool
             scores = optuna.importance.get_param_importances(study)
         except (ValueError, RuntimeError) as e:  # e.g. every complete trial drew the same values
             console.print(f"parameter importances: not computed ({e})")
+        except ImportError:  # Optuna's fANOVA fits scikit-learn's forests; no extra of jaxtrain installs it
+            console.print("parameter importances: not computed (fANOVA needs scikit-learn: pip install scikit-learn)")
         else:
             console.print("parameter importances (fANOVA): " + ", ".join(f"{k} {v:.2f}"
                                                                          for k, v in scores.items()))
@@ -1165,10 +1255,9 @@ def load_study(out: str | Path, storage: str | None = None, study: str | None = 
     """The study of the sweep folder `out` (or of `storage`); its only study when `study` is None.
 
     Raises:
-      ConfigError: no study there, or several and none named.
+      ConfigError: no study there, or several and none named; Optuna not installed.
     """
-    import optuna
-
+    optuna = require("optuna", "jaxtrain sweep report")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     url = storage or f"sqlite:///{Path(out).resolve() / 'study.db'}"
     if storage is None and not (Path(out) / "study.db").is_file():
@@ -1186,6 +1275,7 @@ def load_study(out: str | Path, storage: str | None = None, study: str | None = 
 
 def plot_report(study: Any, out: str | Path) -> list[Path]:
     """PNGs of the optimization history, parallel coordinates and slices in `out`."""
+    require("optuna", "jaxtrain sweep report")
     import matplotlib
 
     matplotlib.use("Agg")

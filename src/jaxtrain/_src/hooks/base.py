@@ -180,6 +180,7 @@ class Run(Generic[S]):
       summary: the run's summary, once training ended.
       model_summary: the model's modules, output shapes and parameters (`report.model_summary`).
       hook_s: seconds the hooks spent on each event, keyed `(hook class name, event)` (`hooks.profile`).
+      rewrite_declined: why the XLA:CPU rewrite the settings asked for did not happen (`Program`), or None.
     """
 
     name: str
@@ -205,6 +206,7 @@ class Run(Generic[S]):
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     model_summary: dict[str, Any] | None = None
     hook_s: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    rewrite_declined: str | None = None
 
     @property
     def elapsed_s(self) -> float:

@@ -8,7 +8,7 @@ are kept in the run directory's trackers.json), so one training run is one track
 predecessor logged after its last checkpoint are logged again by the resumed run (MLflow and W&B
 keep both values of such a step; metrics.jsonl and metrics.csv keep the resumed run's).
 
-The packages are optional (`pip install mlflow` / `wandb`); a missing one is one clear line.
+The packages are optional (the "track" extra); a missing one is one line naming it (`extras.require`).
 MLflow follows its own environment (`MLFLOW_TRACKING_URI`, default ./mlruns); W&B its own
 (`WANDB_MODE=offline`, `WANDB_PROJECT`, ...).
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
-import importlib
 import io
 import json
 import logging
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from jaxtrain._src.config import flat_dict, to_dict
 from jaxtrain._src.errors import ConfigError
+from jaxtrain._src.extras import require
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.safe_files import write_text
@@ -65,14 +65,6 @@ def _epoch_metrics(record: dict[str, Any]) -> dict[str, float]:
         elif name == "epoch_time_s":
             out["epoch/time_s"] = value
     return out
-
-
-def _import(module: str, extra: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"the {extra} tracker needs the {extra} package: pip install {extra} "
-                          f"(or drop {extra} from the trackers)") from None
 
 
 def reason(e: BaseException) -> str:
@@ -226,7 +218,7 @@ class MLflow(Tracker):
 
     @side_channel
     def on_start(self, run: Run) -> None:
-        mlflow = _import("mlflow", "mlflow")
+        mlflow = require("mlflow", "the mlflow tracker")
         from mlflow.tracking import MlflowClient
 
         client = self._client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -319,7 +311,7 @@ class WandB(Tracker):
 
     @side_channel
     def on_start(self, run: Run) -> None:
-        wandb = _import("wandb", "wandb")
+        wandb = require("wandb", "the wandb tracker")
         saved = self._saved_id(run)
         directory = str(run.run_dir) if run.run_dir is not None else None
         bound = {} if self.init_timeout is None or "WANDB_INIT_TIMEOUT" in os.environ else {

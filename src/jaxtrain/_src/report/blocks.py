@@ -87,6 +87,15 @@ def _form_line(form: dict[str, Any] | None) -> list[str]:
     return [f"  Step Form:            {form['form']} ({form['why']})"]
 
 
+def _rewrite_line(summary: dict[str, Any]) -> list[str]:
+    """The final block's line on the XLA:CPU rewrite: what was rewritten, or why it was not."""
+    if summary.get("rewrites"):
+        return [f"  Rewritten for XLA:CPU: {summary['rewrites']}"]
+    if summary.get("rewrite_declined"):
+        return [f"  Not Rewritten:        {summary['rewrite_declined']}"]
+    return []
+
+
 def build_summary(run: "Run", status: str) -> dict[str, Any]:
     """The contents of summary.json, a stable contract for scripts (hooks add to it in `on_end`)."""
     history, loop = run.loop.history, run.loop
@@ -103,6 +112,7 @@ def build_summary(run: "Run", status: str) -> dict[str, Any]:
         "steps_per_call": run.calls.k,
         "step_form": run.calls.form.summary(),
         "rewrites": run.calls.rewrites,
+        "rewrite_declined": run.rewrite_declined,
         "final_train_loss": last.get("train_loss"),
         "final_val_loss": val_losses[-1][0] if val_losses else None,
         "best_val_loss": best[0],
@@ -221,6 +231,7 @@ def final_block(summary: dict[str, Any]) -> str:
         f"  Total Epochs:         {summary['epochs']}",
         f"  Total Steps:          {summary['steps']} ({summary['steps_per_call']} per compiled call)",
         *_form_line(summary.get("step_form")),
+        *_rewrite_line(summary),
         f"  Compile Time:         {summary['compile_time_s']:.2f}s (not in epoch times)",
         *([f"  Skipped Steps:        {summary['skipped_steps']} (non-finite)"] if summary.get("skipped_steps") else []),
         f"  Throughput:           {summary['samples_per_s']:,.0f} samples/s, {summary['steps_per_s']:,.1f} steps/s",
