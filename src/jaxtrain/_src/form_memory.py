@@ -14,7 +14,8 @@ versions, CPU count, XLA_FLAGS): another machine or version measures afresh. It 
 atomically (`safe_files.write_text`) and read through `safe_files.read_json_object`; a file that is
 not what this module writes (corrupt, edited, another key's) is ignored with one note, measured
 again and replaced. A form read from it is one of the forms every run can take; what it decides is
-speed and rounding, never what is computed.
+speed and rounding, never what is computed. `JAXTRAIN_FORM_MEMORY=off` keeps nothing (every
+run measures; the test suite, whose runs share a compile cache, sets it).
 """
 
 from __future__ import annotations
@@ -32,19 +33,28 @@ from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.safe_files import read_json_object, write_text
 
-__all__ = ["FOLDER", "FormMemory", "machine", "memory_dir"]
+__all__ = ["ENV", "FOLDER", "FormMemory", "machine", "memory_dir"]
 
+ENV = "JAXTRAIN_FORM_MEMORY"
 FOLDER = "jaxtrain-forms"
 VERSION = 1  # of the file and of the decision's rule: a later rule measures afresh
 
 
 def memory_dir() -> Path | None:
     """Where decisions are kept: `jaxtrain-forms` in the persistent compile cache JAX was given,
-    or None when there is none (or it is not a local folder): then every run measures."""
-    cache = jax.config.values.get("jax_compilation_cache_dir")
+    or None when there is none (or it is not a local folder, or `JAXTRAIN_FORM_MEMORY` is off):
+    then every run measures."""
+    if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    cache = _compile_cache_dir()
     if not cache or "://" in str(cache):  # a remote cache (gs://...): not a folder of this machine
         return None
     return Path(cache) / FOLDER
+
+
+def _compile_cache_dir() -> str | None:
+    """The persistent compile cache JAX was given (`compile_cache.enable_compile_cache`, or the user's)."""
+    return jax.config.values.get("jax_compilation_cache_dir")
 
 
 def machine() -> dict[str, Any]:
