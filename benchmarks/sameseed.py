@@ -4,9 +4,10 @@ The same training script (an MLP regression, seed 0, the form and K measured: `s
 runs `--runs` times, each in a fresh process, while `--load` busy processes (`while 1: pass`) keep
 the cores busy, in two arms:
 
-- "compile cache": the runs share one fresh compile cache, where the first run keeps its measured
-  form decision and the next ones reuse it (`form_memory`);
-- "no cache": every run measures the forms afresh: only the chooser's margins keep the decision.
+- "kept": the runs share one fresh compile cache, where the first run keeps its measured form
+  decision and the next ones reuse it (`form_memory`);
+- "measured": `JAXTRAIN_FORM_MEMORY=off`, every run measures the forms afresh: only the chooser's
+  margins keep the decision.
 
 Each run prints its form, whether it was measured or reused, the forms' timings (ms per step) and
 the final training loss's bits (hex) with a hash of the parameters; per arm, whether every run ended
@@ -97,12 +98,12 @@ def main(config: SameSeedBenchConfig) -> int:
     results: dict[str, list[dict[str, Any]]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="jaxtrain-sameseed-") as cache:
-            for arm, directory in (("compile cache", cache), ("no cache", None)):
+            for arm, directory, memory in (("kept", cache, None), ("measured", None, "off")):
                 results[arm] = []
                 for i in range(runs):
                     result = run_child("benchmarks.sameseed", {"cache": directory, "size": size},
                                        env={"JAXTRAIN_COMPILE_CACHE": None, "JAX_COMPILATION_CACHE_DIR": None,
-                                            "JAXTRAIN_FORM_MEMORY": None})
+                                            "JAXTRAIN_FORM_MEMORY": memory})
                     if "error" in result:
                         raise JaxtrainError(f"run {i + 1} ({arm}) failed: {result['error']}")
                     results[arm].append(result)

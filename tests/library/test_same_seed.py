@@ -119,12 +119,15 @@ def test_step_form_pins_the_form_and_no_decision_is_read_or_kept(monkeypatch, tm
     assert pinned.summary()["decided"] == "set" and pinned.form == "unroll" and not pinned.measuring
 
 
-def test_decisions_are_kept_beside_the_compile_cache_unless_turned_off(monkeypatch, tmp_path):
-    monkeypatch.setattr(form_memory, "_compile_cache_dir", lambda: str(tmp_path))
-    monkeypatch.setenv(form_memory.ENV, "on")
-    assert form_memory.memory_dir() == tmp_path / "jaxtrain-forms"
-    monkeypatch.setenv(form_memory.ENV, "off")  # as the suite runs: its runs share one compile cache
-    assert form_memory.memory_dir() is None
-    monkeypatch.delenv(form_memory.ENV)
-    monkeypatch.setattr(form_memory, "_compile_cache_dir", lambda: "gs://bucket/cache")  # not this machine's
+def test_decisions_are_kept_beside_the_compile_cache_else_in_the_users_cache_unless_turned_off(monkeypatch, tmp_path):
+    monkeypatch.setattr(form_memory, "_compile_cache_dir", lambda: str(tmp_path / "xla"))
+    monkeypatch.delenv(form_memory.ENV, raising=False)  # the suite turns it off: its runs share one compile cache
+    assert form_memory.memory_dir() == tmp_path / "xla" / "jaxtrain-forms"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
+    for cache in (None, "gs://bucket/cache"):  # no compile cache, or one not on this machine: the user's cache
+        monkeypatch.setattr(form_memory, "_compile_cache_dir", lambda: cache)
+        assert form_memory.memory_dir() == tmp_path / "home" / "jaxtrain" / "forms"
+    monkeypatch.setenv(form_memory.ENV, str(tmp_path / "mine"))
+    assert form_memory.memory_dir() == tmp_path / "mine"
+    monkeypatch.setenv(form_memory.ENV, "off")
     assert form_memory.memory_dir() is None

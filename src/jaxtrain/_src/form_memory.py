@@ -3,11 +3,12 @@
 The forms of a call (`choosers.StepForm`) round differently, so a run's numbers depend on the form
 it chose; timed on a loaded machine, identical runs of one script and seed chose different forms
 and ended 3.6e-4 apart in loss. A measured decision is therefore kept, beside the compiled programs
-in the persistent compile cache (`compile_cache`; the directory JAX is given, which the `jaxtrain`
-command turns on), and later runs of the same program on the same machine reuse it without
-timing anything: their numbers no longer depend on the load.
+in the persistent compile cache when there is one (`compile_cache`; the directory JAX is given,
+which the `jaxtrain` command turns on), else in the user's cache folder (`memory_dir`), and later
+runs of the same program on the same machine reuse it without timing anything: their numbers no
+longer depend on the load.
 
-A decision is one small JSON file in `<cache>/jaxtrain-forms/`, named by the hash of its key: the
+A decision is one small JSON file in that folder, named by the hash of its key: the
 program (the hash of the scan call's lowered text, which holds its steps, shapes, dtypes and
 shardings; the unrolled form's U) and the machine (backend, device kind and count, jax and jaxlib
 versions, CPU count, XLA_FLAGS): another machine or version measures afresh. It is written
@@ -15,7 +16,8 @@ atomically (`safe_files.write_text`) and read through `safe_files.read_json_obje
 not what this module writes (corrupt, edited, another key's) is ignored with one note, measured
 again and replaced. A form read from it is one of the forms every run can take; what it decides is
 speed and rounding, never what is computed. `JAXTRAIN_FORM_MEMORY=off` keeps nothing (every
-run measures; the test suite, whose runs share a compile cache, sets it).
+run measures; the test suite, whose runs would share decisions, sets it); `JAXTRAIN_FORM_MEMORY=DIR`
+keeps them in DIR. Delete the folder to have the forms measured again.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 import jax
 
+from jaxtrain._src import compile_cache
 from jaxtrain._src.config import STEP_FORMS
 from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.report.notes import note
@@ -41,15 +44,21 @@ VERSION = 1  # of the file and of the decision's rule: a later rule measures afr
 
 
 def memory_dir() -> Path | None:
-    """Where decisions are kept: `jaxtrain-forms` in the persistent compile cache JAX was given,
-    or None when there is none (or it is not a local folder, or `JAXTRAIN_FORM_MEMORY` is off):
-    then every run measures."""
-    if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
+    """Where decisions are kept: `JAXTRAIN_FORM_MEMORY` when it names a folder (None when it is
+    off: every run measures); else `jaxtrain-forms` in the persistent compile cache JAX was given
+    (a local one); else `$XDG_CACHE_HOME/jaxtrain/forms` (`~/.cache/jaxtrain/forms`). Without a
+    folder of their own, runs of one script from Python (no compile cache) would time the forms
+    afresh, and a loaded machine ranks them otherwise: measured under two busy processes on 2 cores,
+    runs of one seed chose scan, step, step (`jaxtrain bench sameseed`)."""
+    setting = os.environ.get(ENV, "").strip()
+    if setting.lower() in ("0", "off", "false", "no"):
         return None
+    if setting:
+        return Path(setting)
     cache = _compile_cache_dir()
-    if not cache or "://" in str(cache):  # a remote cache (gs://...): not a folder of this machine
-        return None
-    return Path(cache) / FOLDER
+    if cache and "://" not in str(cache):  # a remote cache (gs://...) is not a folder of this machine
+        return Path(cache) / FOLDER
+    return compile_cache.default_dir().parent / "forms"
 
 
 def _compile_cache_dir() -> str | None:
