@@ -208,9 +208,10 @@ class StepForm:
     they are taken slows both forms' timings, never one form's alone: a machine's load lengthens
     timings, so a form whose every timing wins by the margin is faster, not luckier. Where a
     model's loop body is slow it is several times slower (convolutions on XLA:CPU: 10-15x); where
-    it is not, the scan's per-call cost is made negligible by K. Runs of one program on one machine
-    then reuse the first run's decision where a compile cache keeps it (`form_memory`), and compute
-    bit for bit alike whatever the load; `step_form` pins the form.
+    it is not, the scan's per-call cost is made negligible by K. A load can still rank the forms
+    otherwise (measured: the scan 20x slower per step than the plain step under two busy processes
+    on 2 cores), so runs of one program on one machine reuse the first run's decision, kept
+    (`form_memory`), and compute bit for bit alike whatever the load; `step_form` pins the form.
     """
 
     LOOP_MARGIN = 2 / 3  # the plain step's per-step time must be under this fraction of the loop's
