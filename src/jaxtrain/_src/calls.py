@@ -76,7 +76,6 @@ class CompiledCalls:
         self.compiler = Compiler(layout)
         self.programs = TrainPrograms(self.compiler, source, train_step, state, self.state_shardings)
         self.decisions = memory if self.form.measuring else None
-        self.programs.fingerprint = self.decisions is not None  # the scan call's hash keys its kept decision
         self._indices: dict[int, jax.Array] = {}
         self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
         self.longest = 0  # the most steps a call of the run ran
@@ -135,6 +134,7 @@ class CompiledCalls:
                       "slow in a loop body")
         if form.measuring and not programs.dispatched:  # the plain step, timed first: beside the scan
             self._program(1, k, background=True)
+        programs.fingerprint = form.measuring and self.decisions is not None  # its hash keys the kept decision
         k = self.program_length(k)
         new = k not in programs.calls
         program = programs.scan(k, lambda: self.chooser.why(k))
