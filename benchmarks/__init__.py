@@ -31,6 +31,7 @@ BENCHMARKS = {
     "preprocess": ("preprocess", "PreprocessBenchConfig"),
     "profile": ("profile", "ProfileBenchConfig"),
     "remat": ("remat", "RematBenchConfig"),
+    "sameseed": ("sameseed", "SameSeedBenchConfig"),
     "scale": ("scale", "ScaleBenchConfig"),
     "scan": ("scan", "ScanBenchConfig"),
     "scan-corpus": ("scan_corpus", "ScanCorpusConfig"),

@@ -94,6 +94,9 @@ def _compilation_cache(config) -> None:
     of the same entry gets a JAX warning and compiles instead.) Set JAX_COMPILATION_CACHE_DIR
     yourself to choose the directory, or to "" to compile everything.
     """
+    # The suite's runs share this cache: a form decision one test's run kept would be reused by another's
+    # (tests/library/test_same_seed.py turns it on where it checks it).
+    os.environ.setdefault("JAXTRAIN_FORM_MEMORY", "off")
     if _CACHE_ENV in os.environ:
         return  # set by the user, or inherited from the test process that started this one
     path = tempfile.mkdtemp(prefix="jaxtrain-test-xla-cache-")

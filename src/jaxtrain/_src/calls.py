@@ -31,6 +31,7 @@ import numpy as np
 
 from jaxtrain._src.choosers import FORM_PROBE, StepForm, StepsPerCall
 from jaxtrain._src.compiling import CallSource, Compiler, Compiling, TrainPrograms
+from jaxtrain._src.form_memory import FormMemory
 from jaxtrain._src.probes import CallOverhead, flops_of, loop_body_counted_once
 from jaxtrain._src.sharding import Layout
 from jaxtrain._src.state import TrainState
@@ -58,17 +59,23 @@ class CompiledCalls:
       rewrites: what of the loss was rewritten for XLA:CPU (`Program.rewrites`), for the reports.
       loss_clean: the loss is known to hold no loop-slow op (`Program.loss_clean`): no step is traced
         to look for one.
+      memory: where form decisions are kept (`decisions`) between runs (`form_memory`): an "auto" form reuses the
+        decision an earlier run of the same program measured on this machine, and keeps its own.
     """
+
+    clock: Callable[[], float] = staticmethod(time.perf_counter)  # times the forms' segments (tests load it)
 
     def __init__(self, source: CallSource, train_step: Callable, state: TrainState, chooser: StepsPerCall,
                  layout: Layout, log: Callable[[str], None] = lambda message: None, state_shardings: Any = None,
-                 form: StepForm | None = None, rewrites: str | None = None, loss_clean: bool = False):
+                 form: StepForm | None = None, rewrites: str | None = None, loss_clean: bool = False,
+                 memory: FormMemory | None = None):
         self.source, self.train_step, self.chooser, self.layout, self.log = source, train_step, chooser, layout, log
         self.form = form if form is not None else StepForm("scan")
         self.rewrites, self.loss_clean = rewrites, loss_clean
         self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self.compiler = Compiler(layout)
         self.programs = TrainPrograms(self.compiler, source, train_step, state, self.state_shardings)
+        self.decisions = memory if self.form.measuring else None
         self._indices: dict[int, jax.Array] = {}
         self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
         self.longest = 0  # the most steps a call of the run ran
@@ -127,6 +134,7 @@ class CompiledCalls:
                       "slow in a loop body")
         if form.measuring and not programs.dispatched:  # the plain step, timed first: beside the scan
             self._program(1, k, background=True)
+        programs.fingerprint = form.measuring and self.decisions is not None  # its hash keys the kept decision
         k = self.program_length(k)
         new = k not in programs.calls
         program = programs.scan(k, lambda: self.chooser.why(k))
@@ -276,24 +284,39 @@ class CompiledCalls:
         return state, metrics
 
     def _choose_form(self, k: int, state: TrainState, args: tuple[Any, ...]) -> None:
-        """Chooses the form before the run's first call of k steps: timed segments of that call in
-        each form (see `StepForm`) run on a copy of the state, which is then dropped, so training
-        starts from the same state in the chosen form: results never depend on the timings that
-        chose it, and a resumed run (which keeps the form) continues bit for bit."""
+        """Chooses the form before the run's first call of k steps: the decision an earlier run of
+        this program kept on this machine (`memory`), else timed segments of that call in each form
+        (see `StepForm`) run on a copy of the state, which is then dropped, so training starts from
+        the same state in the chosen form: results never depend on the timings that chose it, and a
+        resumed run (which keeps the form) continues bit for bit. A measured decision is kept."""
         form = self.form
         self.get(k)  # the scan program, and the plain step beside it
         if not form.measuring:  # a short run without loop-slow ops (see `get`)
             return
+        program, decisions = self.compiler.fingerprints.get(("call", self.program_length(k))), self.decisions
+        key = FormMemory.key(program, form.unroll) if decisions is not None and program else None
+        if decisions is not None and key is not None and (kept := decisions.recall(key)) is not None:
+            self.log(form.reuse(kept))
+            if form.dispatched:  # as after measuring: no K to measure
+                self.chooser.stop()
+            return
+        self._time_forms(k, state, args)
+        if decisions is not None and key is not None and form.decided == "measured":
+            decisions.remember(key, form.decision())
+
+    def _time_forms(self, k: int, state: TrainState, args: tuple[Any, ...]) -> None:
+        """Times segments of a call of k steps in each form on a copy of the state, until `form` decides."""
+        form = self.form
         scratch = jax.tree.map(lambda x: x.copy(), state)  # the timed programs donate it
         self.wait((scratch, args))  # the timings are the programs' own, not the inputs' arrival
         warm: set[str] = set()
 
         def run(probe: str, n: int) -> float:  # seconds of a segment of n steps in `probe`'s form
             nonlocal scratch
-            t0 = time.perf_counter()
+            t0 = self.clock()
             scratch, metrics = self._dispatch(probe, n, scratch, args, 0, k)
             self.wait((scratch, metrics))
-            return time.perf_counter() - t0
+            return self.clock() - t0
 
         while form.measuring:
             probe = form.next_form()

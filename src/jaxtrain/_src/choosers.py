@@ -186,30 +186,36 @@ class StepForm:
     "unroll" (programs of U fully unrolled steps, dispatched K/U times) or "step" (the plain
     step, dispatched K times).
 
-    A form set by the user is used as is. Otherwise ("auto") the steps of the run's first call are
-    timed in each form before it runs, on a copy of the state that is then dropped (see
-    `calls.CompiledCalls.calibrate`): the plain step, then the scan program masked to the same steps,
-    twice each, with a host sync after each segment. Each program first runs once untimed (a first
-    run pays one-off costs: 39 ms against 2.4 ms for mlp-regression's step). The scan program is
-    longer than the segment (K_b's, or the run's K), and its skipped steps and the call itself cost
-    time too: a call of it that skips every step is timed (`call_s`) and taken off the segment's
-    time, so that the loop's figure is per step, as the plain step's and the K chooser's are. A
-    segment holds `form_probe_s` over the first (warm) step's time steps (1 to K_a; see `segment`),
-    so a model whose loop body is slow pays that slowness for a step or two, not for a call of K;
-    one timing of each decides when they are 3x apart and the scan's took over `DECISIVE_S`. When
-    the plain step is faster than the loop, programs of U unrolled steps are timed too and kept
-    when faster by `UNROLL_MARGIN` (they hold more temporaries).
+    A form set by the user is used as is. Otherwise ("auto") a decision kept by an earlier run of
+    the same program on the same machine is reused (`reuse`; `form_memory`), and only without one
+    are the steps of the run's first call timed in each form before it runs, on a copy of the state
+    that is then dropped (see `calls.CompiledCalls.calibrate`): the plain step, then the scan
+    program masked to the same steps, interleaved, three and two timings, with a host sync after
+    each segment. Each program first runs once untimed (a first run pays one-off costs: 39 ms
+    against 2.4 ms for mlp-regression's step). The scan program is longer than the segment (K_b's,
+    or the run's K), and its skipped steps and the call itself cost time too: a call of it that
+    skips every step is timed (`call_s`) and taken off the segment's time, so that the loop's figure
+    is per step, as the plain step's and the K chooser's are. A segment holds `form_probe_s` over
+    the first (warm) step's time steps (1 to K_a; see `segment`), so a model whose loop body is slow
+    pays that slowness for a step or two, not for a call of K; one timing of each decides when they
+    are 3x apart and the scan's took over `DECISIVE_S`. When the plain step is faster than the loop,
+    programs of U unrolled steps are timed too, interleaved with the plain step again, and kept
+    when clearly faster (`UNROLL_MARGIN`: they hold more temporaries).
 
     The forms round differently (XLA fuses a loop body and straight-line code apart), so a run's
-    numbers depend on the form to about 1e-7: a dispatched form replaces the scan only when it is
-    `LOOP_MARGIN` faster in its slowest timing than the scan in its fastest, far outside the
-    timings' noise, so that runs of the same seed choose alike. Where a model's loop body is slow
-    it is several times slower (convolutions on XLA:CPU: 10-15x); where it is not, the scan's
-    per-call cost is made negligible by K. `step_form` pins the form.
+    numbers depend on the form: one form replaces another only when its slowest timing beats the
+    other's fastest by the margin, in timings interleaved so that a load that comes or goes while
+    they are taken slows both forms' timings, never one form's alone: a machine's load lengthens
+    timings, so a form whose every timing wins by the margin is faster, not luckier. Where a
+    model's loop body is slow it is several times slower (convolutions on XLA:CPU: 10-15x); where
+    it is not, the scan's per-call cost is made negligible by K. A load can still rank the forms
+    otherwise (measured: the scan 20x slower per step than the plain step under two busy processes
+    on 2 cores), so runs of one program on one machine reuse the first run's decision, kept
+    (`form_memory`), and compute bit for bit alike whatever the load; `step_form` pins the form.
     """
 
     LOOP_MARGIN = 2 / 3  # the plain step's per-step time must be under this fraction of the loop's
-    UNROLL_MARGIN = 0.9  # the unrolled program's, under this fraction of the plain step's
+    UNROLL_MARGIN = 0.8  # the unrolled program's, under this fraction of the plain step's
     DECISIVE_S = 0.2  # a timed segment this long is not a scheduler's hiccup
 
     def __init__(self, fixed: str = "auto", auto: AutoSteps = AutoSteps()):
@@ -221,10 +227,14 @@ class StepForm:
         self.per_step: dict[str, float] = {}  # the fastest seconds per step timed in each form
         self.call_s: float | None = None  # the scan program's time for a call that skips every step
         self._slowest: dict[str, float] = {}  # and the slowest: a form replaces another only if its slowest wins
-        self._plan: list[str] = [] if self.fixed else ["step", "step", "scan", "scan"]
+        self._timings: dict[str, int] = {}  # timings taken of each form
+        # interleaved: a load that comes or goes slows both forms' timings (the first step's sets the segments)
+        self._plan: list[str] = [] if self.fixed else ["step", "step", "scan", "step", "scan"]
         self._probe_s, self._max_steps = auto.form_probe_s, auto.probe_lengths[0]
         self.steps = 1  # steps of a timed segment (the first is one step: it sets the rest)
+        self._sized = False  # whether the first step's timing has set `steps`
         self.why = "set" if self.fixed else "not measured yet"
+        self.decided = "set" if self.fixed else "not measured"  # or "measured", or "reused" (a kept decision)
 
     @property
     def measuring(self) -> bool:
@@ -253,6 +263,7 @@ class StepForm:
     def keep(self, why: str) -> None:
         """Not measured, for `why`: the scan stays."""
         self._plan, self.why = [], why
+        self.decided = "not measured"
 
     def stop(self) -> None:
         """Measuring is over without a decision (a run too short for it): the current form stays."""
@@ -266,9 +277,10 @@ class StepForm:
         self.per_step[form] = min(self.per_step.get(form, math.inf), per_step)
         self._slowest[form] = max(self._slowest.get(form, 0.0), per_step)
         self._plan.pop(0)
-        if form == "step" and self.steps == 1 and len(self._plan) == 3:  # the first step: sets the segments
-            self.steps = max(1, min(self._max_steps, round(self._probe_s / per_step)))
-        if form == "scan" and self._plan == ["scan"] and seconds > self.DECISIVE_S:  # one timing is
+        self._timings[form] = self._timings.get(form, 0) + 1
+        if form == "step" and not self._sized:  # the first step: sets the segments
+            self.steps, self._sized = max(1, min(self._max_steps, round(self._probe_s / per_step))), True
+        if form == "scan" and self._timings["scan"] == 1 and seconds > self.DECISIVE_S:  # one timing is
             ratio = per_step / self.per_step["step"]  # enough when far apart and too long to be noise
             if ratio > 3 or ratio < 1 / 3:
                 self._plan = []
@@ -276,13 +288,29 @@ class StepForm:
             return None
         timed, slowest = self.per_step, self._slowest
         if "unroll" not in timed:
-            if slowest["step"] < self.LOOP_MARGIN * timed["scan"]:
-                self.form, self._plan = "step", ["unroll", "unroll"]  # the plain step wins: try U unrolled
+            if slowest["step"] < self.LOOP_MARGIN * timed["scan"]:  # the step's every timing beats the loop's best
+                self.form, self._plan = "step", ["unroll", "step", "unroll"]  # try U unrolled, interleaved
                 return None
             self.form = "scan"
         else:
             self.form = "unroll" if slowest["unroll"] < self.UNROLL_MARGIN * timed["step"] else "step"
-        self.why = f"measured: {self._figures()}"
+        self.why, self.decided = f"measured: {self._figures()}", "measured"
+        return f"{self.describe()} ({self.why})"
+
+    def decision(self) -> dict[str, Any]:
+        """What `form_memory` keeps of a measured decision, for `reuse`."""
+        return {"form": self.form, "why": self.why, "ms_per_step": self.summary()["ms_per_step"],
+                **({"loop_ms_per_call": self._call_ms()} if self.call_s is not None else {})}
+
+    def reuse(self, decision: dict[str, Any]) -> str:
+        """Takes the decision an earlier run of the same program on this machine measured (`decision`)
+        instead of timing the forms; returns the run's message."""
+        self._plan, self.form, self.decided = [], decision["form"], "reused"
+        self.per_step = {f: t / 1e3 for f, t in decision["ms_per_step"].items()}
+        if "loop_ms_per_call" in decision:
+            self.call_s = decision["loop_ms_per_call"] / 1e3
+        measured = decision["why"].removeprefix("measured: ")
+        self.why = f"reused: measured by an earlier run of this program on this machine, {measured}"
         return f"{self.describe()} ({self.why})"
 
     @property
@@ -310,7 +338,7 @@ class StepForm:
 
     def summary(self) -> dict[str, Any]:
         """What summary.json records of the choice."""
-        return {"form": self.form, "why": self.why, "unroll": self.unroll,
+        return {"form": self.form, "why": self.why, "decided": self.decided, "unroll": self.unroll,
                 "ms_per_step": {f: float(f"{t * 1e3:.5g}") for f, t in self.per_step.items()},  # small stays > 0
                 **({"loop_ms_per_call": self._call_ms()} if self.call_s is not None else {})}
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain._src.compile_cache import cache_hits
+from jaxtrain._src.form_memory import fingerprint as fingerprint_of
 from jaxtrain._src.memory import compiled_memory, release_free_heap, trimming_heap
 from jaxtrain._src.moments import announce
 from jaxtrain._src.sharding import Layout
@@ -120,6 +121,8 @@ class Compiler:
       compiles: every program compiled: what, seconds, temp_bytes, cached (a training program's
         entry adds k, why and calls).
       entries: a training program's key -> its entry in `compiles`.
+      fingerprints: a training program's key -> the hash of its lowered text, for those compiled
+        with `fingerprint` (`form_memory`: a kept form decision is the program's).
     """
 
     def __init__(self, layout: Layout):
@@ -127,18 +130,21 @@ class Compiler:
         self.compile_s = 0.0
         self.compiles: list[dict[str, Any]] = []
         self.entries: dict[Any, dict[str, Any]] = {}
+        self.fingerprints: dict[Any, str] = {}
         self._background: ThreadPoolExecutor | None = None  # one thread: the main thread uses the other core
         self._lock = threading.Lock()
         self._pending: list[Compiling] = []
 
     def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
-                out_shardings: Any = None, background: bool = False, key: Any = None, **record: Any) -> Callable:
+                out_shardings: Any = None, background: bool = False, key: Any = None, fingerprint: bool = False,
+                **record: Any) -> Callable:
         """Compiles `fn` for `args` ahead of time (donating the first argument if asked); inputs
         are placed as `args` are unless `in_shardings` says, outputs replicated unless
         `out_shardings` says. The seconds it takes are added to `compile_s`; `record` joins its
         entry in `compiles`. A training program passes its `key`: its entry then counts the run's
         calls that ran it (`calls`). With `background`, it compiles in a background thread and a
-        `Compiling` is returned at once (only a wait for it counts in `compile_s`)."""
+        `Compiling` is returned at once (only a wait for it counts in `compile_s`). With
+        `fingerprint`, the hash of the lowered program's text is kept in `fingerprints[key]`."""
         in_shardings = in_shardings if in_shardings is not None else shardings_of(args)
         out_shardings = out_shardings if out_shardings is not None else self.layout.replicated
         entry = {"what": getattr(fn, "__name__", "program"), "seconds": 0.0, **record}
@@ -152,6 +158,8 @@ class Compiler:
                              out_shardings=out_shardings)
             lowered = jitted.lower(*args)
             announce("lowered", what=entry["what"])
+            if fingerprint:
+                self.fingerprints[key] = fingerprint_of(lowered.as_text())
             with trimming_heap:  # what the compiler's threads free, back to the system as they go
                 compiled = lowered.compile()
             release_free_heap()  # and what they freed at the end
@@ -212,6 +220,7 @@ class TrainPrograms:
         self.dispatched: dict[tuple[int, Any], Callable] = {}  # (unrolled steps, call arguments) -> program
         self._keys: dict[tuple[int, int], tuple[int, Any]] = {}  # (unrolled, k) -> `dispatch_key`
         self.memory: dict[str, int] | None = None  # of the first program fetched (`memory.compiled_memory`)
+        self.fingerprint = False  # whether scan calls keep their lowered text's hash (`Compiler.fingerprints`)
 
     def scan(self, k: int, why: Callable[[], str], background: bool = False) -> Callable:
         """The scan call of k steps (compiled now, or in the background, if it is new)."""
@@ -222,7 +231,7 @@ class TrainPrograms:
                 fn, self.state_shapes, *args, index, index, donate=True, background=background,
                 in_shardings=(self.state_shardings, *shardings_of(args), *[layout.replicated] * 2),
                 out_shardings=(self.state_shardings, layout.replicated), what="train call", k=k, why=why(),
-                key=("call", k))
+                key=("call", k), fingerprint=self.fingerprint)
         return self._fetched(self.calls, k, background)
 
     def steps(self, unrolled: int, k: int, why: Callable[[], str], background: bool = False) -> Callable:

@@ -338,7 +338,10 @@ class TrainConfig:
     step_form: str = "auto"
     """How a call runs its K steps: scan (fused in a lax.scan loop), unroll (programs of a few
     unrolled steps), step (the plain jitted step, dispatched K times without a host sync), or auto:
-    timed on the run's first steps, fastest kept (XLA:CPU runs convolutions ~10x slower in a loop)."""
+    timed on the run's first steps, fastest kept (XLA:CPU runs convolutions ~10x slower in a loop).
+    The forms round differently: auto's decision is kept (in the compile cache, else in
+    ~/.cache/jaxtrain/forms; JAXTRAIN_FORM_MEMORY=off keeps none) and reused by later runs of the
+    same program on the machine, so that they compute bit for bit alike."""
     rewrite: str = "auto"
     """XLA:CPU's slow ops in the loss rewritten before differentiation (results equal within 1e-5):
     convolutions as im2col + one matmul, max pools as strided maxima (their gradients are slow on

@@ -132,6 +132,9 @@ def fit(
       config: training settings. `config.step_form` "auto" (the default) times the forms of a call
         (a `lax.scan` loop, unrolled steps, the plain step) on the run's first steps and keeps the
         fastest: XLA:CPU runs some ops, convolutions above all, many times slower in a loop body.
+        The decision is kept (in the compile cache, else in ~/.cache/jaxtrain/forms) and reused,
+        untimed, by later runs of the same program on this machine: the same seed gives the same
+        numbers bit for bit whatever the load (`summary["step_form"]["decided"]`).
       optimizer: your own optax transformation; None builds one from `config.optim`.
         `config.on_nan="skip"` wraps either.
         The logged `lr` is read from its state where it holds one (`optax.inject_hyperparams`

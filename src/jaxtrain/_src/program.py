@@ -18,12 +18,14 @@ import jax
 import optax
 from flax import nnx
 
+from jaxtrain._src import form_memory
 from jaxtrain._src.calls import CompiledCalls
 from jaxtrain._src.checks import abstract_batch
 from jaxtrain._src.choosers import AutoSteps, StepForm, StepsPerCall
 from jaxtrain._src.compiling import CallSource
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.feeds import Feed, make_feed
+from jaxtrain._src.form_memory import FormMemory
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.memory import release_free_heap
 from jaxtrain._src.moments import announce
@@ -89,12 +91,12 @@ class Program:
         chooser = StepsPerCall(steps_per_call, per_epoch, auto, self.total_steps - _step_of(self.state))
         step_form = StepForm(form or self.config.step_form, auto)
         if step_form.fixed and self.config.step_form == "auto":  # a resume computes as its run did
-            step_form.why = "the form the run began with"
+            step_form.why, step_form.decided = "the form the run began with", "resumed"
         if step_form.dispatched:  # a dispatched call's cost is its steps': no K to measure
             chooser.stop()
         return CompiledCalls(source, self.train_step, self.state, chooser, self.layout, log=log,
                              state_shardings=self.state_shardings, form=step_form, rewrites=self.rewrites,
-                             loss_clean=self.loss_clean)
+                             loss_clean=self.loss_clean, memory=_form_memory(step_form))
 
     def compile_step(self, batch: Any, options: dict[str, Any] | None = None) -> Any:
         """One training step compiled ahead of time for `batch` (arrays or abstract shapes, split
@@ -116,6 +118,12 @@ class Program:
         self.state, loop = checkpoints.restore(self.state, self.state_shardings, epochs, self.feed,
                                                self.config.data.accept_changed)
         return loop
+
+
+def _form_memory(form: StepForm) -> FormMemory | None:
+    """Where an "auto" form's decision is kept between runs: the compile cache's folder, if any."""
+    directory = form_memory.memory_dir() if form.measuring else None
+    return FormMemory(directory) if directory is not None else None
 
 
 def _step_of(state: TrainState) -> int:

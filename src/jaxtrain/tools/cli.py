@@ -75,6 +75,7 @@ commands:
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
   bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
+  bench sameseed [OPTIONS] runs of one script and seed on a loaded machine: do they end bit-identical?
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench ema [OPTIONS]      what an average of the weights (--ema) costs per training step
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
