@@ -68,11 +68,11 @@ def _compile_cache_dir() -> str | None:
 
 def machine() -> dict[str, Any]:
     """What of the machine a decision holds for: the timings behind it were taken there."""
-    import jaxlib
+    from importlib import metadata  # jaxlib's version, read without importing it (jax's dependency, not ours)
 
     device = jax.devices()[0]
     return {"backend": jax.default_backend(), "device": getattr(device, "device_kind", str(device)),
-            "devices": jax.device_count(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "devices": jax.device_count(), "jax": jax.__version__, "jaxlib": metadata.version("jaxlib"),
             "cpus": os.cpu_count(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
