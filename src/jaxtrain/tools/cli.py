@@ -73,7 +73,7 @@ commands:
                            rate where it falls fastest
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
-  bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
+  bench shortrun [OPTIONS] short runs (a classifier, a zoo conv model): fit's whole process vs a hand loop
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench ema [OPTIONS]      what an average of the weights (--ema) costs per training step
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
