@@ -77,6 +77,7 @@ class CompiledCalls:
         self.programs = TrainPrograms(self.compiler, source, train_step, state, self.state_shardings)
         self.decisions = memory if self.form.measuring else None
         self._indices: dict[int, jax.Array] = {}
+        self._slow: dict[int, str | None] = {}  # k -> the step's loop-slow ops (`_slow_ops`)
         self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
         self.longest = 0  # the most steps a call of the run ran
         self.wait_s = 0.0  # host seconds waiting for calls to finish: the device computing
@@ -129,9 +130,7 @@ class CompiledCalls:
             if unrolled > 1 and k % unrolled:  # the remainder's steps: beside it
                 self._program(1, k, background=True)
             return program
-        if form.measuring and not programs.dispatched and self.chooser.brief and self._slow_ops(k) is None:
-            form.keep("a run too short to repay compiling another form, and no op of its step known to be "
-                      "slow in a loop body")
+        self.settle_form(k)
         if form.measuring and not programs.dispatched:  # the plain step, timed first: beside the scan
             self._program(1, k, background=True)
         programs.fingerprint = form.measuring and self.decisions is not None  # its hash keys the kept decision
@@ -142,6 +141,15 @@ class CompiledCalls:
             for other in {self.program_length(n) for n in self.chooser.planned()}:
                 programs.scan(other, functools.partial(self.chooser.why, other), background=True)
         return program
+
+    def settle_form(self, k: int) -> None:
+        """Settles the form before anything compiles where no timing is needed: a brief run whose
+        step holds no op known to be slow in a loop body keeps the scan (so the run's other
+        programs, evaluation's, can compile beside its first call's, `RunHook.before_compile`)."""
+        form = self.form
+        if form.measuring and not self.programs.dispatched and self.chooser.brief and self._slow_ops(k) is None:
+            form.keep("a run too short to repay compiling another form, and no op of its step known to be "
+                      "slow in a loop body")
 
     def _program(self, unrolled: int, k: int, background: bool = False) -> Callable:
         """The dispatched program of `unrolled` steps over a call of k steps (`TrainPrograms.steps`)."""
@@ -154,7 +162,9 @@ class CompiledCalls:
         """The ops of the step known to be slow in a loop body (`slow_ops.loop_slow_ops`)."""
         if self.loss_clean:  # the program's trace of the loss found none (or rewrote them): a step's trace saved
             return None
-        return self.programs.slow_ops(k)
+        if k not in self._slow:  # asked before compiling (`settle_form`) and again by `get`: traced once
+            self._slow[k] = self.programs.slow_ops(k)
+        return self._slow[k]
 
     def _index(self, i: int) -> jax.Array:
         """Step i of a call as an argument on the devices (made once: a host scalar is sent each call)."""

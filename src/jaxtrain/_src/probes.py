@@ -106,10 +106,22 @@ def _time_probe(state: Any, compiled: Any = None) -> tuple[float, float]:
     return statistics.median(handed), statistics.median(round_trip)
 
 
-@functools.cache
+_COUNTING = threading.Lock()
+
+
 def loop_body_counted_once() -> bool:
     """Whether XLA's cost analysis counts a `lax.scan` body once rather than once per iteration
     (measured once per process on a small matmul chain)."""
+    with _COUNTING:  # the profile's thread (`CallOverhead.prepare`) and the main thread ask at once: one compile
+        return _counted_once()
+
+
+@functools.cache
+def _counted_once() -> bool:
+    return _measure_loop_body_count()
+
+
+def _measure_loop_body_count() -> bool:
     n, length = 64, 7
 
     def chain(x: jax.Array) -> jax.Array:

@@ -118,7 +118,7 @@ class Crew(Protocol):
         """Someone is still training (a population whose members all ended stops mid-epoch)."""
 
     def each(self, event: str) -> None:
-        """`on_start` or `on_epoch_start` to every run still training."""
+        """`before_compile`, `on_start` or `on_epoch_start` to every run still training."""
 
     def after_call(self, k: int, metrics: Any) -> None:
         """A call of `k` steps was queued and the lead advanced (`Run.advance`); `metrics` are its
@@ -170,7 +170,10 @@ def train(run: Run[Any], crew: Crew, signals: StopSignals) -> None:
     status = "interrupted"
     try:
         feed.setup(calls.compile, (loop.epoch, loop.position))  # a streamed feed starts reading meanwhile
-        calls.get(calls.next_length(feed.steps_per_epoch - loop.position))  # compile before the header
+        first = calls.next_length(feed.steps_per_epoch - loop.position)
+        calls.settle_form(first)
+        crew.each("before_compile")  # evaluation's program compiles in the background beside the training call
+        calls.get(first)  # compile before the header
         if (signum := signals.poll()) is not None:  # a signal during start-up or compilation: nothing trained yet
             raise TrainingStopped(signum, run.step, "before training began; nothing was trained, "
                                   "so start it again")
@@ -271,7 +274,7 @@ def end_run(run: Run, summary: dict[str, Any]) -> None:
         raise error
 
 
-_BETWEEN_CALLS = ("on_start", "on_epoch_start", "on_epoch_end", "on_end", "after_files")
+_BETWEEN_CALLS = ("before_compile", "on_start", "on_epoch_start", "on_epoch_end", "on_end", "after_files")
 
 
 def hook_seconds(hook_s: dict[tuple[str, str], float]) -> dict[str, float]:

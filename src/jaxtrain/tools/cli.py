@@ -74,7 +74,7 @@ commands:
                            suggested rate, recommended where a short run at it trains as well as the config's
   bench ladder [OPTIONS]   the optimization ladder: original loop → jaxtrain, PyTorch
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
-  bench shortrun [OPTIONS] a short run of a small classifier: fit's whole process vs a hand-written script
+  bench shortrun [OPTIONS] short runs (a classifier, a zoo conv model): fit's whole process vs a hand loop
   bench sameseed [OPTIONS] runs of one script and seed on a loaded machine: do they end bit-identical?
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench ema [OPTIONS]      what an average of the weights (--ema) costs per training step

@@ -20,7 +20,9 @@ what every hook added.
 A user's hook (a `Hook`) is handed a `RunView`: the step, epoch, train state, history, config and
 run directory, read-only, and `stop(reason)` to end training after the current epoch. The
 library's own hooks (`RunHook`: the built-ins, self-play, the tools' measuring hooks) are handed
-the loop's `Run`, with the feed, the compiled calls and the layout.
+the loop's `Run`, with the feed, the compiled calls and the layout, and two events of their own:
+`before_compile(run)` before the first training program compiles (to compile theirs beside it) and
+`after_files(run)` once the run files are written.
 
 Metrics arrive as device arrays: a hook that converts them to host values on every call adds a
 host sync per call. Fetch them every so often, as `MetricsHook` does, or use `on_log` rows.
@@ -84,9 +86,17 @@ class Hook:
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+LIBRARY_EVENTS = ("before_compile", "after_files")  # events of `RunHook`s only
+
+
 class RunHook(Hook):
     """A hook of the library or its tools: its events receive the loop's whole `Run` (feed,
     compiled calls, layout) instead of the read-only `RunView`."""
+
+    def before_compile(self, run: "Run") -> None:
+        """The run's parts are built and its first training program is about to compile (the form
+        settled, when it needs no timing): programs this hook will need can start compiling in the
+        background now, beside it, instead of after the first call."""
 
     def after_files(self, run: "Run") -> None:
         """After every hook's `on_end`, once the run files (summary.json) are written."""
@@ -228,6 +238,8 @@ class Run(Generic[S]):
     def call(self, hook: Hook, event: str, *args: Any) -> None:
         """`hook`'s `event`, timed into `hook_s`: the library's hooks get this `Run`, users' hooks
         its `RunView`."""
+        if event in LIBRARY_EVENTS and not isinstance(hook, RunHook):  # users' hooks have no such event
+            return
         t0 = time.perf_counter()
         try:
             getattr(hook, event)(self if isinstance(hook, RunHook) else self.view, *args)

@@ -3,8 +3,9 @@
 Validation data on the device run as one compiled call: full batches under `lax.map`, plus one
 call of the remainder; or, when training dispatches its steps rather than looping over them (the
 model's ops are slow in a loop body: `choosers.StepForm`), batch by batch, dispatched without a host
-sync, the sums added up on the device. The program is compiled in the background once the first
-training call has chosen the form. Validation data streamed from a row source (when they exceed what the
+sync, the sums added up on the device. The program is compiled in the background once the form is
+chosen: beside the first training call's compile when the form needs no timing (a set form, a brief
+run), else after the first call. Validation data streamed from a row source (when they exceed what the
 training data leave of the memory budget) are read in blocks of whole batches by a background
 thread; each block runs one compiled call and the sums are added up on the host in float64.
 """
@@ -58,6 +59,10 @@ class EvalHook(RunHook):
     def on_start(self, run: Run) -> None:
         if self._streamed:
             self._evaluate = self._build_streamed(run)
+
+    def before_compile(self, run: Run) -> None:
+        if self._evaluate is None and not self._streamed and not run.calls.form.measuring:  # the form is settled:
+            self._evaluate = self._build_on_device(run)  # compiled beside the training call, not after it
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
         if self._evaluate is None:  # the first call chose the form: compiled meanwhile, used after an epoch
