@@ -36,6 +36,7 @@ from jaxtrain._src.choosers import AutoSteps
 from jaxtrain._src.config import TrainConfig, to_dict
 from jaxtrain._src.feeds import Feed, adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, MemoryHook, ProgressHook, Run, RunHook
+from jaxtrain._src.hooks.deadline import more_to_train
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.report.notes import note
@@ -255,12 +256,13 @@ def _restore(guards: list[RunGuard], checkpoints: list[CheckpointHook | None], p
     states, loops = [p.state for p in programs], [LoopState(feed=feed.get_state()) for _ in programs]
     resuming = [i for i, g in enumerate(guards) if g.resume and finished[i] is None]
     for n, i in enumerate(resuming):
+        epochs = None if config.max_time_s else config.epochs  # a deadline's run is not limited by epochs
         states[i], loops[i] = _hook(checkpoints, i).restore(programs[i].state, programs[i].state_shardings,
-                                                            config.epochs, feed if n == 0 else None,
+                                                            epochs, feed if n == 0 else None,
                                                             config.data.accept_changed, step=step)
         programs[i].state = states[i]  # its calls count the steps left from here
         if lone:
-            finished[i] = guards[i].finished(int(states[i].step), loops[i].epoch <= config.epochs)
+            finished[i] = guards[i].finished(int(states[i].step), more_to_train(config, loops[i]))
     for i, ended in enumerate(finished):
         if ended is not None and not lone:  # it stays as it ended, its model set to its newest checkpoint
             states[i], loops[i] = _hook(checkpoints, i).restore(programs[i].state, programs[i].state_shardings)
