@@ -108,6 +108,7 @@ class Specification:
       auto_steps: how the automatic K is measured (scaled by the number of runs for a population).
       plots: draw the loss curves when a lone run ends.
       joint: how the runs share one program (a population), or None (one lone run).
+      started: `time.perf_counter()` when the tool's command began: a deadline counts from it (None: now).
     """
 
     runs: Sequence[RunSpec]
@@ -122,6 +123,7 @@ class Specification:
     auto_steps: AutoSteps = AutoSteps()
     plots: bool = True
     joint: Joint | None = None
+    started: float | None = None
 
 
 @dataclasses.dataclass
@@ -212,7 +214,8 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     num_val = evaluation.num_samples if evaluation else 0
     if joint is None:
         run = _run(Run, runs[0].name, config, console, guards[0].path, first, feed, calls, states[0], loops[0],
-                   num_val=num_val, resumed_step=lead_step if guards[0].resume else None, t_start=t_start)
+                   num_val=num_val, resumed_step=lead_step if guards[0].resume else None, t_start=t_start,
+                   started=spec.started)
         run.model_summary = summarise_model(runs[0].model, spec.loss_fn, spec.train_data, spec.preprocess,
                                             config.batch_size)
         run.hooks = [memory, *run_hooks(config, runs[0].hooks, evaluation, checkpoints[0], progress,

@@ -433,7 +433,7 @@ def _check_population(recipe: Recipe, config: Any, population: int) -> None:
     """Refuses a population too large to ask (`MAX_POPULATION`) or, from `MEASURED_POPULATION` up,
     whose members' train states (parameters and optimizer state, one each) exceed the device's memory,
     or a deadline (`max_time`, which a population does not keep: its trials train alone)."""
-    if config.max_time_s:
+    if population > 1 and config.max_time_s:
         raise ConfigError(f"{argument('population', population)}: a population does not keep a deadline "
                           f"(max_time={config.max_time!r}); drop {argument('population')} to give every trial "
                           "the same time alone")

@@ -183,6 +183,7 @@ class Run(Generic[S]):
         plan); None: training ends with `config.epochs`.
       planned_epochs: the epoch a planner expects training to end in (progress shows it, and the last
         epoch is always evaluated); None: `config.epochs`.
+      started: `time.perf_counter()` when the tool's command began (a deadline counts from it), or None.
     """
 
     name: str
@@ -209,6 +210,7 @@ class Run(Generic[S]):
     hook_s: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     end_step: int | None = None
     planned_epochs: int | None = None
+    started: float | None = None
 
     @property
     def last_epoch(self) -> int:

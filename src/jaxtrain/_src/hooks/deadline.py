@@ -1,7 +1,8 @@
 """The `Deadline` hook: a run that ends by `TrainConfig.max_time` with its schedule run out.
 
 After the run's first calls have chosen its form and K (calibration), the hook times the calls
-the run makes, all in (waits, the hooks' work between calls, epoch ends), and plans the run's last
+the run makes, all in (waits, the hooks' work between calls, epoch ends; the timing starts again
+after a call that compiled, whose seconds are no step's), and plans the run's last
 step: the steps that fit in the time left, less a reserve for the final evaluation, checkpoint and
 run files (the last epoch end's seconds when one was seen, else a guess from the time per step and
 the validation set's size). It re-plans after every call, and sets the plan where the loop and
@@ -28,10 +29,10 @@ import jax
 
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.deadline import plan_steps
-from jaxtrain._src.errors import setting
+from jaxtrain._src.errors import render, setting
 from jaxtrain._src.hooks.base import Run, RunHook
 from jaxtrain._src.loop_state import LoopState
-from jaxtrain._src.optim import planned_steps_of, set_planned_steps
+from jaxtrain._src.optim import _injected_learning_rate, planned_steps_of, set_planned_steps
 from jaxtrain._src.report.notes import note
 
 __all__ = ["Deadline", "clock", "more_to_train"]
@@ -68,9 +69,13 @@ class Deadline(RunHook):
         self._last_call: float | None = None  # clock when the last call was queued
         self._gap: float | None = None  # the last epoch end's seconds (a call, evaluation, checkpoint, hooks)
         self._fitted = False  # the optimizer holds the schedule's length
+        self._ended = False  # the plan's last step is queued
+        self._compile_s = 0.0  # the calls' compile seconds at the last call
 
     def state_dict(self) -> dict[str, Any]:
-        return {"used_s": self.used_s, "planned_steps": self.planned}
+        # a run at its planned end has spent its budget: what is left was kept for its end
+        used = max(self.used_s, self.max_time_s) if self._ended else self.used_s
+        return {"used_s": used, "planned_steps": self.planned}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._used_before = float(state.get("used_s", 0.0))
@@ -82,7 +87,8 @@ class Deadline(RunHook):
         return self._used_before + clock() - self._start
 
     def on_start(self, run: Run) -> None:
-        self._start = clock() - run.elapsed_s  # the session's setup and compilation count
+        before = run.elapsed_s if run.started is None else time.perf_counter() - run.started
+        self._start = clock() - before  # the session's setup and compilation count, the command's too
         self._end = self._start + self.max_time_s - self._used_before
         self._fitted = planned_steps_of(run.state.opt_state) is not None
         if not self._fitted and (run.config.optim.schedule != "constant" or not _own_optimizer(run)):
@@ -104,13 +110,20 @@ class Deadline(RunHook):
         if run.calls.calibrating:  # its calls are timed in several forms and K: not the run's pace
             return
         done = run.step - k  # the loop waited for the call before this one
-        if self._ref is None or done <= self._ref[1]:
-            self._ref = self._ref or (now, done)
+        compiled, self._compile_s = self._compile_s != run.calls.compile_s, run.calls.compile_s
+        if self._ref is None or compiled:  # a program compiled since (a new K): its seconds are no step's
+            self._ref = (now, done)
+        if done <= self._ref[1]:
             return
         t0, done0 = self._ref
         per_step = (now - t0) / (done - done0)
-        self._set(run, plan_steps(now=now, end=self._end, reserve=self._reserve(run, per_step), done_step=done,
-                                  queued_step=run.step, seconds_per_step=per_step))
+        planned = plan_steps(now=now, end=self._end, reserve=self._reserve(run, per_step), done_step=done,
+                             queued_step=run.step, seconds_per_step=per_step)
+        if self.planned is not None and run.step < planned < self.planned and \
+                (self.planned - planned) * per_step < MARGIN * self.max_time_s / 2:
+            planned = self.planned  # a late estimate within the margin: the schedule keeps its end
+        self._set(run, planned)
+        self._ended = run.at_end_step
 
     def _reserve(self, run: Run, per_step: float) -> float:
         """Seconds kept for the end: the last epoch end's (evaluation, checkpoint), or a guess."""
@@ -123,14 +136,14 @@ class Deadline(RunHook):
     def _set(self, run: Run, planned: int, end: bool = True) -> None:
         """Plans the run's last step: the schedule's length (when it moved by more than
         `REPLAN_SHARE`, or when the run's end is reached), the loop's end and its last epoch."""
-        moved = self.planned is None or abs(planned - self.planned) > REPLAN_SHARE * self.planned
-        if moved or planned <= run.step:
-            self.planned = planned
+        old = self.planned
+        if old is None or abs(planned - old) > REPLAN_SHARE * old or planned <= run.step:
+            self.planned = old = planned
             if self._fitted:
                 run.state = run.state._replace(opt_state=set_planned_steps(run.state.opt_state, planned))
         if end:
-            run.end_step = self.planned
-        run.planned_epochs = max(run.loop.epoch, math.ceil(self.planned / run.feed.steps_per_epoch))
+            run.end_step = old
+        run.planned_epochs = max(run.loop.epoch, math.ceil(old / run.feed.steps_per_epoch))
 
     def on_epoch_start(self, run: Run) -> None:
         if self._last_call is not None:  # the epoch end just passed: the last call, evaluation, checkpoint
@@ -142,12 +155,13 @@ class Deadline(RunHook):
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         at = run.at_end_step
+        lr = _injected_learning_rate(run.state.opt_state)  # the last step's rate: the schedule's end, when fitted
         summary["deadline"] = {"max_time_s": self.max_time_s, "used_s": round(self.used_s, 3),
                                "planned_steps": self.planned, "steps": run.step, "stopped_at_deadline": at,
-                               "schedule_fitted": self._fitted}
+                               "schedule_fitted": self._fitted, "final_lr": None if lr is None else float(lr)}
         if at and summary.get("status") == "completed":
-            run.console.print(f"  stopped at the deadline ({setting('max_time', run.config.max_time)}): step "
-                              f"{run.step:,} of {self.planned:,} planned, {self.used_s:.1f} s used")
+            run.console.print(render(f"  stopped at the deadline ({setting('max_time', run.config.max_time)}): "
+                                     f"step {run.step:,} of {self.planned:,} planned, {self.used_s:.1f} s used"))
 
 
 def _own_optimizer(run: Run) -> bool:
