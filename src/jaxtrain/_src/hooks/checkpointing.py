@@ -158,7 +158,8 @@ class CheckpointHook(RunHook):
         every, every_s = self.config.every_steps, self._every_s
         due = (run.stop_signal is not None or (every and run.step - self._last_save >= every)
                or (every_s and self.clock() - self._saved_at >= every_s))
-        if due and run.loop.position < run.feed.steps_per_epoch:  # epoch ends save in on_epoch_end
+        # epoch ends save in on_epoch_end, and so does a deadline's end, mid-epoch (`Run.end_step`)
+        if due and run.loop.position < run.feed.steps_per_epoch and not run.at_end_step:
             run.flush()  # every metric up to this step is fetched and checked finite
             self._save(run, None, "step")
 

@@ -35,10 +35,17 @@ from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.optim import _injected_learning_rate, planned_steps_of, set_planned_steps
 from jaxtrain._src.report.notes import note
 
-__all__ = ["Deadline", "clock", "more_to_train"]
+__all__ = ["Deadline", "clock", "more_to_train", "setup_s"]
 
 clock: Callable[[], float] = time.perf_counter
 """The hook's clock (seconds); the tests replace it to run a deadline without waiting for it."""
+
+
+def setup_s(run: Run) -> float:
+    """Seconds the run's session spent before training (the command's imports and data when it says
+    when it began, `Run.started`; the run's setup and compilation): they count into the budget.
+    The tests replace it with `clock`."""
+    return run.elapsed_s if run.started is None else time.perf_counter() - run.started
 
 REPLAN_SHARE = 0.002
 """A plan that moved by less than this share of the planned steps leaves the schedule as it was."""
@@ -87,8 +94,7 @@ class Deadline(RunHook):
         return self._used_before + clock() - self._start
 
     def on_start(self, run: Run) -> None:
-        before = run.elapsed_s if run.started is None else time.perf_counter() - run.started
-        self._start = clock() - before  # the session's setup and compilation count, the command's too
+        self._start = clock() - setup_s(run)  # the session's setup and compilation count, the command's too
         self._end = self._start + self.max_time_s - self._used_before
         self._fitted = planned_steps_of(run.state.opt_state) is not None
         if not self._fitted and (run.config.optim.schedule != "constant" or not _own_optimizer(run)):
@@ -117,11 +123,13 @@ class Deadline(RunHook):
             return
         t0, done0 = self._ref
         per_step = (now - t0) / (done - done0)
-        planned = plan_steps(now=now, end=self._end, reserve=self._reserve(run, per_step), done_step=done,
-                             queued_step=run.step, seconds_per_step=per_step)
-        if self.planned is not None and run.step < planned < self.planned and \
-                (self.planned - planned) * per_step < MARGIN * self.max_time_s / 2:
-            planned = self.planned  # a late estimate within the margin: the schedule keeps its end
+        reserve = self._reserve(run, per_step)
+        planned = plan_steps(now=now, end=self._end, reserve=reserve, done_step=done, queued_step=run.step,
+                             seconds_per_step=per_step)
+        if self.planned is not None and run.step < self.planned and planned < self.planned:
+            late_s = now + (self.planned - done) * per_step + reserve - self._end  # the old plan's overrun
+            if late_s < MARGIN * self.max_time_s / 2:
+                planned = self.planned  # late within half the margin: the schedule keeps its end
         self._set(run, planned)
         self._ended = run.at_end_step
 
