@@ -194,7 +194,7 @@ class CheckpointConfig:
     """Orbax checkpoints in <run dir>/checkpoints (written only when the run has a directory)."""
 
     enabled: bool = True
-    """Write checkpoints at each epoch end (and every `every_steps`)."""
+    """Write checkpoints at each epoch end (and every `every_steps`, every `every`)."""
     every_steps: int = 0
     """Also save every N optimizer steps, at the next compiled-call boundary; 0: epoch ends only."""
     keep_last: int = 3

@@ -44,8 +44,9 @@ clock: Callable[[], float] = time.perf_counter
 def setup_s(run: Run) -> float:
     """Seconds the run's session spent before training (the command's imports and data when it says
     when it began, `Run.started`; the run's setup and compilation): they count into the budget.
-    The tests replace it with `clock`."""
+    The tests replace it (their clock has no setup seconds)."""
     return run.elapsed_s if run.started is None else time.perf_counter() - run.started
+
 
 REPLAN_SHARE = 0.002
 """A plan that moved by less than this share of the planned steps leaves the schedule as it was."""
