@@ -43,7 +43,7 @@ def _simulate(k: int, terminal: bool, monkeypatch: pytest.MonkeyPatch, timed: in
     console = Console(file=out, width=200, force_terminal=terminal)
     hook = ProgressHook(console)
     hook._bar = EpochProgress(console, BATCH)
-    run = types.SimpleNamespace(epoch=1, step=0, queued=0, config=types.SimpleNamespace(epochs=1),
+    run = types.SimpleNamespace(epoch=1, step=0, queued=0, config=types.SimpleNamespace(epochs=1), last_epoch=1,
                                 feed=types.SimpleNamespace(steps_per_epoch=STEPS),
                                 loop=types.SimpleNamespace(position=0),
                                 calls=types.SimpleNamespace(compile_s=0.0, calibrating=timed > 0))

@@ -80,6 +80,8 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
         (["train", "mlp-regression", "--batch-size", "0"], "error: batch_size=0 must be an integer >= 1"),
         (["train", "mlp-regression", "--epochs", "0"], "error: epochs=0 must be an integer >= 1"),
         (["train", "mlp-regression", "--epochs", "many"], "error: Error parsing --epochs"),
+        (["train", "mlp-regression", "--max-time", "10 minutes"], "error: --max-time '10 minutes' is not a duration"),
+        (["train", "mlp-regression", "--checkpoint.every", "-1m"], "error: --checkpoint.every -1m is not a duration"),
         (["train", "mlp-regression", "--no-such-flag", "1"], "error: Unrecognized options: --no-such-flag"),
         (["train", "mlp-regression", "--epoch", "1"],  # tyro's guesses, flags alone
          "error: Unrecognized options: --epoch, 1 (did you mean --epochs or --steps-per-epoch?); see "),

@@ -37,6 +37,7 @@ from jaxtrain._src.config import TrainConfig, to_dict
 from jaxtrain._src.errors import setting
 from jaxtrain._src.feeds import Feed, adapt_inputs, place_validation
 from jaxtrain._src.hooks import CheckpointHook, EvalHook, Hook, MemoryHook, ProgressHook, Run, RunHook
+from jaxtrain._src.hooks.deadline import more_to_train
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.report.notes import note
@@ -108,6 +109,7 @@ class Specification:
       auto_steps: how the automatic K is measured (scaled by the number of runs for a population).
       plots: draw the loss curves when a lone run ends.
       joint: how the runs share one program (a population), or None (one lone run).
+      started: `time.perf_counter()` when the tool's command began: a deadline counts from it (None: now).
     """
 
     runs: Sequence[RunSpec]
@@ -122,6 +124,7 @@ class Specification:
     auto_steps: AutoSteps = AutoSteps()
     plots: bool = True
     joint: Joint | None = None
+    started: float | None = None
 
 
 @dataclasses.dataclass
@@ -220,7 +223,8 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     num_val = evaluation.num_samples if evaluation else 0
     if joint is None:
         run = _run(Run, runs[0].name, config, console, guards[0].path, first, feed, calls, states[0], loops[0],
-                   num_val=num_val, resumed_step=lead_step if guards[0].resume else None, t_start=t_start)
+                   num_val=num_val, resumed_step=lead_step if guards[0].resume else None, t_start=t_start,
+                   started=spec.started)
         run.model_summary = summarise_model(runs[0].model, spec.loss_fn, spec.train_data, spec.preprocess,
                                             config.batch_size)
         run.hooks = [memory, *run_hooks(config, runs[0].hooks, evaluation, checkpoints[0], progress,
@@ -264,12 +268,13 @@ def _restore(guards: list[RunGuard], checkpoints: list[CheckpointHook | None], p
     states, loops = [p.state for p in programs], [LoopState(feed=feed.get_state()) for _ in programs]
     resuming = [i for i, g in enumerate(guards) if g.resume and finished[i] is None]
     for n, i in enumerate(resuming):
+        epochs = None if config.max_time_s else config.epochs  # a deadline's run is not limited by epochs
         states[i], loops[i] = _hook(checkpoints, i).restore(programs[i].state, programs[i].state_shardings,
-                                                            config.epochs, feed if n == 0 else None,
+                                                            epochs, feed if n == 0 else None,
                                                             config.data.accept_changed, step=step)
         programs[i].state = states[i]  # its calls count the steps left from here
         if lone:
-            finished[i] = guards[i].finished(int(states[i].step), loops[i].epoch <= config.epochs)
+            finished[i] = guards[i].finished(int(states[i].step), more_to_train(config, loops[i]))
     for i, ended in enumerate(finished):
         if ended is not None and not lone:  # it stays as it ended, its model set to its newest checkpoint
             states[i], loops[i] = _hook(checkpoints, i).restore(programs[i].state, programs[i].state_shardings)

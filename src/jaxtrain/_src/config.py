@@ -13,6 +13,7 @@ import re
 import typing
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
+from jaxtrain._src.deadline import parse_duration
 from jaxtrain._src.errors import ConfigError, setting
 
 if TYPE_CHECKING:
@@ -220,7 +221,7 @@ class CheckpointConfig:
     """Orbax checkpoints in <run dir>/checkpoints (written only when the run has a directory)."""
 
     enabled: bool = True
-    """Write checkpoints at each epoch end (and every `every_steps`)."""
+    """Write checkpoints at each epoch end (and every `every_steps`, every `every`)."""
     every_steps: int = 0
     """Also save every N optimizer steps, at the next compiled-call boundary; 0: epoch ends only."""
     keep_last: int = 3
@@ -231,10 +232,14 @@ class CheckpointConfig:
     """Epoch metric that ranks checkpoints: val_loss, train_loss or val_<metric>."""
     best_mode: BestMode = "min"
     """Whether lower (min) or higher (max) `best_metric` is better."""
+    every: float | str = 0
+    """Also save every this much wall time, at the next compiled-call boundary (Keras's
+    BackupAndRestore save_freq, in time): seconds, or 90s, 10m, 1.5h, 1h30m; 0: not by time."""
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
         _check_choice("checkpoint.best_mode", self.best_mode, BestMode)
+        parse_duration(self.every, "checkpoint.every")
         _check(isinstance(self.every_steps, int) and self.every_steps >= 0,
                f"checkpoint.every_steps={self.every_steps!r} must be an integer >= 0")
         _check(isinstance(self.keep_last, int) and self.keep_last >= 1,
@@ -384,9 +389,16 @@ class TrainConfig:
     update ema = d * ema + (1 - d) * params (from the initial weights), inside the compiled call. It is
     evaluated beside the raw weights (val_ema_loss, ...), saved in checkpoints, and used by predict and
     export when they are asked for the averaged weights."""
+    max_time: float | str = 0
+    """A deadline: the run's wall-time budget, from the start of training to its end (seconds, or 90s,
+    10m, 1.5h, 1h30m; 0: none). The run plans its steps from its measured time per step, fits the
+    learning-rate schedule (warmup and decay) to them, and ends with its final evaluation and
+    checkpoint before the deadline; `epochs` no longer limits it. A resume with a longer max_time
+    continues the run (the budget counts every session's time)."""
 
     def __post_init__(self) -> None:
         _plain_numbers(self)
+        parse_duration(self.max_time, "max_time")
         parse_mesh(self.mesh)
         _check_choice("on_nan", self.on_nan, OnNaN)
         _check_choice("precision", self.precision, Precision)
@@ -413,6 +425,11 @@ class TrainConfig:
         _check(isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED,
                f"seed={self.seed!r} must be an integer from 0 to {MAX_SEED} (JAX keys hold 32 bits: larger seeds "
                "would repeat smaller ones)")
+
+    @property
+    def max_time_s(self) -> float:
+        """`max_time` in seconds (0.0: no deadline)."""
+        return parse_duration(self.max_time, "max_time")
 
     @property
     def samples_per_step(self) -> int:

@@ -36,6 +36,7 @@ from jaxtrain._src.data.fingerprint import fingerprint
 from jaxtrain._src.data.sources import ArraySource
 from jaxtrain._src.data.split import split_validation
 from jaxtrain._src.data.stream import EPOCH_END, BackgroundIterator, DevicePrefetcher, StreamLoader
+from jaxtrain._src.deadline import UNBOUNDED_EPOCHS
 from jaxtrain._src.errors import ConfigError, DataError, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.sharding import Layout
@@ -206,7 +207,8 @@ class StreamFeed:
         """What every streamed feed holds: batch `spec` (name -> (row shape, dtype)), the position,
         the running prefetcher and the input timings."""
         self._layout, self._treedef, self._spec = layout, treedef, spec
-        self._B, self._prefetch, self._epochs = config.samples_per_step, config.data.prefetch, config.epochs
+        self._B, self._prefetch = config.samples_per_step, config.data.prefetch
+        self._epochs = UNBOUNDED_EPOCHS if config.max_time_s else config.epochs  # a deadline ends the run
         self.device_bytes = 0
         self._epoch, self._position = 1, 0
         self._prefetcher: DevicePrefetcher | None = None

@@ -88,6 +88,10 @@ class RunOptions:
     auto_steps: AutoSteps = AutoSteps()
     """How the automatic K is measured (when `config.steps_per_call` is 0)."""
 
+    started: float | None = None
+    """`time.perf_counter()` when the tool's command began (its imports and data included): a
+    deadline (`TrainConfig.max_time`) counts from it; None: from the call of `run`."""
+
     plots: bool = True
     """Draw the loss curves (curves.png) when the run ends; a sweep's trials leave them to
     `jaxtrain plot RUN_DIR` (drawing takes a few tenths of a second, a trial's seconds)."""
@@ -187,7 +191,7 @@ def run(
     _check_arguments(model, config, optimizer, hooks, run_dir, resume, verbosity)
     spec = Specification([RunSpec(model, config, run_dir, hooks, optimizer, session.name, session.saved_config)],
                          loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, session.console,
-                         session.auto_steps, session.plots)
+                         session.auto_steps, session.plots, started=session.started)
     with contextlib.ExitStack() as stack:
         assembly = assemble(spec, stack)
         lone, finished = assembly.runs[0], assembly.finished[0]

@@ -29,6 +29,8 @@ def build_schedule(config: OptimConfig, total_steps: int, values: dict[str, Any]
     (the whole run when 0). `exponential` is `min_lr * (lr / min_lr) ** (step / (decay_steps - 1))`,
     capped at `lr`. `values` (arrays, see `with_values`) replace the config's `lr` and `min_lr`.
     """
+    if values is not None and PLANNED in values:
+        return fitted_schedule(config, total_steps, values)
     lr, min_lr = (config.lr, config.min_lr) if values is None else (values["lr"], values["min_lr"])
     if config.schedule == "constant":
         return optax.constant_schedule(lr)
@@ -49,6 +51,58 @@ def build_schedule(config: OptimConfig, total_steps: int, values: dict[str, Any]
         decay_steps=decay_steps,
         end_value=min_lr,
     )
+
+
+PLANNED = "planned_steps"
+"""The value `with_values(fitted=True)` holds beside the optimizer's numbers: the steps the
+learning-rate schedule spans, which a deadline's planner sets between calls (`set_planned_steps`)."""
+
+
+def fitted_schedule(config: OptimConfig, total_steps: int, values: dict[str, Any]) -> optax.Schedule:
+    """`config`'s warmup-cosine laid out over `total_steps`, stretched or squeezed to
+    `values["planned_steps"]` (an array, possibly traced: the program does not depend on it): the
+    warmup and the decay keep their shares of the run, and the rate reaches `min_lr` on the last
+    planned step (count planned - 1). Written in jnp so the length can change between calls
+    without compiling again; runs without a deadline keep optax's schedule and its bits."""
+    nominal = max(total_steps, 1)
+    decay = max(config.decay_steps or nominal, config.warmup_steps + 1)
+    lr, min_lr, planned = values["lr"], values["min_lr"], values[PLANNED]
+    scale = jnp.maximum(planned - 1.0, 1.0) / nominal
+    warmup, end = config.warmup_steps * scale, decay * scale
+
+    def schedule(count: jax.Array) -> jax.Array:
+        c = jnp.asarray(count, jnp.float32)
+        rising = lr * c / jnp.maximum(warmup, 1e-9)  # (only where c < warmup, so never with warmup 0)
+        t = jnp.clip((c - warmup) / (end - warmup), 0.0, 1.0)
+        falling = min_lr + (lr - min_lr) * 0.5 * (1.0 + jnp.cos(jnp.pi * t))
+        return jnp.where(c < warmup, rising, falling)
+
+    return schedule
+
+
+def set_planned_steps(opt_state: optax.OptState, steps: int) -> optax.OptState:
+    """`opt_state` with the schedule length of each fitted `with_values` state set to `steps`
+    (placed where the old value was, so the compiled calls take it as they took that)."""
+    is_values = lambda x: isinstance(x, ValuesState)  # noqa: E731
+
+    def put(x: Any) -> Any:
+        if not is_values(x) or PLANNED not in x.values:
+            return x
+        old = x.values[PLANNED]
+        new = jax.device_put(jnp.asarray(steps, jnp.float32), old.sharding)
+        return x._replace(values={**x.values, PLANNED: new})
+
+    return jax.tree.map(put, opt_state, is_leaf=is_values)
+
+
+def planned_steps_of(opt_state: optax.OptState) -> jax.Array | None:
+    """The schedule length a fitted `with_values` state holds in `opt_state`, or None (no deadline
+    fits this optimizer's schedule: the user's optimizer, or a schedule without a length)."""
+    is_values = lambda x: isinstance(x, ValuesState)  # noqa: E731
+    for leaf in jax.tree.leaves(opt_state, is_leaf=is_values):
+        if is_values(leaf) and PLANNED in leaf.values:
+            return leaf.values[PLANNED]
+    return None
 
 
 def decay_mask(params: optax.Params) -> optax.Params:
@@ -106,7 +160,8 @@ class ValuesState(NamedTuple):
     inner: optax.OptState
 
 
-def with_values(config: OptimConfig, total_steps: int, names: tuple[str, ...] = VALUES) -> optax.GradientTransformation:
+def with_values(config: OptimConfig, total_steps: int, names: tuple[str, ...] = VALUES,
+                fitted: bool = False) -> optax.GradientTransformation:
     """`build_optimizer(config)` with its numbers `names` (default `VALUES`: learning rate, betas,
     weight decay, ...; `lr` and `min_lr` always among them) held in the optimizer state rather than
     in the program, as `optax.inject_hyperparams` does, so that runs which differ only in them share
@@ -114,6 +169,8 @@ def with_values(config: OptimConfig, total_steps: int, names: tuple[str, ...] = 
     one after another, whose programs the compilation cache then shares (`EXACT_VALUES`). The
     config decides the chain's parts, the schedule's shape and the numbers not in `names`;
     `learning_rate` in the state is the rate of the last update, as `learning_rate_fn` reads it.
+    `fitted` (a run with a deadline) also holds the schedule's length (`PLANNED`, starting at
+    `total_steps`), which `set_planned_steps` changes between calls (`fitted_schedule`).
 
     Raises:
       ValueError: the exponential schedule (optax checks its rates in Python).
@@ -123,6 +180,8 @@ def with_values(config: OptimConfig, total_steps: int, names: tuple[str, ...] = 
 
     def init(params: optax.Params) -> ValuesState:
         values = {name: jnp.asarray(getattr(config, name), jnp.float32) for name in names}
+        if fitted:
+            values[PLANNED] = jnp.asarray(total_steps, jnp.float32)
         return ValuesState(jnp.zeros([], jnp.int32), values, jnp.asarray(config.lr, jnp.float32),
                            build_optimizer(config, total_steps, values=values).init(params))
 
@@ -175,7 +234,8 @@ def build_train_optimizer(
     elif config.optim.schedule == "exponential":
         tx = build_optimizer(config.optim, total_steps, schedule)
     else:
-        tx = with_values(config.optim, total_steps, EXACT_VALUES)
+        fitted = config.max_time_s > 0 and config.optim.schedule == "warmup-cosine"  # a deadline's schedule
+        tx = with_values(config.optim, total_steps, EXACT_VALUES, fitted=fitted)
     if config.ema:  # inside the skipping wrappers: a skipped update leaves the average as it was
         tx = with_ema(tx, config.ema)
     if config.on_nan == "skip":

@@ -103,6 +103,9 @@ def _check_members(members: Sequence[Member]) -> None:
         if differ:
             raise ConfigError(f"member {i} differs from member 0 in {', '.join(differ)}; members share every "
                               f"setting but {', '.join(PER_MEMBER)} (train the others as another population)")
+        if member.config.max_time_s:
+            raise ConfigError(f"member {i}: a deadline (max_time) is not kept in populations, whose members share "
+                              "one loop; train the run alone (a sweep: without --population)")
         if member.config.ema:
             raise ConfigError(f"member {i}: an average of the weights (ema) is not kept in populations; "
                               "train that run alone")

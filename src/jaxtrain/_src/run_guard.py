@@ -42,7 +42,7 @@ FINISHED = ("completed", "stopped early")  # summary.json's status of a run that
 RESUMABLE = ("epochs", "quiet", "verbosity", "log_every", "eval_every", "eval_batch_size", "steps_per_call",
              "step_form", "tensorboard", "on_nan", "mesh", "dist", "run_dir", "checkpoint.enabled",
              "checkpoint.every_steps", "checkpoint.keep_last", "checkpoint.keep_best", "early_stopping",
-             "data.prefetch", "data.accept_changed")
+             "data.prefetch", "data.accept_changed", "max_time", "checkpoint.every")
 
 
 # `fit`'s resume="overwrite", which the command line spells as its overwrite flag

@@ -42,6 +42,7 @@ from jaxtrain._src.hooks import (
     RunHook,
     TensorBoard,
 )
+from jaxtrain._src.hooks.deadline import Deadline
 from jaxtrain._src.hooks.trackers import make_trackers
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.moments import announce
@@ -178,14 +179,16 @@ def train(run: Run[Any], crew: Crew, signals: StopSignals) -> None:
             raise TrainingStopped(signum, run.step, "before training began; nothing was trained, "
                                   "so start it again")
         crew.each("on_start")
-        for epoch in range(loop.epoch, config.epochs + 1):
+        epoch = loop.epoch
+        while epoch <= run.last_epoch:  # config.epochs, or a deadline's plan (`Run.end_step`)
             loop.epoch = epoch
             feed.start_epoch(epoch, loop.position)
             crew.each("on_epoch_start")
             t_epoch, compile_before = time.perf_counter(), calls.compile_s
             running = None  # outputs of the call still running on the device
-            while loop.position < feed.steps_per_epoch and crew.training:
-                k = calls.next_length(feed.steps_per_epoch - loop.position)
+            while loop.position < feed.steps_per_epoch and crew.training and not run.at_end_step:
+                left = feed.steps_per_epoch - loop.position
+                k = calls.next_length(left if run.end_step is None else min(left, run.end_step - run.step))
                 args = feed.next_args(k, previous=running)
                 # calibration: the run's first calls choose the form (timed on a copy of the state), then K
                 call = calls.calibrate if calls.calibrating else calls  # (timed as they train)
@@ -201,13 +204,15 @@ def train(run: Run[Any], crew: Crew, signals: StopSignals) -> None:
                     raise TrainingStopped(run.stop_signal, run.step, crew.resume_hint)
             calls.wait(running)  # the epoch's time includes its last call
             train_s = time.perf_counter() - t_epoch - (calls.compile_s - compile_before)
-            record = {"epoch": epoch, "step": run.step, "samples": feed.steps_per_epoch * config.samples_per_step,
+            steps = loop.position if run.at_end_step else feed.steps_per_epoch  # a deadline ends mid-epoch
+            record = {"epoch": epoch, "step": run.step, "samples": steps * config.samples_per_step,
                       "samples_dropped": feed.dropped, "train_time_s": train_s, "eval_time_s": 0.0,
                       "epoch_time_s": train_s, **feed.epoch_stats(train_s)}
-            if not crew.epoch_end(record):  # the lead's history gets the record
+            if not crew.epoch_end(record) or run.at_end_step:  # the lead's history gets the record
                 break
-            if signals.signum is not None and epoch < config.epochs:
+            if signals.signum is not None and epoch < run.last_epoch:
                 raise TrainingStopped(signals.signum, run.step, crew.resume_hint)
+            epoch += 1
         status = "stopped early" if run.stop_reason else "completed"
     except JaxtrainError as e:
         status = FAILURES.get(type(e), f"failed: {e}")
@@ -293,7 +298,8 @@ def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | Non
               progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState,
               plots: bool = True) -> list[Hook]:
     """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
-    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, run
+    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, the
+    deadline (`TrainConfig.max_time`), run
     files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
     plots (unless not `plots`), TensorBoard, the trackers of `config.track`, progress; each
     restored from `loop` when it has saved state."""
@@ -308,6 +314,7 @@ def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | Non
           if stopping.patience else []),
         *([RestoreBest(stopping.metric, stopping.mode, stopping.min_delta)] if stopping.restore_best else []),
         *([ReduceOnPlateau(config.optim)] if config.optim.plateau_patience else []),
+        *([Deadline(config.max_time_s)] if config.max_time_s else []),  # plans the run's end (`Run.end_step`)
         *([RunFilesHook(run_dir, saved)] if run_dir else []),  # an epoch's row is written before its checkpoint
         *([checkpoints] if checkpoints else []),
         *([PlotHook()] if run_dir and plots else []),

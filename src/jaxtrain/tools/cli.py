@@ -244,7 +244,8 @@ def _train(args: Sequence[str]) -> int:
         config, _ = _preset_config(recipe, rest, prog, TRAIN_FLAGS)  # --help prints here, before JAX is imported
     from jaxtrain.tools import runs
 
-    runs.train(recipe, config, run_dir or config.run_dir, resume=resume, overwrite=overwrite)
+    runs.train(recipe, config, run_dir or config.run_dir, resume=resume, overwrite=overwrite,
+               started=runs.process_start())  # a deadline counts the command's whole time
     return 0
 
 

@@ -49,16 +49,19 @@ _first_run = True  # of this process (`train`)
 
 def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | None = None, resume: bool = False,
           console: Console | None = None, overwrite: bool = False, hooks: Sequence[Hook] = (),
-          plots: bool = True) -> FitResult:
+          plots: bool = True, started: float | None = None) -> FitResult:
     """Builds `recipe`'s workload for `config` and fits it into `run_dir` (a new timestamped
     directory under runs/ by default); the data sources it opened are closed afterwards. `resume`
     and `overwrite` are `fit`'s; `hooks` join the recipe's (a sweep's pruning); `plots=False`
-    leaves curves.png to `jaxtrain plot`.
+    leaves curves.png to `jaxtrain plot`; a deadline (`--max-time`) counts from `started`
+    (`time.perf_counter()`; `process_start()` for a command's one run), else from this call.
 
     The first run of a process drops the programs compiled while building its workload (a model
     initialised eagerly compiles one per op: char-gpt's, about 50 MiB kept through the run
     otherwise); a later run of the process (a sweep's next trial) keeps them, since it builds the
     same and would compile or load them again (0.3 s of each mlp-regression trial)."""
+    global _first_run
+    started = time.perf_counter() if started is None else started  # a deadline counts the workload's build
     if distributed.initialize(config.dist) > 1 and not (run_dir or config.run_dir):
         raise ConfigError("a job of several processes needs one run directory on a filesystem they share; "
                           "pass --run-dir DIR")
@@ -70,7 +73,6 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
     if config.checkpoint.enabled:
         _import_in_background("orbax.checkpoint")
     w = recipe.build(config)
-    global _first_run
     if _first_run:  # the model's eager initialisers compiled an op each: not kept through the run
         release_compiled_programs()
         _first_run = False
@@ -85,9 +87,25 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
                    hooks=[_save_info(recipe, w, run_dir), *w.hooks, *hooks], preprocess=w.preprocess,
                    augment=w.augment, run_dir=run_dir,
                    resume="overwrite" if overwrite else resume, verbosity=verbosity,
-                   session=RunOptions(name=recipe.name, saved_config=config, console=console, plots=plots))
+                   session=RunOptions(name=recipe.name, saved_config=config, console=console, plots=plots,
+                                      started=started))
     finally:
         w.close()
+
+
+def process_start() -> float:
+    """`time.perf_counter()` when this process started (Linux: /proc), else now: the first run of a
+    `jaxtrain` command counts its imports into a deadline, as a wall clock around the command does."""
+    now = time.perf_counter()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, after the command's name
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - age if 0 <= age < 3600 else now
 
 
 def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: Sequence[str | os.PathLike],

@@ -511,7 +511,12 @@ def _check_workers(workers: int) -> None:
 
 def _check_population(recipe: Recipe, config: Any, population: int) -> None:
     """Refuses a population too large to ask (`MAX_POPULATION`) or, from `MEASURED_POPULATION` up,
-    whose members' train states (parameters and optimizer state, one each) exceed the device's memory."""
+    whose members' train states (parameters and optimizer state, one each) exceed the device's memory,
+    or a deadline (`max_time`, which a population does not keep: its trials train alone)."""
+    if population > 1 and config.max_time_s:
+        raise ConfigError(f"{argument('population', population)}: a population does not keep a deadline "
+                          f"(max_time={config.max_time!r}); drop {argument('population')} to give every trial "
+                          "the same time alone")
     if population > MAX_POPULATION:
         raise ConfigError(f"{argument('population', population)}: a population's trials are all asked before any "
                           f"trains, and each member is one more step in its compiled program: pass "

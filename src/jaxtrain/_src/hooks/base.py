@@ -191,6 +191,11 @@ class Run(Generic[S]):
       model_summary: the model's modules, output shapes and parameters (`report.model_summary`).
       hook_s: seconds the hooks spent on each event, keyed `(hook class name, event)` (`hooks.profile`).
       rewrite_declined: why the XLA:CPU rewrite the settings asked for did not happen (`Program`), or None.
+      end_step: the step a planner ends training at, mid-epoch if need be (the `Deadline` hook's
+        plan); None: training ends with `config.epochs`.
+      planned_epochs: the epoch a planner expects training to end in (progress shows it, and the last
+        epoch is always evaluated); None: `config.epochs`.
+      started: `time.perf_counter()` when the tool's command began (a deadline counts from it), or None.
     """
 
     name: str
@@ -217,6 +222,19 @@ class Run(Generic[S]):
     model_summary: dict[str, Any] | None = None
     hook_s: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     rewrite_declined: str | None = None
+    end_step: int | None = None
+    planned_epochs: int | None = None
+    started: float | None = None
+
+    @property
+    def last_epoch(self) -> int:
+        """The epoch training ends with: `config.epochs`, or a planner's (never before this one)."""
+        return self.config.epochs if self.planned_epochs is None else max(self.loop.epoch, self.planned_epochs)
+
+    @property
+    def at_end_step(self) -> bool:
+        """A planner's last step is queued: training ends after this call, mid-epoch if need be."""
+        return self.end_step is not None and self.step >= self.end_step
 
     @property
     def elapsed_s(self) -> float:

@@ -1,5 +1,6 @@
 """Orbax checkpoints of the train state and the loop state: at every epoch end, every
-`every_steps` steps (at the next call boundary) and when SIGINT/SIGTERM arrives; the newest
+`every_steps` steps and every `every` seconds of wall time (at the next call boundary) and when
+SIGINT/SIGTERM arrives; the newest
 `keep_last` and the `keep_best` best by `best_metric` are kept.
 
 Each checkpoint also holds the run's settings (`config`, as config.json has them: the reference a
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -28,6 +30,7 @@ from jaxtrain._src.checkpoint import (
 from jaxtrain._src.compiling import shapes_of
 from jaxtrain._src.config import CheckpointConfig
 from jaxtrain._src.data.fingerprint import data_change, describe, unchecked
+from jaxtrain._src.deadline import parse_duration
 from jaxtrain._src.errors import ConfigError, DataError, JaxtrainError, argument, render, resume_advice, setting
 from jaxtrain._src.hooks.base import Run, RunHook, missing_metric
 from jaxtrain._src.loop_state import LoopState
@@ -40,6 +43,9 @@ from jaxtrain._src.state import TrainState
 class CheckpointHook(RunHook):
     """Saves checkpoints into `directory` (`<run dir>/checkpoints`); `restore` resumes from one."""
 
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    """The clock of time-based saves (`CheckpointConfig.every`); the tests replace it."""
+
     def __init__(self, directory: str | os.PathLike, config: CheckpointConfig, name: str = "fit",
                  run_config: dict[str, Any] | None = None, writer: Executor | None = None):
         self.config, self._name, self._run_config = config, name, run_config
@@ -47,6 +53,8 @@ class CheckpointHook(RunHook):
                                  writer=writer)
         self._beside = writer is not None  # a population's member: its saves are written beside the loop
         self._last_save = 0
+        self._every_s = parse_duration(config.every, "checkpoint.every")
+        self._saved_at = 0.0  # `clock()` at the last save (or the start)
         self._accepted: str | None = None  # the note of a resume on changed data, for metrics.jsonl
 
     def restore(self, template: TrainState, shardings: Any = None, epochs: int | None = None, feed: Any = None,
@@ -137,7 +145,7 @@ class CheckpointHook(RunHook):
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
             with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"kind": "note", "step": run.step, "note": render(self._accepted)}) + "\n")
-        self._last_save = run.step
+        self._last_save, self._saved_at = run.step, self.clock()
         run.last_checkpoint = self._describe_last
         run_dir = self.ckpt.directory.parent
         run.resume_hint = f"checkpoint saved; resume with: {resume_advice(run_dir, self._name)}"
@@ -147,9 +155,11 @@ class CheckpointHook(RunHook):
         return f"the last good checkpoint is step {latest}" if latest is not None else "no checkpoint was saved"
 
     def after_call(self, run: Run, k: int, metrics: dict[str, jax.Array]) -> None:
-        every = self.config.every_steps
-        due = run.stop_signal is not None or (every and run.step - self._last_save >= every)
-        if due and run.loop.position < run.feed.steps_per_epoch:  # epoch ends save in on_epoch_end
+        every, every_s = self.config.every_steps, self._every_s
+        due = (run.stop_signal is not None or (every and run.step - self._last_save >= every)
+               or (every_s and self.clock() - self._saved_at >= every_s))
+        # epoch ends save in on_epoch_end, and so does a deadline's end, mid-epoch (`Run.end_step`)
+        if due and run.loop.position < run.feed.steps_per_epoch and not run.at_end_step:
             run.flush()  # every metric up to this step is fetched and checked finite
             self._save(run, None, "step")
 
@@ -162,7 +172,7 @@ class CheckpointHook(RunHook):
             raise ConfigError(f"{setting('checkpoint.best_metric', metric)} is not in the epoch record, so no "
                               f"checkpoint could be ranked; choose one of: {known}, and start the run again with "
                               f"it ({overwrite})")
-        if (run.epoch == run.config.epochs or run.stop_reason is not None) and not self._beside:
+        if (run.epoch == run.last_epoch or run.stop_reason is not None) and not self._beside:
             self.ckpt.wait()  # a failed final save is an error of the run
 
     def _save(self, run: Run, metrics: dict[str, Any] | None, kind: str) -> None:
@@ -170,7 +180,7 @@ class CheckpointHook(RunHook):
                 "data": getattr(run.feed, "fingerprint", None)}
         self.ckpt.save(run.step, _as_saved(run.state), meta, metrics, feed=run.feed.arrays())
         announce("checkpoint saved", step=run.step, kind=kind)
-        self._last_save = run.step
+        self._last_save, self._saved_at = run.step, self.clock()
 
     def on_end(self, run: Run, summary: dict[str, Any]) -> None:
         """Waits for the last saves. A member of a population waits here, not at its last epoch's

@@ -151,7 +151,7 @@ class EvalHook(RunHook):
         return evaluate
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        if run.epoch % self._every and run.epoch != run.config.epochs:
+        if run.epoch % self._every and run.epoch != run.last_epoch:
             return
         assert self._evaluate is not None  # built in on_start or after the first call
         evaluate = self._evaluate

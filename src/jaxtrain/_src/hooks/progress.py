@@ -51,7 +51,7 @@ class ProgressHook(RunHook):
         return self._bar
 
     def on_epoch_start(self, run: Run) -> None:
-        self._started().start_epoch(run.epoch, run.config.epochs, run.feed.steps_per_epoch,
+        self._started().start_epoch(run.epoch, run.last_epoch, run.feed.steps_per_epoch,
                                     completed=run.loop.position, compile_s=run.calls.compile_s)
         self._calibrating = run.calls.calibrating
 
@@ -86,7 +86,7 @@ class ProgressHook(RunHook):
         self._started().end_epoch()
         if self.result_only:
             return
-        self.console.print(epoch_block(run.epoch, run.config.epochs, record, run.elapsed_s, run.feed.placement.where))
+        self.console.print(epoch_block(run.epoch, run.last_epoch, record, run.elapsed_s, run.feed.placement.where))
         if run.stop_reason:
             self.message(run.stop_reason)
 

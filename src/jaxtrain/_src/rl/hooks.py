@@ -130,7 +130,7 @@ class Arena(RunHook):
             self._previous = jax.tree.map(jnp.copy, variables_of(run))
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
-        if run.epoch % self._every and run.epoch != run.config.epochs:
+        if run.epoch % self._every and run.epoch != run.last_epoch:
             return
         t0 = time.perf_counter()
         assert self._match is not None
