@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.models.attention import cudnn as cudnn_attention
     from jaxtrain._src.models.attention import heads_major as heads_major_attention
     from jaxtrain._src.models.gpt import sample as sample_gpt
+    from jaxtrain._src.optim import optimizer_structure
     from jaxtrain._src.population import PER_MEMBER
     from jaxtrain._src.predict import Forward, predict_batches
     from jaxtrain._src.probes import loop_body_counted_once
@@ -75,6 +76,7 @@ _HOMES = {
     "LossFn": ("jaxtrain._src.step", "LossFn"),
     "MAX_SEED": ("jaxtrain._src.config", "MAX_SEED"),
     "PER_MEMBER": ("jaxtrain._src.population", "PER_MEMBER"),
+    "optimizer_structure": ("jaxtrain._src.optim", "optimizer_structure"),
     "Preprocess": ("jaxtrain._src.step", "Preprocess"),
     "ProfileBudgetReached": ("jaxtrain._src.hooks.profile", "ProfileBudgetReached"),
     "Program": ("jaxtrain._src.program", "Program"),
@@ -189,6 +191,7 @@ __all__ = [
     "measure_matmul_rate",
     "memory_lines",
     "model_summary",
+    "optimizer_structure",
     "plot_run",
     "predict_batches",
     "profile_lines",

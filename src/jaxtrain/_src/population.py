@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
+from jaxtrain._src.adaptive import Adapt, Refill, Slot, check_refill, put_slot, with_numbers
 from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.checks import check_path_length
@@ -42,13 +43,14 @@ from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError, NonFiniteLossError
 from jaxtrain._src.hooks import Run, RunHook
 from jaxtrain._src.loop import FitResult
+from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
 from jaxtrain._src.training import FAILURES, finish, train
 
-__all__ = ["Member", "PopulationState", "fit_population", "shared_settings"]
+__all__ = ["Member", "PopulationState", "Refill", "Slot", "fit_population", "shared_settings"]
 
 PER_MEMBER = ("optim", "checkpoint", "early_stopping", "tensorboard", "track", "log_every", "on_nan")
 """`TrainConfig` fields members may set each their own way; the rest they share with the feed."""
@@ -259,6 +261,8 @@ class _Runner:
     population: dict[str, Any]  # the summary's "population": members and formulation
     status: str | None = None  # set once the member's run has ended
     result: FitResult | None = None
+    member: Any = None  # its `Member` (an adaptive population's `Slot` shows it)
+    joined: int = 0  # the epoch after which it took its slot (0: from the start)
 
     @property
     def validation(self) -> _Validation:
@@ -305,6 +309,7 @@ def fit_population(
     console: Console | None = None,
     formulation: str = "auto",
     resume: bool = False,
+    adapt: Adapt | None = None,
 ) -> list[FitResult]:
     """Trains every member on the same data as one compiled program; returns a `FitResult` each.
 
@@ -334,6 +339,15 @@ def fit_population(
         for bit in the tuple formulation). Members that had ended stay as they ended. Members with
         no common step (killed before their first save point was written by all) start over, their
         earlier files moved aside to `previous-N/`. False: the run directories must be new.
+      adapt: an adaptive population: `adapt(epoch, slots)` is called at each epoch's end but the
+        last with every slot's `Slot` (its run, status, history) and returns `Refill`s: a slot's
+        run ends (if it still trains) and a new `Member` (its own run directory) trains in the slot
+        from the next epoch, with fresh weights (the population's initial ones) or a copy of
+        another slot's weights and optimizer state, and its own optimizer numbers, without
+        compiling again (the numbers are inputs of the program: `optim.with_values`, in either
+        formulation). Successive halving and PBT are such callables (`jaxtrain sweep
+        --scheduler`). The result then holds every run, the members first, then the refills in
+        the order they joined. Not with `resume` (yet).
 
     Raises:
       ConfigError, DataError: members that cannot share a population, data that cannot work.
@@ -344,19 +358,101 @@ def fit_population(
         raise ConfigError(f"verbosity={verbosity!r} must be summary or silent")
     if resume not in (False, True):
         raise ConfigError(f"resume={resume!r} must be False (new runs) or True (continue the population)")
-    joint = _Joint(formulation, members, loss_fn, preprocess, augment)
+    if adapt is not None:
+        _check_adaptive(members, resume)
+    joint = _Joint(formulation, members, loss_fn, preprocess, augment, numbers_in_state=adapt is not None)
     spec = Specification(members, loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, console,
                          joint=joint)
     with contextlib.ExitStack() as stack:
         assembly = assemble(spec, stack)
         about = {"members": len(members), "formulation": joint.form.name}
-        runners = [_Runner(_member(run), m.model, about) for run, m in zip(assembly.runs, members)]
+        runners = [_Runner(_member(run), m.model, about, member=m) for run, m in zip(assembly.runs, members)]
         for runner, ended in zip(runners, assembly.finished):
             if ended is not None:  # it ended before the population stopped: it stays as it ended
                 runner.close(ended)
+        every = list(runners)  # the members, then (adaptive) the runs that took their slots
         if assembly.lead is not None:
-            train(assembly.lead, _Members(assembly.lead, runners, joint.form, assembly.shown), assembly.signals)
-    return [r.fitted() for r in runners]
+            crew = _Members(assembly.lead, runners, joint.form, assembly.shown)
+            if adapt is not None:
+                assert assembly.join is not None  # a population's assembly joins new members
+                crew.adaptive = _Adaptive(adapt, assembly.join, crew, every)
+            train(assembly.lead, crew, assembly.signals)
+    return [r.fitted() for r in every]
+
+
+def _check_adaptive(members: Sequence[Member], resume: bool) -> None:
+    """Refuses what an adaptive population cannot do: a resume (not yet), a member with its own
+    optimizer or the exponential schedule (the numbers must be inputs of the program)."""
+    if resume:
+        raise ConfigError("fit_population(adapt=...) does not resume yet; start the population again "
+                          "(resume=False) in new run directories")
+    for i, m in enumerate(members):
+        if m.optimizer is not None:
+            raise ConfigError(f"member {i} brings its own optimizer; an adaptive population takes each member's "
+                              "from config.optim (its numbers are inputs of the program): give none")
+        if m.config.optim.schedule == "exponential":
+            raise ConfigError(f"member {i}: the exponential schedule checks its rates in Python, so its numbers "
+                              "cannot be inputs of the program; choose another schedule for an adaptive population")
+
+
+class _Adaptive:
+    """An adaptive population's refills (`fit_population(adapt=...)`): at an epoch's end, the
+    slots `adapt` names take new runs; their states are changed on the host and put back as the
+    program's arrays were placed, so nothing compiles."""
+
+    def __init__(self, adapt: Adapt, join: Callable[..., Any], crew: "_Members", every: list[_Runner]):
+        self.adapt, self.join, self.crew, self.every = adapt, join, crew, every
+        self.stacked = isinstance(crew.form, _Stacked)
+        members = crew.shared.state.members
+        host = jax.device_get(members)  # the initial states, before the first call donates them
+        self.fresh = [_row(host, i, self.stacked) for i in range(len(crew.runners))]
+
+    def refill(self, epoch: int) -> None:
+        crew = self.crew
+        runners = crew.runners
+        slots = [Slot(i, r.member, r.status, tuple(r.run.loop.history), r.joined) for i, r in enumerate(runners)]
+        refills: list[Refill] = list(self.adapt(epoch, slots))
+        if not refills:
+            return
+        if len({r.slot for r in refills}) != len(refills):
+            raise ConfigError(f"adapt named a slot twice at epoch {epoch}; give each slot one refill")
+        for refill in refills:
+            holder = runners[refill.slot].member if 0 <= refill.slot < len(runners) else None
+            check_refill(refill, len(runners), holder or runners[0].member, shared_settings)
+        shared = crew.shared
+        host = jax.device_get(shared.state.members) if any(r.parent is not None for r in refills) else None
+        states: dict[int, TrainState] = {}
+        for refill in refills:  # every parent as the epoch ended, before any slot changes
+            if refill.parent is None:  # fresh: the initial weights and optimizer state, at the population's step
+                source = self.fresh[refill.slot]._replace(step=np.asarray(shared.step, np.int32))
+            else:
+                source = _row(host, refill.parent, self.stacked)
+            states[refill.slot] = with_numbers(source, refill.member.config.optim)
+        for refill in refills:
+            runner = runners[refill.slot]
+            if runner.status is None:
+                runner.run.stop_reason = refill.reason
+                runner.end("stopped early")  # its arrays leave the program's state below: nothing to copy
+        members = shared.state.members
+        for slot, state in states.items():
+            members = put_slot(members, slot, state, self.stacked)
+        shared.state = shared.state._replace(members=members)
+        for refill in refills:
+            parent = None if refill.parent is None else runners[refill.parent].run.run_dir
+            about = {**runners[0].population, "slot": refill.slot, "joined_epoch": epoch,
+                     "parent": None if parent is None else str(parent)}
+            state = states[refill.slot]
+            loop = LoopState(epoch=epoch, position=0, feed=shared.feed.get_state())
+            run = _member(self.join(refill.member, state, loop))
+            runner = _Runner(run, refill.member.model, about, member=refill.member, joined=epoch)
+            run.each("on_start")
+            runners[refill.slot] = runner
+            self.every.append(runner)
+
+
+def _row(states: Any, i: int, stacked: bool) -> TrainState:
+    """Member `i`'s state of the population's host `states` (a tuple, or stacked)."""
+    return jax.tree.map(lambda x: x[i], states) if stacked else states[i]
 
 
 def _member(run: Run[TrainState]) -> _MemberRun:
@@ -429,6 +525,8 @@ class _Members:
     The shared run (the population's) hears the events first: its evaluation computes every
     member's validation metrics at once."""
 
+    adaptive: _Adaptive | None = None  # an adaptive population's refills
+
     def __init__(self, shared: Run[PopulationState], runners: list[_Runner], form: Any, console: Console):
         self.shared, self.runners, self.form, self.console = shared, runners, form, console
         self.transfers = _Transfers(lambda: {i for i, _ in self.live()})
@@ -482,6 +580,8 @@ class _Members:
         for _, r in self.live():
             if r.run.stop_reason is not None:
                 r.end("stopped early", others_train=True)
+        if self.adaptive is not None and record["epoch"] < self.shared.config.epochs:
+            self.adaptive.refill(record["epoch"])
         _print_epoch(self.console, record["epoch"], self.shared.config.epochs, self.runners)
         return self.training
 
@@ -555,8 +655,9 @@ class _Joint:
     once the first program has made the layout, combines the members' programs and states."""
 
     def __init__(self, asked: str, members: Sequence[Member], loss_fn: LossFn, preprocess: Preprocess | None,
-                 augment: Augment | None):
+                 augment: Augment | None, numbers_in_state: bool = False):
         self.asked, self.members, self.loss_fn = asked, members, loss_fn
+        self.numbers_in_state = numbers_in_state  # adaptive: every member's numbers in its state, tuple too
         self.preprocess, self.augment = preprocess, augment
         _formulation(asked, members, 1)  # a wrong formulation is refused before any directory is claimed
         self.form: Any = None
@@ -567,12 +668,14 @@ class _Joint:
         form = _formulation(self.asked, runs, first.layout.num_devices)
         total = first.total_steps
 
+        in_state = form is _Stacked or self.numbers_in_state
+
         def program(m: RunSpec) -> Program:  # stacked: every number in the state, betas too (one vmapped update)
-            tx = with_values(m.config.optim, total) if form is _Stacked else m.optimizer
+            tx = with_values(m.config.optim, total) if in_state else m.optimizer
             return build_program(m.model, self.loss_fn, m.config, optimizer=tx, preprocess=self.preprocess,
                                  augment=self.augment, total_steps=total, layout=first.layout)
 
-        programs = [first if form is _Tuple else program(runs[0])] + [program(m) for m in runs[1:]]
+        programs = [program(runs[0]) if in_state else first] + [program(m) for m in runs[1:]]
         self.form = form(programs)
         return programs
 
