@@ -347,7 +347,8 @@ def fit_population(
         compiling again (the numbers are inputs of the program: `optim.with_values`, in either
         formulation). Successive halving and PBT are such callables (`jaxtrain sweep
         --scheduler`). The result then holds every run, the members first, then the refills in
-        the order they joined. Not with `resume` (yet).
+        the order they joined. A run that takes a slot saves a checkpoint at once, so a resume
+        (`resume=True` with the slots' runs at the time as `members`) continues every slot from one step.
 
     Raises:
       ConfigError, DataError: members that cannot share a population, data that cannot work.
@@ -359,7 +360,7 @@ def fit_population(
     if resume not in (False, True):
         raise ConfigError(f"resume={resume!r} must be False (new runs) or True (continue the population)")
     if adapt is not None:
-        _check_adaptive(members, resume)
+        _check_adaptive(members)
     joint = _Joint(formulation, members, loss_fn, preprocess, augment, numbers_in_state=adapt is not None)
     spec = Specification(members, loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, console,
                          joint=joint)
@@ -375,17 +376,14 @@ def fit_population(
             crew = _Members(assembly.lead, runners, joint.form, assembly.shown)
             if adapt is not None:
                 assert assembly.join is not None  # a population's assembly joins new members
-                crew.adaptive = _Adaptive(adapt, assembly.join, crew, every)
+                crew.adaptive = _Adaptive(adapt, assembly.join, crew, every, joint.initial)
             train(assembly.lead, crew, assembly.signals)
     return [r.fitted() for r in every]
 
 
-def _check_adaptive(members: Sequence[Member], resume: bool) -> None:
-    """Refuses what an adaptive population cannot do: a resume (not yet), a member with its own
-    optimizer or the exponential schedule (the numbers must be inputs of the program)."""
-    if resume:
-        raise ConfigError("fit_population(adapt=...) does not resume yet; start the population again "
-                          "(resume=False) in new run directories")
+def _check_adaptive(members: Sequence[Member]) -> None:
+    """Refuses what an adaptive population cannot do: a member with its own optimizer or the
+    exponential schedule (the numbers must be inputs of the program)."""
     for i, m in enumerate(members):
         if m.optimizer is not None:
             raise ConfigError(f"member {i} brings its own optimizer; an adaptive population takes each member's "
@@ -400,16 +398,17 @@ class _Adaptive:
     slots `adapt` names take new runs; their states are changed on the host and put back as the
     program's arrays were placed, so nothing compiles."""
 
-    def __init__(self, adapt: Adapt, join: Callable[..., Any], crew: "_Members", every: list[_Runner]):
+    def __init__(self, adapt: Adapt, join: Callable[..., Any], crew: "_Members", every: list[_Runner],
+                 initial: list[TrainState]):
         self.adapt, self.join, self.crew, self.every = adapt, join, crew, every
         self.stacked = isinstance(crew.form, _Stacked)
-        members = crew.shared.state.members
-        host = jax.device_get(members)  # the initial states, before the first call donates them
-        self.fresh = [_row(host, i, self.stacked) for i in range(len(crew.runners))]
+        self.fresh = initial  # each slot's initial state (a resumed population's too), on the host
 
     def refill(self, epoch: int) -> None:
         crew = self.crew
         runners = crew.runners
+        for _, runner in crew.live():  # the epoch's saves are on the disk before anything is decided (a resume's
+            _wait_saves(runner.run)    # point: the slots' runs as the last decision left them, each saved there)
         slots = [Slot(i, r.member, r.status, tuple(r.run.loop.history), r.joined) for i, r in enumerate(runners)]
         refills: list[Refill] = list(self.adapt(epoch, slots))
         if not refills:
@@ -446,8 +445,34 @@ class _Adaptive:
             run = _member(self.join(refill.member, state, loop))
             runner = _Runner(run, refill.member.model, about, member=refill.member, joined=epoch)
             run.each("on_start")
+            _save_joined(run)
+            _wait_saves(run)
             runners[refill.slot] = runner
             self.every.append(runner)
+
+
+def _wait_saves(run: _MemberRun) -> None:
+    """Waits until the run's checkpoint saves are written."""
+    from jaxtrain._src.hooks import CheckpointHook
+
+    for hook in run.hooks:
+        if isinstance(hook, CheckpointHook):
+            hook.ckpt.wait()
+
+
+def _save_joined(run: _MemberRun) -> None:
+    """A run that took a slot saves its state at once, at the step the others saved at as the epoch
+    ended: a resume then finds every slot's run at one step (as the end of the epoch it joined at)."""
+    from jaxtrain._src.hooks import CheckpointHook
+
+    hook = next((h for h in run.hooks if isinstance(h, CheckpointHook)), None)
+    if hook is None:
+        return
+    run.loop.position = run.feed.steps_per_epoch  # saved as the epoch's end: it resumes at the next one
+    try:
+        run.call(hook, "_save", None, "epoch")
+    finally:
+        run.loop.position = 0
 
 
 def _row(states: Any, i: int, stacked: bool) -> TrainState:
@@ -658,6 +683,7 @@ class _Joint:
                  augment: Augment | None, numbers_in_state: bool = False):
         self.asked, self.members, self.loss_fn = asked, members, loss_fn
         self.numbers_in_state = numbers_in_state  # adaptive: every member's numbers in its state, tuple too
+        self.initial: list[TrainState] = []
         self.preprocess, self.augment = preprocess, augment
         _formulation(asked, members, 1)  # a wrong formulation is refused before any directory is claimed
         self.form: Any = None
@@ -676,6 +702,9 @@ class _Joint:
                                  augment=self.augment, total_steps=total, layout=first.layout)
 
         programs = [program(runs[0]) if in_state else first] + [program(m) for m in runs[1:]]
+        # each member's initial state, before a resume restores over it or the first call donates it:
+        # what a slot refilled with fresh weights starts from (`_Adaptive`)
+        self.initial = [jax.device_get(p.state) for p in programs] if self.numbers_in_state else []
         self.form = form(programs)
         return programs
 

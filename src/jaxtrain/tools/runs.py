@@ -86,7 +86,7 @@ def train(recipe: Recipe, config: RecipeConfig, run_dir: str | os.PathLike | Non
 
 def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: Sequence[str | os.PathLike],
                      hooks: Sequence[Sequence[Hook]] = (), console: Console | None = None,
-                     adapt: Callable[..., Any] | None = None) -> list[FitResult]:
+                     adapt: Callable[..., Any] | None = None, resume: bool = False) -> list[FitResult]:
     """Trains one run of `recipe` per config, side by side as one population
     (`jaxtrain.fit_population`), each into its run directory; the workload (data, loss,
     preprocessing) is built once, from the first config, and each member's model from its own.
@@ -95,7 +95,8 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
 
     `adapt(epoch, slots, member_of)`: an adaptive population (`fit_population`'s `adapt`, with
     `member_of(config, run_dir, hooks)` making a new run's `Member` of the recipe); the results
-    then hold the refills' runs after the members'.
+    then hold the refills' runs after the members'. `resume`: continue the population in these run
+    directories (`fit_population`'s).
 
     Raises:
       ConfigError: a recipe whose runs carry hooks of their own (self-play), or configs that cannot
@@ -130,7 +131,7 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
         scheduler = None if adapt is None else (lambda epoch, slots: adapt(epoch, slots, member_of))
         return fit_population(members, w.loss_fn, w.train, w.val, preprocess=w.preprocess, augment=w.augment,
                               verbosity="silent" if console is None else "summary", console=console,
-                              adapt=scheduler)
+                              adapt=scheduler, resume=resume)
     finally:
         w.close()
 

@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import socket
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -98,7 +101,9 @@ def _report_class() -> type:
             value = record.get(self.objective)
             if value is None or not math.isfinite(value):
                 return
-            self.trial.report(value, run.epoch - self.offset)
+            with warnings.catch_warnings():  # a resumed population reports again the epochs after its checkpoint
+                warnings.filterwarnings("ignore", message="The reported value is ignored because")
+                self.trial.report(value, run.epoch - self.offset)
             if run.epoch >= run.config.epochs or not self.prune:
                 return
             if self._should_prune(run.epoch):
@@ -125,30 +130,37 @@ class _Scheduler:
     """The `adapt` of a sweep's population (`runs.train_population`)."""
 
     def __init__(self, job: Any, study: Any, entries: list[_Entry], budget: int, shared: Any, console: Console,
-                 label: str, beats: Any):
+                 label: str, beats: Any, first: int, asked: int, slot_ids: list[int]):
         self.job, self.study, self.entries, self.budget = job, study, entries, budget
         self.shared, self.console, self.label, self.beats = shared, console, label, beats
         self.holders = list(range(len(entries)))  # slot -> index of its entry
-        self.asked = len(entries)
-        self.first = entries[0].trial.number
+        self.asked = asked  # trials asked from the budget (PBT's copies are not)
+        self.first = first  # the population's first trial: its name in the study and PBT's seed
+        self.slot_ids = slot_ids  # a slot's place in the population as recorded (a resumed one may have fewer)
         self.every = pbt_every(job.config.epochs, job.pbt_every)
         self.Report = _report_class()
 
     def __call__(self, epoch: int, slots: Sequence[Any], member_of: Callable[..., Any]) -> list[Any]:
-        self._tell_pruned(slots)
+        self._tell_ended(slots)
         return self._halving(epoch, slots, member_of) if self.job.scheduler == "halving" else self._pbt(
             epoch, slots, member_of)
 
-    def _tell_pruned(self, slots: Sequence[Any]) -> None:
-        """Pruned trials are told now: the sampler's next ask learns from them."""
+    def _tell_ended(self, slots: Sequence[Any]) -> None:
+        """Trials whose run ended (pruned, diverged) are told now: the sampler's next ask learns from
+        them, and a resume finds only the slots' runs still training."""
         import optuna
 
         for slot in slots:
             entry = self.entries[self.holders[slot.index]]
-            if slot.status is not None and entry.report.pruned and not entry.told:
+            if slot.status is None or entry.told:
+                continue
+            entry.told = True
+            if entry.report.pruned:
                 self.study.tell(entry.trial, state=optuna.trial.TrialState.PRUNED)
-                entry.told = True
                 self.job.say(self.console, f"{entry.name}: pruned at epoch {len(slot.history) + slot.joined}")
+            else:
+                self.console.print(f"{entry.name}: {slot.status}")
+                self.study.tell(entry.trial, state=optuna.trial.TrialState.FAIL)
 
     def _below_rung(self, slots: Sequence[Any]) -> set[int]:
         """The live slots whose trial has just reached a rung (1, 2, 4, ... epochs trained) with its
@@ -194,8 +206,8 @@ class _Scheduler:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 self.budget = self.asked
                 continue
-            refills.append(Refill(slot.index, self._member(trial, prepared, epoch, member_of, prune=True),
-                                  reason=reason))
+            member = self._member(trial, prepared, epoch, member_of, prune=True, slot=slot.index, joined=epoch)
+            refills.append(Refill(slot.index, member, reason=reason))
             self.holders[slot.index] = len(self.entries) - 1
         return refills
 
@@ -218,36 +230,56 @@ class _Scheduler:
             parent = best[int(rng.integers(len(best)))]
             parent_entry = self.entries[self.holders[parent.index]]
             values = {s.name: _perturb(s, parent_entry.values[s.name], rng) for s in self.job.spaces}
-            trial = self._child(values, parent_entry.trial.number, epoch, slot.index)
+            trial = self._child(values, parent_entry.trial.number, epoch)
             prepared = self.job.prepare(trial, self.label, extra=True)
             assert prepared is not None  # a child is never surplus
             replaced = self.entries[self.holders[slot.index]]
             replaced.trial.set_user_attr("pbt_replaced_by", trial.number)
+            replaced.told = True  # its run ends here: complete, with its best value so far
+            self.study.tell(replaced.trial, _best_of(slot.history, objective, self.job.direction))
             self.job.say(self.console, f"{replaced.name}: replaced at epoch {epoch} by trial {trial.number}, a copy "
                          f"of trial {parent_entry.trial.number} with " + ", ".join(
                              f"{k}={_short(v)}" for k, v in values.items()))
-            refills.append(Refill(slot.index, self._member(trial, prepared, 0, member_of, prune=False),
-                                  parent=parent.index, reason=f"PBT: replaced by trial {trial.number}"))
+            member = self._member(trial, prepared, 0, member_of, prune=False, slot=slot.index, joined=epoch)
+            refills.append(Refill(slot.index, member, parent=parent.index, reason=f"PBT: replaced by trial "
+                                  f"{trial.number}"))
             self.holders[slot.index] = len(self.entries) - 1
         return refills
 
-    def _child(self, values: dict[str, Any], parent: int, epoch: int, slot: int) -> Any:
+    def _child(self, values: dict[str, Any], parent: int, epoch: int) -> Any:
         """A new running trial of the study with `values`, recording its parent."""
         import optuna
 
         distributions = {s.name: s.distribution() for s in self.job.spaces}
         frozen = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params=values,
                                            distributions=distributions,
-                                           user_attrs={"pbt_parent": parent, "pbt_epoch": epoch, "slot": slot})
+                                           user_attrs={"pbt_parent": parent, "pbt_epoch": epoch})
         trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=frozen)
         return optuna.Trial(self.study, trial_id)
 
-    def _member(self, trial: Any, prepared: Any, offset: int, member_of: Callable[..., Any], prune: bool) -> Any:
+    def _member(self, trial: Any, prepared: Any, offset: int, member_of: Callable[..., Any], prune: bool, slot: int,
+                joined: int) -> Any:
         values, config, run_dir, name = prepared
+        record(trial, self.first, self.slot_ids[slot], joined, offset)
         report = self.Report(trial, self.job.objective, self.shared, offset=offset, prune=prune)
         self.entries.append(_Entry(trial, values, config, run_dir, name, report))
         self.beats.add(trial)
         return member_of(config, run_dir, [report])
+
+
+def record(trial: Any, population: int, slot: int, joined: int, offset: int, budget: int | None = None) -> None:
+    """What a resume needs of a trial of an adaptive population: the population (its first
+    trial's number), the slot, the epoch it joined after, the offset of its reported epochs, and
+    (on the first trial) the trials the population may ask."""
+    attrs = {"population": population, "slot": slot, "joined_epoch": joined, "report_offset": offset}
+    for key, value in {**attrs, **({} if budget is None else {"population_budget": budget})}.items():
+        trial.set_user_attr(key, value)
+
+
+def _best_of(history: Sequence[dict[str, Any]], objective: str, direction: str) -> float:
+    from jaxtrain.tools.sweep import _best
+
+    return _best(list(history), objective, direction)
 
 
 def _is_rung(epochs: int) -> bool:
@@ -285,35 +317,162 @@ def run_adaptive(job: Any, study: Any, n: int, budget: int, console: Console, la
     """Asks `n` trials and trains them as one adaptive population (`job.scheduler`); halving asks
     more as slots free, up to `budget` trials in all. Tells every trial its result; returns the
     trials asked from the budget (PBT's copies are extra: they record the search's steps)."""
-    import warnings
-
     import optuna
 
-    from jaxtrain.tools import runs
-    from jaxtrain.tools.sweep import SweepStopped, _best, _Heartbeats, _retry, _StudyAtEpoch
+    from jaxtrain.tools.sweep import _StudyAtEpoch
 
     with warnings.catch_warnings():  # the trials' heartbeats are beaten below, as optimize beats its own
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
         trials = [study.ask() for _ in range(n)]
-    with _Heartbeats(study, trials, job.heartbeat) as beats:
-        others = study.get_trials(deepcopy=False)
-        shared = _StudyAtEpoch(study)
-        Report = _report_class()
-        entries: list[_Entry] = []
-        for trial in trials:
-            prepared = job.prepare(trial, label, others)
-            if prepared is None:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                continue
-            report = Report(trial, job.objective, shared, prune=job.scheduler == "halving")
-            entries.append(_Entry(trial, *prepared, report))
-        if not entries:
-            return n
-        scheduler = _Scheduler(job, study, entries, budget, shared, console, label, beats)
+    others = study.get_trials(deepcopy=False)
+    shared = _StudyAtEpoch(study)
+    Report = _report_class()
+    entries: list[_Entry] = []
+    for trial in trials:
+        prepared = job.prepare(trial, label, others)
+        if prepared is None:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        entries.append(_Entry(trial, *prepared, Report(trial, job.objective, shared, prune=job.scheduler == "halving")))
+    if not entries:
+        return n
+    first = entries[0].trial.number  # the population's name in the study
+    for slot, entry in enumerate(entries):
+        record(entry.trial, first, slot, 0, 0, budget if slot == 0 else None)
+    return _train(job, study, entries, budget, shared, console, label, first, n, list(range(len(entries))),
+                  resume=False)
+
+
+def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> int:
+    """Continues an adaptive population of this study whose process was killed (its running trials
+    were run on this host by a process that no longer exists), from the newest epoch every slot's
+    run saved, with the decisions it would have made: the slots' runs are the study's running trials
+    of the population, each resumed from its run directory; PBT's choices come from the seed, the
+    population and the epoch. A run whose summary was written before the kill is told its result;
+    one killed before its first save is failed and asked again. Returns the trials asked from the
+    budget after the resume (0: nothing to resume)."""
+    import optuna
+
+    from jaxtrain.engine import checkpoint_steps
+    from jaxtrain.tools.sweep import _retry, _StudyAtEpoch
+
+    states = optuna.trial.TrialState
+    running = [t for t in study.get_trials(deepcopy=False, states=(states.RUNNING,))
+               if "population" in t.user_attrs and _orphaned(t.user_attrs.get("worker", ""))]
+    if not running:
+        return 0
+    first = min(t.user_attrs["population"] for t in running)
+    ours = sorted((t for t in running if t.user_attrs["population"] == first), key=lambda t: t.user_attrs["slot"])
+    holders = []
+    for t in ours:
+        run_dir = Path(t.user_attrs["run_dir"])
+        if (run_dir / "summary.json").is_file():  # it ended before the kill, untold
+            _tell_from_files(study, t, run_dir, job)
+        elif not checkpoint_steps(run_dir / "checkpoints"):
+            _retry(study, t, "its population was killed before it saved", fail=True)
+        else:
+            holders.append(t)
+    if not holders:
+        return 0
+    _drop_after_common_step([Path(t.user_attrs["run_dir"]) for t in holders])
+    job.say(console, f"{label}resuming the adaptive population of trial {first} ({job.scheduler}): trials "
+            + ", ".join(str(t.number) for t in holders))
+    trials = study.get_trials(deepcopy=False)
+    budget = trials[first].user_attrs["population_budget"]
+    asked = sum(t.user_attrs.get("population") == first and "pbt_parent" not in t.user_attrs for t in trials)
+    shared = _StudyAtEpoch(study)
+    Report = _report_class()
+    entries = []
+    for frozen in holders:
+        trial = optuna.Trial(study, frozen._trial_id)
+        trial.set_user_attr("worker", _owner())
+        values = dict(frozen.params)
+        report = Report(trial, job.objective, shared, offset=frozen.user_attrs["report_offset"],
+                        prune=job.scheduler == "halving")
+        entries.append(_Entry(trial, values, trial_config(job, values), Path(frozen.user_attrs["run_dir"]),
+                              f"{label}trial {frozen.number}", report))
+    slot_ids = [t.user_attrs["slot"] for t in holders]
+    return _train(job, study, entries, budget, shared, console, label, first, asked, slot_ids, resume=True) - (
+        asked - len(entries))
+
+
+def _drop_after_common_step(run_dirs: Sequence[Path]) -> None:
+    """Removes the checkpoints a killed population's runs wrote after the newest step all of them
+    hold (the population continues from that step and writes them again, the same bits): a save
+    into a step that exists is refused."""
+    import shutil
+
+    from jaxtrain.engine import checkpoint_steps
+
+    held = [set(checkpoint_steps(d / "checkpoints")) for d in run_dirs]
+    common = max(set.intersection(*held), default=None)
+    if common is None:
+        return
+    for run_dir, steps in zip(run_dirs, held):
+        for step in sorted(s for s in steps if s > common):
+            shutil.rmtree(run_dir / "checkpoints" / str(step))
+
+
+def _orphaned(worker: str) -> bool:
+    """Whether `worker` ("host pid", `sweep._owner`) was a process of this host that has ended."""
+    host, _, pid = worker.rpartition(" ")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def _owner() -> str:
+    from jaxtrain.tools.sweep import _owner as owner
+
+    return owner()
+
+
+def trial_config(job: Any, values: dict[str, Any]) -> Any:
+    """The config a trial with `values` trains with (`_Job.prepare`'s)."""
+    from jaxtrain.tools.sweep import _alone, apply_values
+
+    return dataclasses.replace(apply_values(job.config, values), quiet=True, run_dir="", dist=_alone(job.config.dist))
+
+
+def _tell_from_files(study: Any, trial: Any, run_dir: Path, job: Any) -> None:
+    """Tells `trial` the result its run directory holds (a run that ended before its process was killed)."""
+    import json
+
+    import optuna
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    history = [r for r in rows if r.get("kind") == "epoch"]
+    if summary.get("status") in ("completed", "stopped early") and history:
+        if str(summary.get("stop_reason", "")).startswith("pruned"):
+            study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial.number, _best_of(history, job.objective, job.direction))
+    else:
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+
+
+def _train(job: Any, study: Any, entries: list[_Entry], budget: int, shared: Any, console: Console, label: str,
+           first: int, asked: int, slot_ids: list[int], resume: bool) -> int:
+    """Trains the population of `entries` (adapted by `job.scheduler`) and tells each trial its
+    result; returns the trials asked from the budget."""
+    import optuna
+
+    from jaxtrain.tools import runs
+    from jaxtrain.tools.sweep import SweepStopped, _best, _Heartbeats, _retry
+
+    with _Heartbeats(study, [e.trial for e in entries], job.heartbeat) as beats:
+        scheduler = _Scheduler(job, study, entries, budget, shared, console, label, beats, first, asked, slot_ids)
         t0 = time.perf_counter()
         try:
             results = runs.train_population(job.recipe, [e.config for e in entries], [e.run_dir for e in entries],
-                                            hooks=[[e.report] for e in entries], adapt=scheduler)
+                                            hooks=[[e.report] for e in entries], adapt=scheduler, resume=resume)
         except TrainingStopped as e:  # SIGTERM or Ctrl-C: the trials still running are asked again
             for entry in entries:
                 if not entry.told:

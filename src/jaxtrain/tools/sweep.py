@@ -761,6 +761,10 @@ class _Job:
         import optuna
 
         budget, waiting = self.trials - self._count(study, FINISHED), False
+        if self.population > 1 and self.scheduler != "none":  # a population killed on this host continues first
+            from jaxtrain.tools.schedulers import resume_interrupted
+
+            budget -= resume_interrupted(self, study, console, label)
         while budget > 0:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
