@@ -372,7 +372,7 @@ def _adaptive(config: SweepBenchConfig, console: Console) -> int:
             reached = [r for r in to_target[workload, arm] if r is not None]
             share = statistics.median(reached) / base if len(reached) * 2 > len(to_target[workload, arm]) else None
             verdict = "met" if share is not None and share <= ADAPTIVE_TARGET else "missed"
-            console.print(f"{workload} {arm}: reaches the one-at-a-time sweep's best in "
-                          + ("never" if share is None else f"{share:.2f}") + f" of its wall time; target ≤ 1/3: "
+            reaches = "never reaches it" if share is None else f"reaches it in {share:.2f} of that sweep's wall time"
+            console.print(f"{workload} {arm}: the one-at-a-time sweep's best val_loss: {reaches}; target ≤ 1/3: "
                           f"{verdict}")
     return 0

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -423,7 +423,8 @@ class _Adaptive:
         states: dict[int, TrainState] = {}
         for refill in refills:  # every parent as the epoch ended, before any slot changes
             if refill.parent is None:  # fresh: the initial weights and optimizer state, at the population's step
-                source = self.fresh[refill.slot]._replace(step=np.asarray(shared.step, np.int32))
+                step = cast(jax.Array, np.asarray(shared.step, np.int32))  # a host array: put_slot places it
+                source = self.fresh[refill.slot]._replace(step=step)
             else:
                 source = _row(host, refill.parent, self.stacked)
             states[refill.slot] = with_numbers(source, refill.member.config.optim)
@@ -605,9 +606,9 @@ class _Members:
         for _, r in self.live():
             if r.run.stop_reason is not None:
                 r.end("stopped early", others_train=True)
+        _print_epoch(self.console, record["epoch"], self.shared.config.epochs, self.runners)
         if self.adaptive is not None and record["epoch"] < self.shared.config.epochs:
             self.adaptive.refill(record["epoch"])
-        _print_epoch(self.console, record["epoch"], self.shared.config.epochs, self.runners)
         return self.training
 
     def end(self, status: str) -> None:

@@ -333,7 +333,9 @@ def run_adaptive(job: Any, study: Any, n: int, budget: int, console: Console, la
         if prepared is None:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
-        entries.append(_Entry(trial, *prepared, Report(trial, job.objective, shared, prune=job.scheduler == "halving")))
+        values, config, run_dir, name = prepared
+        report = Report(trial, job.objective, shared, prune=job.scheduler == "halving")
+        entries.append(_Entry(trial, values, config, run_dir, name, report))
     if not entries:
         return n
     first = entries[0].trial.number  # the population's name in the study
