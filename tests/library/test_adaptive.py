@@ -86,6 +86,3 @@ def test_what_a_slot_cannot_take_is_one_line(tmp_path):
                             (Refill(5, holder), "slots are 0 to 1")):
         with pytest.raises(ConfigError, match=message):
             check_refill(refill, 2, holder, shared_settings)
-    members = [Member(small_mlp(i), config(1e-3), run_dir=tmp_path / f"m{i}") for i in range(2)]
-    with pytest.raises(ConfigError, match="does not resume yet"):
-        fit_population(members, mse, DATA, VAL, verbosity="silent", resume=True, adapt=lambda e, s: [])

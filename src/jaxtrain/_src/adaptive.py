@@ -27,7 +27,7 @@ from jaxtrain._src.errors import ConfigError
 from jaxtrain._src.optim import ValuesState, optimizer_structure
 from jaxtrain._src.state import TrainState
 
-__all__ = ["Adapt", "Refill", "Slot", "check_refill", "put_slot", "with_numbers"]
+__all__ = ["Adapt", "Refill", "Slot", "check_refill", "is_key", "put_slot", "with_numbers"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +87,12 @@ def put_slot(members: Any, slot: int, state: TrainState, stacked: bool) -> Any:
     were (the program's shardings: the compiled calls take them as they are)."""
     if not stacked:
         old = members[slot]
-        new = jax.tree.map(lambda n, o: o if _is_key(o) else jax.device_put(np.asarray(n, o.dtype), o.sharding),
+        new = jax.tree.map(lambda n, o: o if is_key(o) else jax.device_put(np.asarray(n, o.dtype), o.sharding),
                            state, old)
         return tuple(new if i == slot else m for i, m in enumerate(members))
 
     def put(o: jax.Array, n: Any) -> jax.Array:
-        if _is_key(o):  # the step key comes from the seed, which members share: every slot's is the same
+        if is_key(o):  # the step key comes from the seed, which members share: every slot's is the same
             return o
         host = np.array(o)  # a copy of the stacked leaf; its row `slot` replaced
         host[slot] = np.asarray(n, host.dtype)
@@ -101,7 +101,8 @@ def put_slot(members: Any, slot: int, state: TrainState, stacked: bool) -> Any:
     return jax.tree.map(put, members, state)
 
 
-def _is_key(x: Any) -> bool:
+def is_key(x: Any) -> bool:
+    """Whether `x` is an array of typed PRNG keys."""
     return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
-from jaxtrain._src.adaptive import Adapt, Refill, Slot, check_refill, put_slot, with_numbers
+from jaxtrain._src.adaptive import Adapt, Refill, Slot, check_refill, is_key, put_slot, with_numbers
 from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.checks import check_path_length
@@ -437,11 +437,14 @@ class _Adaptive:
         for slot, state in states.items():
             members = put_slot(members, slot, state, self.stacked)
         shared.state = shared.state._replace(members=members)
+        # the new runs' states as placed on the device, as every member's reads (a save of host arrays would
+        # compile its copy program again for them)
+        placed = _Unstacked(crew.form, crew.form.kept(members))
         for refill in refills:
             parent = None if refill.parent is None else runners[refill.parent].run.run_dir
             about = {**runners[0].population, "slot": refill.slot, "joined_epoch": epoch,
                      "parent": None if parent is None else str(parent)}
-            state = states[refill.slot]
+            state = placed[refill.slot]
             loop = LoopState(epoch=epoch, position=0, feed=shared.feed.get_state())
             run = _member(self.join(refill.member, state, loop))
             runner = _Runner(run, refill.member.model, about, member=refill.member, joined=epoch)
@@ -477,8 +480,10 @@ def _save_joined(run: _MemberRun) -> None:
 
 
 def _row(states: Any, i: int, stacked: bool) -> TrainState:
-    """Member `i`'s state of the population's host `states` (a tuple, or stacked)."""
-    return jax.tree.map(lambda x: x[i], states) if stacked else states[i]
+    """Member `i`'s state of the population's host `states` (a tuple, or stacked). The step key, a
+    JAX array still (a typed key), is left whole: slots keep their own (`adaptive.put_slot`), and
+    indexing it would compile a program."""
+    return jax.tree.map(lambda x: x if is_key(x) else x[i], states) if stacked else states[i]
 
 
 def _member(run: Run[TrainState]) -> _MemberRun:
