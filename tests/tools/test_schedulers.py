@@ -76,3 +76,4 @@ def test_what_cannot_adapt_is_one_line(tmp_path, capsys):
         assert cli.main(["sweep", "mlp-regression", *FLAGS, *args, "--trials", "4", "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
