@@ -340,11 +340,13 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         (`jaxtrain.fit_population`); those whose values change more than the optimizer's settings
         (a model's width, the batch size) are grouped with the trials they share the rest with. At
         most `MAX_POPULATION`; from `MEASURED_POPULATION` up, the members' states must fit the device.
-      scheduler: "none" (a population is fixed for its life), "halving" (a slot whose trial the pruner
-        stops takes the sampler's next trial) or "pbt" (Population Based Training: every `pbt_every`
-        epochs the worst quarter copy the best quarter's weights with perturbed numbers, each copy a
-        trial recording its parent); the slots change without compiling again (`tools/schedulers.py`).
-        The space may then search the optimizer's numbers only.
+      scheduler: "none" (a population is fixed for its life), "halving" (successive halving at rungs
+        of 1, 2, 4, ... epochs, and the pruner: a pruned trial's slot takes the sampler's next trial,
+        up to `trials`) or "pbt" (Population Based Training: every `pbt_every` epochs the worst quarter
+        copy the best quarter's weights with perturbed numbers, each copy an extra trial recording its
+        parent); the slots change without compiling again, and a population killed on this host
+        continues when the command runs again (`tools/schedulers.py`). The space may then search the
+        optimizer's numbers only.
       pbt_every: epochs between PBT's steps (0: a quarter of the epochs, at least 1).
 
     Raises:
