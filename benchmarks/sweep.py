@@ -20,6 +20,17 @@ Part `lr`: for each case (a recipe with fixed settings; the last cases were not 
 the suggestion's rule was chosen) a sweep of `--lr-trials` trials over the learning rate alone
 (TPE, median pruning) and the range test `tune lr` on the same settings; the figure is the
 factor between the suggestion and the sweep's best rate (target ≤ 3×).
+
+Part `adaptive`: the best val loss each way of sweeping reaches and when, on one budget of trials:
+`sequential` (one trial at a time), `population` (a fixed population of P), `halving` and `pbt`
+(`--scheduler`, population P; halving refills the slots it prunes from a budget of 2P trials, its
+slots running no longer than the fixed population's; PBT's copies are extra trials by design).
+All draw from one wider range of learning rates with the random sampler and the same seed, so
+their first P trials draw the same rates; each arm is a whole command, interleaved over rounds.
+When a val loss was reached: its trial's start in the study plus the run's `elapsed_s` at that
+epoch (a population's trials counted from the population's first), from the command's start.
+The figure: the time each arm takes to reach the best val loss of the one-at-a-time sweep of the
+same round, as a share of that sweep's wall time (issue 62's target: ≤ 1/3 at P = 16).
 """
 
 from __future__ import annotations
@@ -59,6 +70,13 @@ WORKLOADS = {
     "mlp-regression": ["--data.samples", "8000", "--data.val-samples", "1000", "--epochs", "3"],
     "mnist-cnn": ["--data.limit", "3000", "--epochs", "2"],
 }
+ADAPTIVE = {  # longer than WORKLOADS' (rungs and PBT's steps need epochs), over a range wide enough to miss in
+    "mlp-regression": ["--data.samples", "8000", "--data.val-samples", "1000", "--epochs", "6"],
+    "mnist-cnn": ["--data.limit", "3000", "--epochs", "6"],
+}
+ADAPTIVE_SPACE = "optim.lr=loguniform:1e-5:3e-1"
+ADAPTIVE_ARMS = ("sequential", "population", "halving", "pbt")
+ADAPTIVE_TARGET = 1 / 3  # of the one-at-a-time sweep's wall time, to reach its best val loss
 QUICK = {
     "mlp-regression": ["--data.samples", "600", "--data.val-samples", "100", "--model.hidden", "16", "--epochs", "1"],
     "mnist-cnn": ["--data.limit", "300", "--epochs", "1"],
@@ -70,7 +88,8 @@ class SweepBenchConfig:
     """Settings of the sweep benchmark."""
 
     parts: tuple[str, ...] = ("trials", "lr")
-    """trials: trials per hour by mode; lr: tune lr against a sweep."""
+    """trials: trials per hour by mode; lr: tune lr against a sweep; adaptive: halving and PBT against one
+    trial at a time and a fixed population (best val loss against wall time)."""
     workloads: tuple[str, ...] = ("mlp-regression", "mnist-cnn")
     """Recipes swept (each with its small fixed settings above)."""
     modes: tuple[str, ...] = ("shell", "sequential", "workers", "population")
@@ -91,6 +110,10 @@ class SweepBenchConfig:
     """Trials of each lr part sweep."""
     lr_cases: tuple[str, ...] = tuple(LR_CASES)
     """The lr part's cases."""
+    adaptive_population: int = 16
+    """P of part adaptive (its trials: P, and 2P for halving)."""
+    arms: tuple[str, ...] = ADAPTIVE_ARMS
+    """Part adaptive's arms."""
     quick: bool = False
     """A cut-down run for smoke tests (1 round, 2 trials, tiny data)."""
 
@@ -160,7 +183,8 @@ def main(config: SweepBenchConfig) -> int:
     if config.quick:
         config = dataclasses.replace(config, rounds=1, trials=2, lr_trials=2, lr_cases=("mlp-regression",),
                                      populations=(2,))
-    for what, given, known in (("part", config.parts, ("trials", "lr")),
+    for what, given, known in (("part", config.parts, ("trials", "lr", "adaptive")),
+                               ("arm", config.arms, ADAPTIVE_ARMS),
                                ("mode", config.modes, MODES),
                                ("workload", config.workloads, tuple(WORKLOADS)),
                                ("case", config.lr_cases, tuple(LR_CASES))):
@@ -170,7 +194,8 @@ def main(config: SweepBenchConfig) -> int:
             return 2
     console = Console(highlight=False)
     code = _trials(config, console) if "trials" in config.parts else 0
-    return code or (_lr(config, console) if "lr" in config.parts else 0)
+    code = code or (_lr(config, console) if "lr" in config.parts else 0)
+    return code or (_adaptive(config, console) if "adaptive" in config.parts else 0)
 
 
 def _trials(config: SweepBenchConfig, console: Console) -> int:
@@ -253,4 +278,101 @@ def _lr(config: SweepBenchConfig, console: Console) -> int:
                           "met" if factor <= LR_FACTOR else "missed")
             console.print(f"{case}: sweep best {rate:.2e}, tune lr {suggestion:.2e}")
     console.print(table)
+    return 0
+
+
+def _adaptive_command(workload: str, arm: str, config: SweepBenchConfig, out: Path) -> list[str]:
+    """The sweep command of one arm of part adaptive."""
+    p = 4 if config.quick else config.adaptive_population
+    flags = [*(QUICK if config.quick else ADAPTIVE)[workload], *shlex.split(config.flags)]
+    if config.quick:
+        flags += ["--epochs", "2"]
+    command = [sys.executable, "-m", "jaxtrain", "sweep", workload, *flags, "--space", ADAPTIVE_SPACE, "--out",
+               str(out), "--sampler", "random", "--pruner", "none", "--quiet"]
+    if arm == "sequential":
+        return [*command, "--trials", str(p)]
+    if arm == "population":
+        return [*command, "--trials", str(p), "--population", str(p)]
+    trials = 2 * p if arm == "halving" else p
+    return [*command, "--trials", str(trials), "--population", str(p), "--scheduler", arm]
+
+
+def _reached(out: Path, arm: str, started: float) -> list[tuple[float, float]]:
+    """(seconds from the command's start, val_loss) of every epoch of every trial of the sweep in `out`."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    trials = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}").trials
+    first = min(t.datetime_start.timestamp() for t in trials if t.datetime_start)
+    points = []
+    for t in trials:
+        rows = out / f"trial-{t.number:04d}" / "metrics.jsonl"
+        if not rows.is_file() or t.datetime_start is None:
+            continue
+        base = t.datetime_start.timestamp() if arm == "sequential" else first
+        for line in rows.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("kind") == "epoch" and math.isfinite(row.get("val_loss", math.nan)):
+                points.append((base + row["elapsed_s"] - started, row["val_loss"]))
+    return sorted(points)
+
+
+def _adaptive(config: SweepBenchConfig, console: Console) -> int:
+    arms = list(config.arms)
+    if "sequential" not in arms:
+        arms.insert(0, "sequential")  # its best is the target
+    walls: dict[tuple[str, str], list[float]] = {}
+    bests: dict[tuple[str, str], list[float]] = {}
+    to_target: dict[tuple[str, str], list[float | None]] = {}
+    with tempfile.TemporaryDirectory(prefix="jaxtrain-bench-adaptive-") as tmp:
+        for round_ in range(1, config.rounds + 1):
+            for workload in config.workloads:
+                target = None
+                for arm in arms:
+                    out = Path(tmp) / f"{workload}-{arm}-{round_}"
+                    started, t0 = time.time(), time.perf_counter()
+                    done = subprocess.run(_adaptive_command(workload, arm, config, out), capture_output=True,
+                                          text=True)
+                    wall = time.perf_counter() - t0
+                    if done.returncode != 0:
+                        console.print(f"round {round_} {workload} {arm}: FAILED (exit {done.returncode}): "
+                                      f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+                        return 1
+                    points = _reached(out, arm, started)
+                    best = min(v for _, v in points)
+                    target = best if arm == "sequential" else target
+                    reach = next((t for t, v in points if v <= target), None) if target is not None else None
+                    for table, value in ((walls, wall), (bests, best), (to_target, reach)):
+                        table.setdefault((workload, arm), []).append(value)  # type: ignore[arg-type]
+                    console.print(f"round {round_} {workload} {arm}: {wall:.1f} s, best val_loss {best:.5g}, the "
+                                  f"sequential sweep's best reached "
+                                  + ("never" if reach is None else f"at {reach:.1f} s"))
+    p = 4 if config.quick else config.adaptive_population
+    table = Table(title=f"adaptive populations: P = {p}, {config.rounds} interleaved rounds, medians "
+                        f"({os.cpu_count()} CPU cores)")
+    for column in ("workload", "arm", "trials", "wall s", "best val_loss", "seq. best at s", "÷ seq. wall"):
+        table.add_column(column, justify="left" if column in ("workload", "arm") else "right")
+    for workload in config.workloads:
+        base = statistics.median(walls[workload, "sequential"])
+        for arm in arms:
+            reached = [r for r in to_target[workload, arm] if r is not None]
+            # an arm that missed the target in some round: its median counts those rounds as never
+            reach = statistics.median(reached) if len(reached) * 2 > len(to_target[workload, arm]) else None
+            trials = {"halving": f"{2 * p}", "pbt": f"{p} + copies"}.get(arm, str(p))
+            table.add_row(workload, arm, trials, f"{statistics.median(walls[workload, arm]):.1f}",
+                          f"{statistics.median(bests[workload, arm]):.5g}",
+                          "never" if reach is None else f"{reach:.1f}",
+                          "-" if reach is None else f"{reach / base:.2f}")
+    console.print(table)
+    for workload in config.workloads:
+        base = statistics.median(walls[workload, "sequential"])
+        for arm in ("halving", "pbt"):
+            if (workload, arm) not in to_target:
+                continue
+            reached = [r for r in to_target[workload, arm] if r is not None]
+            share = statistics.median(reached) / base if len(reached) * 2 > len(to_target[workload, arm]) else None
+            verdict = "met" if share is not None and share <= ADAPTIVE_TARGET else "missed"
+            reaches = "never reaches it" if share is None else f"reaches it in {share:.2f} of that sweep's wall time"
+            console.print(f"{workload} {arm}: the one-at-a-time sweep's best val_loss: {reaches}; target ≤ 1/3: "
+                          f"{verdict}")
     return 0

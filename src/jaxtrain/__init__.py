@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr__` imports the same
     from jaxtrain import data, distributed, hooks, metrics, models, remat
+    from jaxtrain._src.adaptive import Refill, Slot
     from jaxtrain._src.checkpoint import CheckpointError
     from jaxtrain._src.compile_cache import enable_compile_cache
     from jaxtrain._src.config import (
@@ -62,6 +63,8 @@ _HOMES = {
     "JaxtrainError": "jaxtrain._src.errors",
     "LambdaHook": "jaxtrain._src.hooks.base",
     "Member": "jaxtrain._src.population",
+    "Refill": "jaxtrain._src.adaptive",
+    "Slot": "jaxtrain._src.adaptive",
     "NonFiniteLossError": "jaxtrain._src.errors",
     "OptimConfig": "jaxtrain._src.config",
     "RESUMABLE": "jaxtrain._src.run_guard",
@@ -101,7 +104,9 @@ __all__ = [
     "NonFiniteLossError",
     "OptimConfig",
     "RESUMABLE",
+    "Refill",
     "RunView",
+    "Slot",
     "TrainConfig",
     "TrainState",
     "TrainingStopped",

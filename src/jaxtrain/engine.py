@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.models.attention import cudnn as cudnn_attention
     from jaxtrain._src.models.attention import heads_major as heads_major_attention
     from jaxtrain._src.models.gpt import sample as sample_gpt
+    from jaxtrain._src.optim import optimizer_structure
     from jaxtrain._src.population import PER_MEMBER
     from jaxtrain._src.predict import Forward, predict_batches
     from jaxtrain._src.probes import loop_body_counted_once
@@ -60,7 +61,7 @@ if TYPE_CHECKING:  # what type checkers and readers see; at run time `__getattr_
     from jaxtrain._src.report.profile_report import profile_lines
     from jaxtrain._src.report.run_dir import refuse_links
     from jaxtrain._src.rl.solver import solver_player
-    from jaxtrain._src.run_guard import RunGuard, lock_directory
+    from jaxtrain._src.run_guard import RunGuard, checkpoint_steps, lock_directory
     from jaxtrain._src.safe_files import atomic_write, check_target, refuse_same_file, remove_partials, write_text
     from jaxtrain._src.sharding import Layout, make_layout
     from jaxtrain._src.step import Augment, LossFn, Preprocess, make_evaluate
@@ -77,6 +78,8 @@ _HOMES = {
     "LossFn": ("jaxtrain._src.step", "LossFn"),
     "MAX_SEED": ("jaxtrain._src.config", "MAX_SEED"),
     "PER_MEMBER": ("jaxtrain._src.population", "PER_MEMBER"),
+    "optimizer_structure": ("jaxtrain._src.optim", "optimizer_structure"),
+    "checkpoint_steps": ("jaxtrain._src.run_guard", "checkpoint_steps"),
     "Preprocess": ("jaxtrain._src.step", "Preprocess"),
     "ProfileBudgetReached": ("jaxtrain._src.hooks.profile", "ProfileBudgetReached"),
     "Program": ("jaxtrain._src.program", "Program"),
@@ -174,6 +177,7 @@ __all__ = [
     "check_generate_arguments",
     "check_path_length",
     "check_target",
+    "checkpoint_steps",
     "command_cache_dir",
     "compiled_memory",
     "cudnn_attention",
@@ -198,6 +202,7 @@ __all__ = [
     "memory_lines",
     "missing_package",
     "model_summary",
+    "optimizer_structure",
     "plot_run",
     "predict_batches",
     "profile_lines",

@@ -58,3 +58,13 @@ def test_sweep_benchmark_quick_runs_both_parts(capsys):
     assert bench.main(bench.SweepBenchConfig(quick=True, modes=("parallel",))) == 2
     assert "unknown mode 'parallel'" in capsys.readouterr().err
 
+
+
+def test_the_adaptive_arms_share_one_space_and_sampler_and_halving_refills_from_twice_the_trials(tmp_path):
+    config = bench.SweepBenchConfig(parts=("adaptive",))
+    commands = {arm: bench._adaptive_command("mlp-regression", arm, config, tmp_path) for arm in bench.ADAPTIVE_ARMS}
+    value = lambda command, flag: command[command.index(flag) + 1] if flag in command else None  # noqa: E731
+    assert {arm: (value(c, "--trials"), value(c, "--population"), value(c, "--scheduler"))
+            for arm, c in commands.items()} == {"sequential": ("16", None, None), "population": ("16", "16", None),
+                                                 "halving": ("32", "16", "halving"), "pbt": ("16", "16", "pbt")}
+    assert len({(value(c, "--space"), value(c, "--sampler"), value(c, "--epochs")) for c in commands.values()}) == 1

@@ -10,24 +10,25 @@ import jaxtrain
 PUBLIC = {
     "CheckpointConfig", "CheckpointError", "ConfigError", "DataConfig", "DataError", "DistConfig",
     "EarlyStoppingConfig", "FitResult", "Hook", "JaxtrainError", "LambdaHook", "Member", "NonFiniteLossError",
-    "OptimConfig", "RESUMABLE", "RunView", "TrainConfig", "TrainState", "TrainingStopped", "build_optimizer",
-    "build_schedule", "data", "distributed", "enable_compile_cache", "evaluate", "export", "fit", "fit_population",
-    "hooks", "limit_free_heap", "load", "load_weights", "log_learning_rate", "metrics", "models", "predict", "remat",
-    "save_weights",
+    "OptimConfig", "RESUMABLE", "Refill", "RunView", "Slot", "TrainConfig", "TrainState", "TrainingStopped",
+    "build_optimizer", "build_schedule", "data", "distributed", "enable_compile_cache", "evaluate", "export", "fit",
+    "fit_population", "hooks", "limit_free_heap", "load", "load_weights", "log_learning_rate", "metrics", "models",
+    "predict", "remat", "save_weights",
 }
 ENGINE = {
     "Augment", "COMPILE_CACHE_ENV", "Checkpointer", "Forward", "GenerateResult", "Layout", "LossFn", "MAX_SEED",
     "PER_MEMBER", "Preprocess", "ProfileBudgetReached", "Program", "Run", "RunGuard", "RunHook", "RunOptions",
     "WORKLOADS", "abstract_batch", "argument", "atomic_write", "attention_path", "budget_bytes", "build_program",
     "check_export_directory", "check_export_platforms", "check_generate_arguments", "check_path_length",
-    "check_target", "command_cache_dir", "compiled_memory", "cudnn_attention", "device_description", "epoch_steps",
-    "evaluate_state", "flat_dict", "format_bytes", "from_dict", "from_spec", "hdf5_reason", "heads_major_attention",
-    "imports_outside_gc", "load_with_step", "lock_directory", "log_scale_with_plain_labels", "loop_body_counted_once",
-    "make_evaluate", "make_layout", "matmul_rate", "measure_matmul_rate", "memory_lines", "missing_package",
-    "model_summary", "plot_run", "predict_batches", "profile_lines", "read_config", "record_matmul_rate",
-    "refuse_links", "refuse_same_file", "regression_rows", "release_compiled_programs", "remove_partials",
-    "rendering", "require", "rows_text", "run", "sample_gpt", "save_figure", "setting", "solver_player",
-    "standard_matmul_size", "summary_lines", "to_dict", "to_spec", "write_text",
+    "check_target", "checkpoint_steps", "command_cache_dir", "compiled_memory", "cudnn_attention",
+    "device_description", "epoch_steps", "evaluate_state", "flat_dict", "format_bytes", "from_dict", "from_spec",
+    "hdf5_reason", "heads_major_attention", "imports_outside_gc", "load_with_step", "lock_directory",
+    "log_scale_with_plain_labels", "loop_body_counted_once", "make_evaluate", "make_layout", "matmul_rate",
+    "measure_matmul_rate", "memory_lines", "missing_package", "model_summary", "optimizer_structure", "plot_run",
+    "predict_batches", "profile_lines", "read_config", "record_matmul_rate", "refuse_links", "refuse_same_file",
+    "regression_rows", "release_compiled_programs", "remove_partials", "rendering", "require", "rows_text", "run",
+    "sample_gpt", "save_figure", "setting", "solver_player", "standard_matmul_size", "summary_lines", "to_dict",
+    "to_spec", "write_text",
 }
 
 

@@ -378,6 +378,7 @@ def test_a_population_sweep_groups_trials_by_shape_and_each_trial_reproduces_alo
     assert "one of a population of" in capsys.readouterr().out
     study = sweep.load_study(out)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 5  # 4 asked at once, then 1
+    assert not any("population" in t.user_attrs for t in study.trials)  # --scheduler none (default): fixed, as before
     summaries = {t.number: json.loads((out / f"trial-{t.number:04d}" / "summary.json").read_text())
                  for t in study.trials}
     first = [t for t in study.trials if t.number < 4]

@@ -24,7 +24,7 @@ import dataclasses
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import optax
@@ -139,6 +139,9 @@ class Assembly:
       finished: each run's summary when a resume found it finished, else None.
       shown: where the run's lines are printed (nowhere when silent, or off process 0).
       signals: the stop signals (SIGINT, SIGTERM) the loop polls.
+      join: for a population, `join(spec, state, loop)` claims a new member's run directory and
+        makes its `Run` (hooks included) on the population's program, for a slot that takes a new
+        run while the others train (`adaptive.Refill`); None for a lone run.
     """
 
     lead: Run[Any] | None
@@ -146,6 +149,7 @@ class Assembly:
     finished: list[dict[str, Any] | None]
     shown: Console
     signals: StopSignals
+    join: Callable[[RunSpec, TrainState, LoopState], Run[TrainState]] | None = None
 
 
 def printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, Console, bool]:
@@ -239,22 +243,41 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     member_calls, member_states = joint.member_calls(calls), joint.member_states(program.state)
     members: list[Run[TrainState]] = []
     summaries: dict[Any, dict[str, Any]] = {}
-    for i, (r, guard) in enumerate(zip(runs, guards)):
-        state = member_states[i] if finished[i] is None else states[i]
-        member = _run(kind, r.name, r.config, quiet, guard.path, program, feed, member_calls, state, loops[i],
-                      num_val=num_val, resumed_step=lead_step if guard.resume else None, t_start=t_start)
-        members.append(member)
-        if finished[i] is not None:
-            continue
+
+    def equip(member: Run[TrainState], r: RunSpec, checkpoint: CheckpointHook | None, path: Any,
+              saved_config: dict[str, Any], loop: LoopState) -> None:
+        """A member's model summary and hooks."""
         structure = (nnx.graphdef(r.model), tuple((x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(r.model))))
         if structure not in summaries:  # members of one structure (a sweep over numbers) share theirs
             summaries[structure] = summarise_model(r.model, spec.loss_fn, spec.train_data, spec.preprocess,
                                                    config.batch_size)
         member.model_summary = summaries[structure]
-        member.hooks = [_MemoryOf(memory), *run_hooks(r.config, r.hooks, joint.member_evaluation(), checkpoints[i],
-                                                      Hook(), guard.path if primary else None, saved[i], loops[i],
+        member.hooks = [_MemoryOf(memory), *run_hooks(r.config, r.hooks, joint.member_evaluation(), checkpoint,
+                                                      Hook(), path if primary else None, saved_config, loop,
                                                       plots=False)]
-    return Assembly(lead, members, finished, shown, signals)
+
+    for i, (r, guard) in enumerate(zip(runs, guards)):
+        state = member_states[i] if finished[i] is None else states[i]
+        member = _run(kind, r.name, r.config, quiet, guard.path, program, feed, member_calls, state, loops[i],
+                      num_val=num_val, resumed_step=lead_step if guard.resume else None, t_start=t_start)
+        members.append(member)
+        if finished[i] is None:
+            equip(member, r, checkpoints[i], guard.path, saved[i], loops[i])
+
+    def join(r: RunSpec, state: TrainState, loop: LoopState) -> Run[TrainState]:
+        """A run that takes a slot mid-population: its directory claimed (new), its hooks made."""
+        saved_config = {"recipe": r.name, **to_dict(r.saved_config or r.config)}
+        guard = stack.enter_context(RunGuard(r.run_dir, saved_config, resume=False, overwrite=False,
+                                             primary=primary))
+        guard.clear()
+        checkpoint = (CheckpointHook(guard.path / "checkpoints", r.config.checkpoint, r.name, saved_config, writer)
+                      if guard.path is not None and r.config.checkpoint.enabled else None)
+        member = _run(kind, r.name, r.config, quiet, guard.path, program, feed, member_calls, state, loop,
+                      num_val=num_val, t_start=t_start)
+        equip(member, r, checkpoint, guard.path, saved_config, loop)
+        return member
+
+    return Assembly(lead, members, finished, shown, signals, join)
 
 
 def _restore(guards: list[RunGuard], checkpoints: list[CheckpointHook | None], programs: list[Program], feed: Feed,

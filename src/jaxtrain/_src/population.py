@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 from rich.console import Console
 
+from jaxtrain._src.adaptive import Adapt, Refill, Slot, check_refill, is_key, put_slot, with_numbers
 from jaxtrain._src.assembly import RunSpec, Specification, assemble
 from jaxtrain._src.checkpoint import CheckpointError
 from jaxtrain._src.checks import check_path_length
@@ -42,13 +43,14 @@ from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.errors import ConfigError, NonFiniteLossError
 from jaxtrain._src.hooks import Run, RunHook
 from jaxtrain._src.loop import FitResult
+from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.state import TrainState
 from jaxtrain._src.step import Augment, LossFn, Preprocess
 from jaxtrain._src.training import FAILURES, finish, train
 
-__all__ = ["Member", "PopulationState", "fit_population", "shared_settings"]
+__all__ = ["Member", "PopulationState", "Refill", "Slot", "fit_population", "shared_settings"]
 
 PER_MEMBER = ("optim", "checkpoint", "early_stopping", "tensorboard", "track", "log_every", "on_nan")
 """`TrainConfig` fields members may set each their own way; the rest they share with the feed."""
@@ -265,6 +267,8 @@ class _Runner:
     population: dict[str, Any]  # the summary's "population": members and formulation
     status: str | None = None  # set once the member's run has ended
     result: FitResult | None = None
+    member: Any = None  # its `Member` (an adaptive population's `Slot` shows it)
+    joined: int = 0  # the epoch after which it took its slot (0: from the start)
 
     @property
     def validation(self) -> _Validation:
@@ -311,6 +315,7 @@ def fit_population(
     console: Console | None = None,
     formulation: str = "auto",
     resume: bool = False,
+    adapt: Adapt | None = None,
 ) -> list[FitResult]:
     """Trains every member on the same data as one compiled program; returns a `FitResult` each.
 
@@ -340,6 +345,16 @@ def fit_population(
         for bit in the tuple formulation). Members that had ended stay as they ended. Members with
         no common step (killed before their first save point was written by all) start over, their
         earlier files moved aside to `previous-N/`. False: the run directories must be new.
+      adapt: an adaptive population: `adapt(epoch, slots)` is called at each epoch's end but the
+        last with every slot's `Slot` (its run, status, history) and returns `Refill`s: a slot's
+        run ends (if it still trains) and a new `Member` (its own run directory) trains in the slot
+        from the next epoch, with fresh weights (the population's initial ones) or a copy of
+        another slot's weights and optimizer state, and its own optimizer numbers, without
+        compiling again (the numbers are inputs of the program: `optim.with_values`, in either
+        formulation). Successive halving and PBT are such callables (`jaxtrain sweep
+        --scheduler`). The result then holds every run, the members first, then the refills in
+        the order they joined. A run that takes a slot saves a checkpoint at once, so a resume
+        (`resume=True` with the slots' runs at the time as `members`) continues every slot from one step.
 
     Raises:
       ConfigError, DataError: members that cannot share a population, data that cannot work.
@@ -350,19 +365,131 @@ def fit_population(
         raise ConfigError(f"verbosity={verbosity!r} must be summary or silent")
     if resume not in (False, True):
         raise ConfigError(f"resume={resume!r} must be False (new runs) or True (continue the population)")
-    joint = _Joint(formulation, members, loss_fn, preprocess, augment)
+    if adapt is not None:
+        _check_adaptive(members)
+    joint = _Joint(formulation, members, loss_fn, preprocess, augment, numbers_in_state=adapt is not None)
     spec = Specification(members, loss_fn, train_data, val_data, preprocess, augment, resume, verbosity, console,
                          joint=joint)
     with contextlib.ExitStack() as stack:
         assembly = assemble(spec, stack)
         about = {"members": len(members), "formulation": joint.form.name}
-        runners = [_Runner(_member(run), m.model, about) for run, m in zip(assembly.runs, members)]
+        runners = [_Runner(_member(run), m.model, about, member=m) for run, m in zip(assembly.runs, members)]
         for runner, ended in zip(runners, assembly.finished):
             if ended is not None:  # it ended before the population stopped: it stays as it ended
                 runner.close(ended)
+        every = list(runners)  # the members, then (adaptive) the runs that took their slots
         if assembly.lead is not None:
-            train(assembly.lead, _Members(assembly.lead, runners, joint.form, assembly.shown), assembly.signals)
-    return [r.fitted() for r in runners]
+            crew = _Members(assembly.lead, runners, joint.form, assembly.shown)
+            if adapt is not None:
+                assert assembly.join is not None  # a population's assembly joins new members
+                crew.adaptive = _Adaptive(adapt, assembly.join, crew, every, joint.initial)
+            train(assembly.lead, crew, assembly.signals)
+    return [r.fitted() for r in every]
+
+
+def _check_adaptive(members: Sequence[Member]) -> None:
+    """Refuses what an adaptive population cannot do: a member with its own optimizer or the
+    exponential schedule (the numbers must be inputs of the program)."""
+    for i, m in enumerate(members):
+        if m.optimizer is not None:
+            raise ConfigError(f"member {i} brings its own optimizer; an adaptive population takes each member's "
+                              "from config.optim (its numbers are inputs of the program): give none")
+        if m.config.optim.schedule == "exponential":
+            raise ConfigError(f"member {i}: the exponential schedule checks its rates in Python, so its numbers "
+                              "cannot be inputs of the program; choose another schedule for an adaptive population")
+
+
+class _Adaptive:
+    """An adaptive population's refills (`fit_population(adapt=...)`): at an epoch's end, the
+    slots `adapt` names take new runs; their states are changed on the host and put back as the
+    program's arrays were placed, so nothing compiles."""
+
+    def __init__(self, adapt: Adapt, join: Callable[..., Any], crew: "_Members", every: list[_Runner],
+                 initial: list[TrainState]):
+        self.adapt, self.join, self.crew, self.every = adapt, join, crew, every
+        self.stacked = isinstance(crew.form, _Stacked)
+        self.fresh = initial  # each slot's initial state (a resumed population's too), on the host
+
+    def refill(self, epoch: int) -> None:
+        crew = self.crew
+        runners = crew.runners
+        for _, runner in crew.live():  # the epoch's saves are on the disk before anything is decided (a resume's
+            _wait_saves(runner.run)    # point: the slots' runs as the last decision left them, each saved there)
+        slots = [Slot(i, r.member, r.status, tuple(r.run.loop.history), r.joined) for i, r in enumerate(runners)]
+        refills: list[Refill] = list(self.adapt(epoch, slots))
+        if not refills:
+            return
+        if len({r.slot for r in refills}) != len(refills):
+            raise ConfigError(f"adapt named a slot twice at epoch {epoch}; give each slot one refill")
+        for refill in refills:
+            holder = runners[refill.slot].member if 0 <= refill.slot < len(runners) else None
+            check_refill(refill, len(runners), holder or runners[0].member, shared_settings)
+        shared = crew.shared
+        host = jax.device_get(shared.state.members) if any(r.parent is not None for r in refills) else None
+        states: dict[int, TrainState] = {}
+        for refill in refills:  # every parent as the epoch ended, before any slot changes
+            if refill.parent is None:  # fresh: the initial weights and optimizer state, at the population's step
+                step = cast(jax.Array, np.asarray(shared.step, np.int32))  # a host array: put_slot places it
+                source = self.fresh[refill.slot]._replace(step=step)
+            else:
+                source = _row(host, refill.parent, self.stacked)
+            states[refill.slot] = with_numbers(source, refill.member.config.optim)
+        for refill in refills:
+            runner = runners[refill.slot]
+            if runner.status is None:
+                runner.run.stop_reason = refill.reason
+                runner.end("stopped early")  # its arrays leave the program's state below: nothing to copy
+        members = shared.state.members
+        for slot, state in states.items():
+            members = put_slot(members, slot, state, self.stacked)
+        shared.state = shared.state._replace(members=members)
+        # the new runs' states as placed on the device, as every member's reads (a save of host arrays would
+        # compile its copy program again for them)
+        placed = _Unstacked(crew.form, crew.form.kept(members))
+        for refill in refills:
+            parent = None if refill.parent is None else runners[refill.parent].run.run_dir
+            about = {**runners[0].population, "slot": refill.slot, "joined_epoch": epoch,
+                     "parent": None if parent is None else str(parent)}
+            state = placed[refill.slot]
+            loop = LoopState(epoch=epoch, position=0, feed=shared.feed.get_state())
+            run = _member(self.join(refill.member, state, loop))
+            runner = _Runner(run, refill.member.model, about, member=refill.member, joined=epoch)
+            run.each("on_start")
+            _save_joined(run)
+            _wait_saves(run)
+            runners[refill.slot] = runner
+            self.every.append(runner)
+
+
+def _wait_saves(run: _MemberRun) -> None:
+    """Waits until the run's checkpoint saves are written."""
+    from jaxtrain._src.hooks import CheckpointHook
+
+    for hook in run.hooks:
+        if isinstance(hook, CheckpointHook):
+            hook.ckpt.wait()
+
+
+def _save_joined(run: _MemberRun) -> None:
+    """A run that took a slot saves its state at once, at the step the others saved at as the epoch
+    ended: a resume then finds every slot's run at one step (as the end of the epoch it joined at)."""
+    from jaxtrain._src.hooks import CheckpointHook
+
+    hook = next((h for h in run.hooks if isinstance(h, CheckpointHook)), None)
+    if hook is None:
+        return
+    run.loop.position = run.feed.steps_per_epoch  # saved as the epoch's end: it resumes at the next one
+    try:
+        run.call(hook, "_save", None, "epoch")
+    finally:
+        run.loop.position = 0
+
+
+def _row(states: Any, i: int, stacked: bool) -> TrainState:
+    """Member `i`'s state of the population's host `states` (a tuple, or stacked). The step key, a
+    JAX array still (a typed key), is left whole: slots keep their own (`adaptive.put_slot`), and
+    indexing it would compile a program."""
+    return jax.tree.map(lambda x: x if is_key(x) else x[i], states) if stacked else states[i]
 
 
 def _member(run: Run[TrainState]) -> _MemberRun:
@@ -435,6 +562,8 @@ class _Members:
     The shared run (the population's) hears the events first: its evaluation computes every
     member's validation metrics at once."""
 
+    adaptive: _Adaptive | None = None  # an adaptive population's refills
+
     def __init__(self, shared: Run[PopulationState], runners: list[_Runner], form: Any, console: Console):
         self.shared, self.runners, self.form, self.console = shared, runners, form, console
         self.transfers = _Transfers(lambda: {i for i, _ in self.live()})
@@ -489,6 +618,8 @@ class _Members:
             if r.run.stop_reason is not None:
                 r.end("stopped early", others_train=True)
         _print_epoch(self.console, record["epoch"], self.shared.config.epochs, self.runners)
+        if self.adaptive is not None and record["epoch"] < self.shared.config.epochs:
+            self.adaptive.refill(record["epoch"])
         return self.training
 
     def end(self, status: str) -> None:
@@ -561,8 +692,10 @@ class _Joint:
     once the first program has made the layout, combines the members' programs and states."""
 
     def __init__(self, asked: str, members: Sequence[Member], loss_fn: LossFn, preprocess: Preprocess | None,
-                 augment: Augment | None):
+                 augment: Augment | None, numbers_in_state: bool = False):
         self.asked, self.members, self.loss_fn = asked, members, loss_fn
+        self.numbers_in_state = numbers_in_state  # adaptive: every member's numbers in its state, tuple too
+        self.initial: list[TrainState] = []
         self.preprocess, self.augment = preprocess, augment
         _formulation(asked, members, 1)  # a wrong formulation is refused before any directory is claimed
         self.form: Any = None
@@ -573,12 +706,17 @@ class _Joint:
         form = _formulation(self.asked, runs, first.layout.num_devices)
         total = first.total_steps
 
+        in_state = form is _Stacked or self.numbers_in_state
+
         def program(m: RunSpec) -> Program:  # stacked: every number in the state, betas too (one vmapped update)
-            tx = with_values(m.config.optim, total) if form is _Stacked else m.optimizer
+            tx = with_values(m.config.optim, total) if in_state else m.optimizer
             return build_program(m.model, self.loss_fn, m.config, optimizer=tx, preprocess=self.preprocess,
                                  augment=self.augment, total_steps=total, layout=first.layout)
 
-        programs = [first if form is _Tuple else program(runs[0])] + [program(m) for m in runs[1:]]
+        programs = [program(runs[0]) if in_state else first] + [program(m) for m in runs[1:]]
+        # each member's initial state, before a resume restores over it or the first call donates it:
+        # what a slot refilled with fresh weights starts from (`_Adaptive`)
+        self.initial = [jax.device_get(p.state) for p in programs] if self.numbers_in_state else []
         self.form = form(programs)
         return programs
 

@@ -524,7 +524,7 @@ the learning-rate range test: `jaxtrain tune lr --help` ({LR_USAGE.removeprefix(
 SWEEP_USAGE = ("usage: jaxtrain sweep RECIPE [--preset NAME] [TRAIN FLAGS] --space NAME=KIND:ARGS ... --trials N "
                "--out DIR [--storage URL] [--study NAME] [--objective val_loss] [--direction min|max] "
                "[--sampler tpe|random] [--pruner median|hyperband|none] [--seed S] [--workers W] [--heartbeat S] "
-               "[--population P]; "
+               "[--population P [--scheduler none|halving|pbt] [--pbt-every N]]; "
                "jaxtrain sweep report DIR")
 
 
@@ -553,6 +553,12 @@ def _sweep(args: Sequence[str]) -> int:
                            (trials that differ in more than the optimizer's settings, such as a
                            model's width, are grouped with those they share the rest with; at most
                            1024, and from 64 up the members' states must fit the device's memory)
+  --scheduler halving|pbt  adapt the population without compiling again (the space over the
+                           optimizer's numbers only): halving refills a slot the pruner stops with
+                           the sampler's next trial (fresh weights); pbt, every --pbt-every N epochs
+                           (default a quarter of them), copies the best quarter's weights and
+                           optimizer state into the worst quarter with perturbed numbers (x0.8/x1.2,
+                           or drawn anew), each copy a trial that records its parent. Default none
   jaxtrain sweep report DIR [--study NAME] [--storage URL]: the trials table, the best trial's
   command, parameter importances and plots (history, parallel coordinates, slices) in DIR""")
         return 0
@@ -593,6 +599,8 @@ def _sweep(args: Sequence[str]) -> int:
     workers = _number(rest, "--workers", int, 1)
     heartbeat = _number(rest, "--heartbeat", int, 10)
     population = _number(rest, "--population", int, 1)
+    _, scheduler = _pop_option(rest, "--scheduler")
+    pbt_every = _number(rest, "--pbt-every", int, 0)
     if direction not in (None, "min", "max"):
         raise ConfigError(f"--direction {direction}: choose min or max")
     flags = list(rest)
@@ -600,7 +608,8 @@ def _sweep(args: Sequence[str]) -> int:
     study = sweep.sweep(recipe, config, spaces, trials, out, storage=storage, study=study_name,
                         objective=objective or "val_loss", direction="maximize" if direction == "max" else "minimize",
                         sampler=sampler or "tpe", pruner=pruner or "median", seed=seed, flags=flags, workers=workers,
-                        heartbeat=heartbeat, population=population, console=console)
+                        heartbeat=heartbeat, population=population, scheduler=scheduler or "none",
+                        pbt_every=pbt_every, console=console)
     if config.verbosity == "silent":
         return 0
     if config.quiet or config.verbosity == "result":  # the result alone: no table, no hint

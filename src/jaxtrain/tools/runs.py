@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import optax
@@ -109,12 +109,18 @@ def process_start() -> float:
 
 
 def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: Sequence[str | os.PathLike],
-                     hooks: Sequence[Sequence[Hook]] = (), console: Console | None = None) -> list[FitResult]:
+                     hooks: Sequence[Sequence[Hook]] = (), console: Console | None = None,
+                     adapt: Callable[..., Any] | None = None, resume: bool = False) -> list[FitResult]:
     """Trains one run of `recipe` per config, side by side as one population
     (`jaxtrain.fit_population`), each into its run directory; the workload (data, loss,
     preprocessing) is built once, from the first config, and each member's model from its own.
     The configs may differ only where members of a population may (their optimizer settings, ...);
     `hooks[i]` join member i's. Returns a `FitResult` per member, in order.
+
+    `adapt(epoch, slots, member_of)`: an adaptive population (`fit_population`'s `adapt`, with
+    `member_of(config, run_dir, hooks)` making a new run's `Member` of the recipe); the results
+    then hold the refills' runs after the members'. `resume`: continue the population in these run
+    directories (`fit_population`'s).
 
     Raises:
       ConfigError: a recipe whose runs carry hooks of their own (self-play), or configs that cannot
@@ -139,8 +145,17 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
         members = [Member(model, c, Path(d), hooks=[_save_info(recipe, w, Path(d)), *h], name=recipe.name,
                           saved_config=c)
                    for model, c, d, h in zip(models, configs, run_dirs, hooks)]
+
+        def member_of(config: RecipeConfig, run_dir: str | os.PathLike, more: Sequence[Hook]) -> Member:
+            """A run that takes a slot: its weights come from the slot (its model a copy to fill)."""
+            return Member(nnx.clone(w.model), config, Path(run_dir), hooks=[_save_info(recipe, w, Path(run_dir)),
+                                                                            *more],
+                          name=recipe.name, saved_config=config)
+
+        scheduler = None if adapt is None else (lambda epoch, slots: adapt(epoch, slots, member_of))
         return fit_population(members, w.loss_fn, w.train, w.val, preprocess=w.preprocess, augment=w.augment,
-                              verbosity="silent" if console is None else "summary", console=console)
+                              verbosity="silent" if console is None else "summary", console=console,
+                              adapt=scheduler, resume=resume)
     finally:
         w.close()
 

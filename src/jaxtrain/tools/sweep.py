@@ -329,7 +329,7 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
           storage: str | None = None, study: str | None = None, objective: str = "val_loss",
           direction: str = "minimize", sampler: str = "tpe", pruner: Any = "median", seed: int = 0,
           flags: Sequence[str] = (), workers: int = 1, heartbeat: int = 10, population: int = 1,
-          console: Console | None = None) -> Any:
+          scheduler: str = "none", pbt_every: int = 0, console: Console | None = None) -> Any:
     """Runs trials of `recipe` until the study holds `trials` finished ones; returns the Optuna study.
 
     Args:
@@ -350,6 +350,14 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
         (`jaxtrain.fit_population`); those whose values change more than the optimizer's settings
         (a model's width, the batch size) are grouped with the trials they share the rest with. At
         most `MAX_POPULATION`; from `MEASURED_POPULATION` up, the members' states must fit the device.
+      scheduler: "none" (a population is fixed for its life), "halving" (successive halving at rungs
+        of 1, 2, 4, ... epochs, and the pruner: a pruned trial's slot takes the sampler's next trial,
+        up to `trials`) or "pbt" (Population Based Training: every `pbt_every` epochs the worst quarter
+        copy the best quarter's weights with perturbed numbers, each copy an extra trial recording its
+        parent); the slots change without compiling again, and a population killed on this host
+        continues when the command runs again (`tools/schedulers.py`). The space may then search the
+        optimizer's numbers only.
+      pbt_every: epochs between PBT's steps (0: a quarter of the epochs, at least 1).
 
     Raises:
       ConfigError: before anything runs: Optuna not installed (the "sweep" extra), a bad space (a
@@ -379,11 +387,14 @@ def sweep(recipe: Recipe, config: Any, spaces: Sequence[Space], trials: int, out
     _check_batches(recipe, config, spaces)
     _check_workers(workers)
     _check_population(recipe, config, min(population, trials))
+    from jaxtrain.tools.schedulers import check_scheduler
+
+    check_scheduler(scheduler, population, pruner, pbt_every, config, spaces)
     out = Path(out)
     where, flag = _where(out, storage)
     job = _Job(recipe, config, tuple(spaces), trials, str(out), storage or f"sqlite:///{out.resolve() / 'study.db'}",
                study or recipe.name, objective, direction, sampler, pruner, seed, tuple(flags), heartbeat, population,
-               where, flag)
+               where, flag, scheduler, pbt_every)
     console = console or Console(highlight=False)
     with _claim(out, lock=storage is None), _storage_errors(where, flag):
         study_obj = job.open()
@@ -795,6 +806,8 @@ class _Job:
     population: int = 1
     where: str = "the study's storage"  # the storage in words, and the flag that chooses it, for messages
     flag: str = "--storage"
+    scheduler: str = "none"  # how a population adapts (`tools/schedulers.py`)
+    pbt_every: int = 0
 
     def open(self) -> Any:
         """The study, created if new, on a storage that beats heartbeats and retries stale trials.
@@ -843,6 +856,10 @@ class _Job:
         import optuna
 
         budget, waiting = self.trials - self._count(study, FINISHED), False
+        if self.population > 1 and self.scheduler != "none":  # a population killed on this host continues first
+            from jaxtrain.tools.schedulers import resume_interrupted
+
+            budget -= resume_interrupted(self, study, console, label)
         while budget > 0:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -858,6 +875,12 @@ class _Job:
                 time.sleep(min(self.heartbeat, 2))
                 continue
             waiting = False
+            size = min(self.population, budget, self.trials - finished)
+            if size > 1 and self.scheduler != "none":  # one trial left: nothing to adapt, it trains alone
+                from jaxtrain.tools.schedulers import run_adaptive
+
+                budget -= run_adaptive(self, study, size, min(budget, self.trials - finished), console, label)
+                continue
             if self.population > 1:
                 budget -= self.run_population(study, min(self.population, budget, self.trials - finished),
                                               console, label)
@@ -900,17 +923,18 @@ class _Job:
             raise optuna.TrialPruned()
         return value
 
-    def prepare(self, trial: Any, label: str, others: list[Any] | None = None
+    def prepare(self, trial: Any, label: str, others: list[Any] | None = None, extra: bool = False
                 ) -> tuple[dict[str, Any], Any, Path, str] | None:
         """A trial's values, config, run directory and printed name (its command saved with it);
         None for a trial asked past the end (marked surplus). `others`: the study's trials read after
-        this one was asked (None: read here; a population's trials, asked together, share one read)."""
+        this one was asked (None: read here; a population's trials, asked together, share one read).
+        `extra`: a trial beyond the study's count by design (a PBT copy), never surplus."""
         import optuna
 
         trial.set_user_attr("worker", _owner())  # first: the sweep that ends this worker fails its trials
         others = trial.study.get_trials(deepcopy=False) if others is None else others
         taken = {optuna.trial.TrialState[n] for n in (*FINISHED, "RUNNING")}
-        if sum(t.state in taken and t.number < trial.number for t in others) >= self.trials:
+        if not extra and sum(t.state in taken and t.number < trial.number for t in others) >= self.trials:
             trial.set_user_attr("surplus", True)
             return None
         # A stream of its own for each trial: workers asking from one history draw apart (a sampler seeded
@@ -1009,6 +1033,10 @@ class _Heartbeats:
                 self._storage.record_heartbeat(trial_id)
             if self._stop.wait(self._interval):
                 return
+
+    def add(self, trial: Any) -> None:
+        """Beats `trial`'s heartbeat too from now on (a trial asked while the others run)."""
+        self._ids = [*self._ids, trial._trial_id]  # a new list: the thread reads the old one whole
 
     def __enter__(self) -> "_Heartbeats":
         self._thread.start()
