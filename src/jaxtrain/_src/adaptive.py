@@ -6,8 +6,8 @@ take another configuration's numbers, fresh weights or another member's weights 
 state by changing arrays alone: the compiled program is the same. `fit_population(..., adapt=)`
 asks its `adapt` callable at each epoch's end for `Refill`s; each ends the slot's run (if it still
 trains) and starts the new one in the slot, a run of its own (its run directory, hooks, records).
-Successive halving and Population Based Training are such callables (`jaxtrain sweep
---scheduler`, `tools/schedulers.py`).
+Successive halving and Population Based Training are such callables (the sweep's schedulers,
+`tools/schedulers.py`).
 
 The states are changed on the host (one device-to-host copy of the slot's source, one copy back):
 no XLA program is compiled for it, whatever the shapes (a jitted scatter would compile one per
@@ -114,11 +114,9 @@ def check_refill(refill: Refill, slots: int, holder: Any, settings: Callable[[An
     Raises:
       ConfigError: saying which.
     """
-    from jaxtrain._src.population import Member  # the population imports this module
-
     new = refill.member
     where = f"refill of slot {refill.slot}"
-    if not isinstance(new, Member):
+    if not isinstance(new, type(holder)):  # the holder is a `Member` (the population's; not imported: a circle)
         raise ConfigError(f"{where}: member must be a jaxtrain.Member; got {type(new).__name__}")
     if not 0 <= refill.slot < slots or (refill.parent is not None and not 0 <= refill.parent < slots):
         raise ConfigError(f"{where} (parent {refill.parent}): slots are 0 to {slots - 1}")

@@ -107,7 +107,7 @@ def _check_members(members: Sequence[Member]) -> None:
                               f"setting but {', '.join(PER_MEMBER)} (train the others as another population)")
         if member.config.max_time_s:
             raise ConfigError(f"member {i}: a deadline (max_time) is not kept in populations, whose members share "
-                              "one loop; train the run alone (a sweep: without --population)")
+                              "one loop; train the run alone (in a sweep: one trial at a time)")
         if member.config.ema:
             raise ConfigError(f"member {i}: an average of the weights (ema) is not kept in populations; "
                               "train that run alone")
@@ -351,8 +351,8 @@ def fit_population(
         from the next epoch, with fresh weights (the population's initial ones) or a copy of
         another slot's weights and optimizer state, and its own optimizer numbers, without
         compiling again (the numbers are inputs of the program: `optim.with_values`, in either
-        formulation). Successive halving and PBT are such callables (`jaxtrain sweep
-        --scheduler`). The result then holds every run, the members first, then the refills in
+        formulation). Successive halving and PBT are such callables (the sweep's schedulers). The
+        result then holds every run, the members first, then the refills in
         the order they joined. A run that takes a slot saves a checkpoint at once, so a resume
         (`resume=True` with the slots' runs at the time as `members`) continues every slot from one step.
 

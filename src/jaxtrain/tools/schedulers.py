@@ -64,7 +64,7 @@ def check_scheduler(scheduler: str, population: int, pruner: Any, every: int, co
     """
     from jaxtrain.engine import optimizer_structure
     from jaxtrain.tools import runs
-    from jaxtrain.tools.sweep import apply_values
+    from jaxtrain.tools.trials import apply_values
 
     if scheduler not in SCHEDULERS:
         raise ConfigError(f"{argument('scheduler', scheduler)}: choose {', '.join(SCHEDULERS)}")
@@ -87,7 +87,7 @@ def check_scheduler(scheduler: str, population: int, pruner: Any, every: int, co
 
 
 def _report_class() -> type:
-    from jaxtrain.tools.sweep import _Report
+    from jaxtrain.tools.trials import _Report
 
     class SlotReport(_Report):
         """The sweep's report, counting a refilled trial's epochs from its start (the pruner compares
@@ -277,7 +277,7 @@ def record(trial: Any, population: int, slot: int, joined: int, offset: int, bud
 
 
 def _best_of(history: Sequence[dict[str, Any]], objective: str, direction: str) -> float:
-    from jaxtrain.tools.sweep import _best
+    from jaxtrain.tools.trials import _best
 
     return _best(list(history), objective, direction)
 
@@ -319,7 +319,7 @@ def run_adaptive(job: Any, study: Any, n: int, budget: int, console: Console, la
     trials asked from the budget (PBT's copies are extra: they record the search's steps)."""
     import optuna
 
-    from jaxtrain.tools.sweep import _StudyAtEpoch
+    from jaxtrain.tools.trials import _StudyAtEpoch
 
     with warnings.catch_warnings():  # the trials' heartbeats are beaten below, as optimize beats its own
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -356,7 +356,7 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
     import optuna
 
     from jaxtrain.engine import checkpoint_steps
-    from jaxtrain.tools.sweep import _retry, _StudyAtEpoch
+    from jaxtrain.tools.trials import _retry, _StudyAtEpoch
 
     states = optuna.trial.TrialState
     running = [t for t in study.get_trials(deepcopy=False, states=(states.RUNNING,))
@@ -430,14 +430,14 @@ def _orphaned(worker: str) -> bool:
 
 
 def _owner() -> str:
-    from jaxtrain.tools.sweep import _owner as owner
+    from jaxtrain.tools.trials import _owner as owner
 
     return owner()
 
 
 def trial_config(job: Any, values: dict[str, Any]) -> Any:
     """The config a trial with `values` trains with (`_Job.prepare`'s)."""
-    from jaxtrain.tools.sweep import _alone, apply_values
+    from jaxtrain.tools.trials import _alone, apply_values
 
     return dataclasses.replace(apply_values(job.config, values), quiet=True, run_dir="", dist=_alone(job.config.dist))
 
@@ -467,7 +467,7 @@ def _train(job: Any, study: Any, entries: list[_Entry], budget: int, shared: Any
     import optuna
 
     from jaxtrain.tools import runs
-    from jaxtrain.tools.sweep import SweepStopped, _best, _Heartbeats, _retry
+    from jaxtrain.tools.trials import SweepStopped, _best, _Heartbeats, _retry
 
     with _Heartbeats(study, [e.trial for e in entries], job.heartbeat) as beats:
         scheduler = _Scheduler(job, study, entries, budget, shared, console, label, beats, first, asked, slot_ids)
