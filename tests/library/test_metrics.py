@@ -122,3 +122,32 @@ def test_the_training_sums_of_a_stat_survive_a_resume_through_json():
     resumed.add({"loss": np.array([np.nan])}, {"f1": stacked(steps[2:])})  # a skipped step's counts are left out
     assert resumed.means()["f1"] == 2 * 2 / (2 * 2 + 1 + 1)  # tp 2, fp 1, fn 1 over the first two steps
     assert whole.means()["f1"] == 2 * 2 / (2 * 2 + 2 + 1)  # the third step's false positive counted
+
+
+def test_macro_averages_the_classes_that_occur_and_a_binary_models_single_logit_is_binary():
+    # 3 classes, class 2 neither labelled nor predicted: sklearn's macro F1 averages classes 0 and 1 alone
+    logits = np.array([[5, 0, 0], [0, 5, 0], [5, 0, 0], [0, 5, 0]], np.float32)
+    labels = np.array([0, 1, 1, 1])
+    f1 = metrics.F1(average="macro")
+    got = float(f1.compute(jax.device_get(f1(logits, labels).parts)))
+    # class 0: tp 1, fp 1, fn 0 -> 2/3; class 1: tp 2, fp 0, fn 1 -> 4/5; mean 0.7333
+    assert abs(got - (2 / 3 + 4 / 5) / 2) <= 1e-6
+    # a Keras-style binary model's (N, 1) logits: one score a row, thresholded at 0
+    single = np.array([[2.0], [-1.0], [3.0], [-2.0]], np.float32)
+    truth = np.array([1, 0, 1, 0])
+    for metric in (metrics.F1(), metrics.Accuracy()):
+        assert float(metric.compute(jax.device_get(metric(single, truth).parts))) == 1.0
+
+
+def test_evaluate_takes_a_model_that_cannot_be_hashed():
+    class Scaled(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(4, 3, rngs=rngs)
+            self.cfg = {"scale": 2.0}  # a dict attribute: the model's graph cannot be a cache key
+
+        def __call__(self, x):
+            return self.linear(x) * self.cfg["scale"]
+
+    data = _data(10)
+    got = jaxtrain.evaluate(Scaled(nnx.Rngs(0)), loss_fn, data, batch_size=4)
+    assert np.isfinite(got["loss"])

@@ -46,3 +46,9 @@ def test_export_takes_several_arrays_sharing_the_batch_size(tmp_path):
     assert "outputs = forward.call(a, b)" in (tmp_path / "out" / "README.md").read_text()
     with pytest.raises(jaxtrain.ConfigError, match="1 example for 2 inputs"):
         jaxtrain.export(model, a, tmp_path / "other", inputs=("a", "b"))
+
+
+def test_a_field_named_twice_is_refused():
+    model, (a, b) = TwoTower(nnx.Rngs(0)), _inputs()
+    with pytest.raises(jaxtrain.ConfigError, match="names a field twice"):
+        jaxtrain.predict(model, (a, b), inputs=("p", "p"))

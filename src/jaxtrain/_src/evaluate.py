@@ -82,8 +82,12 @@ def evaluate(model: nnx.Module, loss_fn: LossFn, data: Batch, *, batch_size: int
     step_loss = loss_fn if metrics is None else _with_metrics(loss_fn, metrics)
     eval_step = make_eval_step(graphdef, step_loss, preprocess)
     shapes = tuple((jax.tree.structure(data), *((x.shape, str(x.dtype)) for x in jax.tree.leaves(data))))
-    return evaluate_state(eval_step, state, data, batch_size or DEFAULT_BATCH_SIZE,
-                          key=(graphdef, loss_fn, metrics, preprocess, shapes))
+    key: Any = (graphdef, loss_fn, metrics, preprocess, shapes)
+    try:
+        hash(key)
+    except TypeError:  # a model attribute or a loss object that cannot be hashed: compiled afresh each call
+        key = None
+    return evaluate_state(eval_step, state, data, batch_size or DEFAULT_BATCH_SIZE, key=key)
 
 
 def _with_metrics(loss_fn: LossFn, metrics: MetricsFn) -> LossFn:

@@ -124,6 +124,8 @@ class Mean(Metric):
 def _predicted(scores: Any, labels: Any, threshold: float) -> tuple[jax.Array, jax.Array, int | None]:
     """(predicted class, labels, classes or None for binary)."""
     scores, labels = jnp.asarray(scores), jnp.asarray(labels)
+    if scores.ndim == labels.ndim + 1 and scores.shape[-1] == 1:  # a binary model's (N, 1) logits: one score a row
+        scores = scores[..., 0]
     if scores.ndim == labels.ndim + 1:
         return jnp.argmax(scores, axis=-1), labels.astype(jnp.int32), scores.shape[-1]
     if scores.shape != labels.shape:
@@ -215,7 +217,9 @@ class _Confusion(Metric):
         tp, fp, fn = parts["tp"], parts["fp"], parts["fn"]
         if self.average == "micro":
             tp, fp, fn = tp.sum(), fp.sum(), fn.sum()
-        return xp.mean(self.score(tp, fp, fn, xp))  # macro: the unweighted mean over classes
+        # macro: the unweighted mean over the classes that occur (labelled or predicted), as sklearn averages
+        present = (tp + fp + fn) > 0
+        return xp.sum(xp.where(present, self.score(tp, fp, fn, xp), 0.0)) / xp.maximum(xp.sum(present), 1)
 
     def score(self, tp: Any, fp: Any, fn: Any, xp: Any) -> Any:  # pragma: no cover
         raise NotImplementedError

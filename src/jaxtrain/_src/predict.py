@@ -42,6 +42,8 @@ Inputs = str | tuple[str, ...]  # the field the model is called on, or the field
 def check_inputs(inputs: Any) -> Inputs:
     """`inputs` as a field name or a tuple of them (a list becomes a tuple)."""
     if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(k, str) for k in inputs):
+        if len(set(inputs)) < len(inputs):
+            raise ConfigError(f"inputs={tuple(inputs)!r} names a field twice; name each of the model's arrays once")
         return tuple(inputs)
     if not isinstance(inputs, str):
         raise ConfigError(f"inputs={inputs!r} must be a field name, or a tuple of names for a model called with "
@@ -130,6 +132,12 @@ class Forward:
         layout = self.layout
         key = (self.graphdef, self.preprocess, self.inputs, self._forward, tuple(sorted(fields)),
                tuple(jax.tree.leaves(self.shardings)), layout.batch)
+        try:
+            hash(key)
+        except TypeError:  # a model attribute or preprocessing object that cannot be hashed: this Forward's own
+            return self._compiled.setdefault(id(self), jax.jit(
+                self.function(), out_shardings=layout.batch,
+                in_shardings=(self.shardings, {k: layout.batch for k in fields})))
         if key not in _JITTED:
             if len(_JITTED) >= 16:
                 _JITTED.pop(next(iter(_JITTED)))
