@@ -151,3 +151,4 @@ def test_evaluate_takes_a_model_that_cannot_be_hashed():
     data = _data(10)
     got = jaxtrain.evaluate(Scaled(nnx.Rngs(0)), loss_fn, data, batch_size=4)
     assert np.isfinite(got["loss"])
+

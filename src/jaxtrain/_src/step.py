@@ -249,7 +249,8 @@ def make_evaluate_sums(
         if num_full:
             full = jax.tree.map(lambda x: x[: num_full * batch_size].reshape(num_full, batch_size, *x.shape[1:]), data)
             per_batch = jax.lax.map(lambda batch: eval_step(state, place(batch)), full)  # each metric (num_full,)
-            totals = metrics_lib.total(metrics_lib.row_sums(per_batch, batch_size))
+            # the batch means added, then times the batch size: the order (and bits) of runs before Stats
+            totals = metrics_lib.row_sums(metrics_lib.total(per_batch), batch_size)
         if remainder:
             tail = jax.tree.map(lambda x: x[num_full * batch_size :], data)
             tail_totals = metrics_lib.row_sums(eval_step(state, tail), remainder)
