@@ -103,11 +103,14 @@ class Deadline(RunHook):
             note(f"{setting('max_time', run.config.max_time)}: the learning-rate schedule is not fitted to the "
                  "deadline (only the config's warmup-cosine is; not the exponential one or your own optimizer); "
                  "the run still ends by the deadline")
+        if self.planned is not None and self._fitted:
+            # the restored state holds the config's numbers (`optim.restore_values`): the saved plan first,
+            # whatever the re-plan below keeps
+            run.state = run.state._replace(opt_state=set_planned_steps(run.state.opt_state, self.planned))
         if self.planned is not None and run.step > 0 and self._used_before > 0:
-            # a resume: the earlier sessions' pace until this one is timed
-            self._set(run, plan_steps(now=clock(), end=self._end, reserve=END_S, done_step=run.step,
-                                      queued_step=run.step, seconds_per_step=self._used_before / run.step),
-                      end=False)
+            # a resume keeps the saved plan until this session's own calls are timed (`after_call` re-plans):
+            # the earlier sessions' seconds per step hold their setup and compiles, not the pace
+            self._set(run, self.planned, end=False)
         spe = run.feed.steps_per_epoch
         guess = self.planned or run.config.epochs * spe
         run.planned_epochs = max(run.loop.epoch, math.ceil(guess / spe))  # shown until the first plan
