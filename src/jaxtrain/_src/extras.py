@@ -65,7 +65,7 @@ def require(module: str, needed_by: str, extra: str | None = None) -> ModuleType
     """
     try:
         return importlib.import_module(module)
-    except ImportError as e:
+    except ModuleNotFoundError as e:  # not `cannot import name X`: an installed package of another version
         top = module.partition(".")[0]
         missing = (e.name or top).partition(".")[0]
         known, its_extra = _extra_of(missing, None)
@@ -88,7 +88,10 @@ def check_installed(module: str, needed_by: str, extra: str | None = None) -> No
 def missing_package(e: ImportError, needed_by: str, extras: dict[str, str] | None = None) -> ConfigError | None:
     """The one-line error for an `ImportError` of a package named here (`extras` overrides
     `EXTRAS`, e.g. torch from the "bench" extra for the benchmarks); None for any other module
-    (the user's own code: its error stands)."""
+    (the user's own code: its error stands), and for a name a package that is installed lacks
+    (another version: its own message says more than "not installed")."""
+    if not isinstance(e, ModuleNotFoundError):
+        return None
     missing = (e.name or "").partition(".")[0]
     known, extra = _extra_of(missing, extras)
     return _error(missing, needed_by, extra) if missing and known else None

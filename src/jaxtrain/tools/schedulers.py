@@ -190,6 +190,16 @@ class _Scheduler:
         for slot in slots:
             if (slot.status is None and slot.index not in losers) or self.asked >= self.budget:
                 continue
+            # the next trial first: a trial behind at its rung is pruned only when another takes its slot
+            with warnings.catch_warnings():  # its heartbeat is beaten by the population's (`beats.add`)
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with")
+                trial = self.study.ask()
+            self.asked += 1
+            prepared = self.job.prepare(trial, self.label)
+            if prepared is None:  # the study's trials are all taken (other workers): no more refills, and
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # the slot's trial trains on
+                self.budget = self.asked
+                continue
             reason = "its slot took the sampler's next trial"  # the run has ended already: not shown
             if slot.status is None:  # behind at its rung: pruned, told so at once
                 entry = self.entries[self.holders[slot.index]]
@@ -197,15 +207,6 @@ class _Scheduler:
                 self.study.tell(entry.trial, state=optuna.trial.TrialState.PRUNED)
                 reason = f"pruned by successive halving at rung {len(slot.history)}"
                 self.job.say(self.console, f"{entry.name}: {reason}; its slot {slot.index} takes the next trial")
-            with warnings.catch_warnings():  # its heartbeat is beaten by the population's (`beats.add`)
-                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with")
-                trial = self.study.ask()
-            self.asked += 1
-            prepared = self.job.prepare(trial, self.label)
-            if prepared is None:  # the study's trials are all taken (other workers): no more refills
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                self.budget = self.asked
-                continue
             member = self._member(trial, prepared, epoch, member_of, prune=True, slot=slot.index, joined=epoch)
             refills.append(Refill(slot.index, member, reason=reason))
             self.holders[slot.index] = len(self.entries) - 1

@@ -768,7 +768,8 @@ class _Job:
     def _count(study: Any, names: Sequence[str]) -> int:
         import optuna
 
-        return len(study.get_trials(deepcopy=False, states=tuple(optuna.trial.TrialState[n] for n in names)))
+        states = tuple(optuna.trial.TrialState[n] for n in names)
+        return sum("pbt_parent" not in t.user_attrs for t in study.get_trials(deepcopy=False, states=states))
 
     def run(self, trial: Any, console: Console, label: str) -> float:
         """One trial: a run directory trained with the trial's values; its best objective."""
@@ -809,7 +810,8 @@ class _Job:
         trial.set_user_attr("worker", _owner())  # first: the sweep that ends this worker fails its trials
         others = trial.study.get_trials(deepcopy=False) if others is None else others
         taken = {optuna.trial.TrialState[n] for n in (*FINISHED, "RUNNING")}
-        if not extra and sum(t.state in taken and t.number < trial.number for t in others) >= self.trials:
+        counted = sum(t.state in taken and t.number < trial.number and "pbt_parent" not in t.user_attrs for t in others)
+        if not extra and counted >= self.trials:  # PBT's copies are beyond the count: not counted
             trial.set_user_attr("surplus", True)
             return None
         # A stream of its own for each trial: workers asking from one history draw apart (a sampler seeded
@@ -1115,8 +1117,16 @@ def _print_best(study: Any, console: Console, objective: str) -> list[Any]:
     if complete:
         best = study.best_trial
         where = f" ({best.user_attrs['run_dir']})" if "run_dir" in best.user_attrs else ""
-        console.print(f"best: trial {best.number}{where}, {objective} {best.value:.6g}; reproduce it with:\n"
-                      f"  {best.user_attrs.get('command', '')}", markup=False, highlight=False)
+        parent, joined = best.user_attrs.get("pbt_parent"), best.user_attrs.get("joined_epoch") or 0
+        if parent is not None or joined:  # it began mid-population: a run from scratch is another run
+            began = f"from trial {parent}'s weights" if parent is not None else "with fresh weights"
+            console.print(f"best: trial {best.number}{where}, {objective} {best.value:.6g}; it joined the population "
+                          f"at epoch {joined} {began}, so no command trains it again from scratch: its weights are "
+                          "in its run directory; its numbers as a run of their own:\n"
+                          f"  {best.user_attrs.get('command', '')}", markup=False, highlight=False)
+        else:
+            console.print(f"best: trial {best.number}{where}, {objective} {best.value:.6g}; reproduce it with:\n"
+                          f"  {best.user_attrs.get('command', '')}", markup=False, highlight=False)
     return complete
 
 
