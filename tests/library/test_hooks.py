@@ -150,7 +150,7 @@ def test_early_stopping_hook_with_max_mode_and_min_delta():
     hook = EarlyStopping("val_accuracy", patience=2, mode="max", min_delta=0.01)
 
     class FakeRun:
-        epoch, stop_reason = 0, None
+        epoch, step, stop_reason = 0, 0, None
 
     run = FakeRun()
     for epoch, accuracy in enumerate([0.5, 0.6, 0.605, 0.609, 0.7], start=1):

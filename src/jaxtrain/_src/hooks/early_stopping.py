@@ -22,6 +22,7 @@ class Watch:
         self.metric, self.mode, self.min_delta, self.what = metric, mode, min_delta, what
         self.best: float | None = None
         self.best_epoch = 0
+        self.best_step: int | None = None  # an epoch number can recur (a deadline's stop mid-epoch, then a resume)
 
     def improved(self, run: Run, record: dict[str, Any]) -> bool | None:
         """Whether this epoch improved on the best by more than `min_delta` (it becomes the best);
@@ -33,7 +34,7 @@ class Watch:
             return None
         value, sign = record[self.metric], 1.0 if self.mode == "min" else -1.0
         if self.best is None or sign * (self.best - value) > self.min_delta:
-            self.best, self.best_epoch = value, run.epoch
+            self.best, self.best_epoch, self.best_step = value, run.epoch, run.step
             return True
         return False
 
@@ -96,11 +97,13 @@ class RestoreBest(RunHook):
     def __init__(self, metric: str = "val_loss", mode: str = "min", min_delta: float = 0.0):
         self.watch = Watch(metric, mode, min_delta, "restore_best")
         self._weights: tuple[int, Any, Any] | None = None  # (epoch, params, model_state)
+        self._weights_step: int | None = None  # the step they are of
 
     def on_epoch_end(self, run: Run, record: dict[str, Any]) -> None:
         if self.watch.improved(run, record):  # copies: the next call donates the state's buffers
             self._weights = (run.epoch, jax.tree.map(jnp.copy, run.state.params),
                              jax.tree.map(jnp.copy, run.state.model_state))
+            self._weights_step = run.step
 
     def best(self, run: Run) -> tuple[int, Any, Any] | None:
         """`(epoch, params, model_state)` of the best epoch, or None (no epoch had the metric, or
@@ -109,7 +112,7 @@ class RestoreBest(RunHook):
         if self.watch.best is None:
             note(f"restore_best: no epoch had {self.watch.metric!r}; the model keeps the last weights")
             return None
-        if self._weights is not None and self._weights[0] == epoch:
+        if self._weights is not None and self._weights_step == self.watch.best_step:
             return self._weights
         state = self._from_checkpoint(run, epoch)
         if state is None:
@@ -123,6 +126,8 @@ class RestoreBest(RunHook):
         from jaxtrain._src.run_guard import checkpoint_steps
 
         steps = [r["step"] for r in run.loop.history if r.get("epoch") == epoch]
+        if self.watch.best_step is not None:  # the best record's own step (its epoch's number may recur)
+            steps = [self.watch.best_step]
         hooks = [h for h in run.hooks if isinstance(h, CheckpointHook)]
         if not steps or not hooks or steps[-1] not in checkpoint_steps(hooks[0].ckpt.directory):
             return None
@@ -132,7 +137,8 @@ class RestoreBest(RunHook):
             return None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.watch.best, "best_epoch": self.watch.best_epoch}
+        return {"best": self.watch.best, "best_epoch": self.watch.best_epoch, "best_step": self.watch.best_step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.watch.best, self.watch.best_epoch = state["best"], state["best_epoch"]
+        self.watch.best_step = state.get("best_step")  # absent from runs saved before it was kept
