@@ -52,3 +52,22 @@ def test_a_field_named_twice_is_refused():
     model, (a, b) = TwoTower(nnx.Rngs(0)), _inputs()
     with pytest.raises(jaxtrain.ConfigError, match="names a field twice"):
         jaxtrain.predict(model, (a, b), inputs=("p", "p"))
+
+
+def test_a_model_that_cannot_be_hashed_predicts_and_its_forward_compiles_once():
+    from jaxtrain.engine import Forward
+
+    class Scaled(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(4, 2, rngs=rngs)
+            self.cfg = {"scale": 2.0}  # a dict attribute: the model's graph cannot be a cache key
+
+        def __call__(self, x):
+            return self.linear(x) * self.cfg["scale"]
+
+    model, x = Scaled(nnx.Rngs(0)), np.ones((6, 4), np.float32)
+    forward = Forward(model, None, "x")
+    for _ in range(2):
+        got = np.concatenate(list(predict_batches(forward, x, batch_size=4)))
+    np.testing.assert_allclose(got, np.asarray(model(x)), rtol=1e-6)
+    assert forward.compiles() == 1  # one batch shape (the last batch is padded), compiled once

@@ -134,17 +134,16 @@ class Forward:
                tuple(jax.tree.leaves(self.shardings)), layout.batch)
         try:
             hash(key)
+            shared = _JITTED
         except TypeError:  # a model attribute or preprocessing object that cannot be hashed: this Forward's own
-            return self._compiled.setdefault(id(self), jax.jit(
-                self.function(), out_shardings=layout.batch,
-                in_shardings=(self.shardings, {k: layout.batch for k in fields})))
-        if key not in _JITTED:
-            if len(_JITTED) >= 16:
-                _JITTED.pop(next(iter(_JITTED)))
-            _JITTED[key] = jax.jit(self.function(), out_shardings=layout.batch,
-                                   in_shardings=(self.shardings, {k: layout.batch for k in fields}))
-        self._compiled[key] = _JITTED[key]
-        return _JITTED[key]
+            key, shared = tuple(sorted(fields)), self._compiled
+        if key not in shared:
+            if len(shared) >= 16:
+                shared.pop(next(iter(shared)))
+            shared[key] = jax.jit(self.function(), out_shardings=layout.batch,
+                                  in_shardings=(self.shardings, {k: layout.batch for k in fields}))
+        self._compiled[key] = shared[key]
+        return shared[key]
 
     def compiles(self) -> int:
         """Programs compiled so far (one per batch shape)."""
