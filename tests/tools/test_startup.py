@@ -1,6 +1,7 @@
 """Start-up cost: what `jaxtrain train` imports before training begins (docs/benchmarks.md,
 whole-process overhead). Heavy optional libraries load only when used: matplotlib for the final
-plot (in a background thread once training runs), tensorboardX without PyTorch, h5py where an HDF5
+plot (after training: imported beside the run's calls, it slowed the first epoch's and with them the
+first progress readings), tensorboardX without PyTorch, h5py where an HDF5
 file is opened."""
 
 import json
@@ -29,11 +30,12 @@ rng = np.random.default_rng(0)
 data = {{"x": rng.normal(size=(256, 4)).astype(np.float32), "y": rng.normal(size=(256, 2)).astype(np.float32)}}
 def loss(model, batch, key):
     return ((model(batch["x"]) - batch["y"]) ** 2).mean(), {{}}
-hook = LambdaHook(on_start=lambda run: seen.update(start=sorted(m for m in {lazy!r} if m in sys.modules)))
+hook = LambdaHook(on_start=lambda run: seen.update(start=sorted(m for m in {lazy!r} if m in sys.modules)),
+                  on_epoch_end=lambda run, record: seen.update(epoch="matplotlib" in sys.modules))
 fit(MLP((4, 8, 2), rngs=nnx.Rngs(0)), loss, data, data, TrainConfig(epochs=1, batch_size=32), hooks=[hook],
     run_dir={run_dir!r}, verbosity="silent")
 end = sorted(m for m in {lazy!r} if m in sys.modules)
-print(json.dumps({{"import": at_import, "start": seen["start"], "end": end}}))
+print(json.dumps({{"import": at_import, "start": seen["start"], "epoch": seen["epoch"], "end": end}}))
 """
 
 
@@ -47,6 +49,7 @@ def test_train_path_imports_heavy_libraries_only_when_used(tmp_path):
     assert seen["import"] == [], "`import jaxtrain.tools.cli` and the train command's modules load none of them"
     # Orbax is needed by then (the run checkpoints), the rest is not.
     assert seen["start"] in ([], ["orbax"]), "nothing else heavy is loaded before the first training step"
+    assert not seen["epoch"], "matplotlib is imported after training, not beside the run's calls"
     # By the end the plot's matplotlib and the TensorBoard writer are loaded, PyTorch never is.
     assert "matplotlib" in seen["end"] and "tensorboardX" in seen["end"] and "torch" not in seen["end"]
     assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
