@@ -122,12 +122,11 @@ def batch_rows(seed: int, n_train: int, batch_size: int, steps_per_epoch: int, e
     """
     import jax
 
-    from jaxtrain._src.step import epoch_permutation
+    from jaxtrain._src.feeds import epoch_permutation
 
     data_key = jax.random.split(jax.random.key(seed))[1]
-    permute = jax.jit(lambda key, epoch: epoch_permutation(key, epoch, n_train))  # compiled, as in fit
     used = steps_per_epoch * batch_size
-    per_epoch = [np.asarray(permute(data_key, e))[:used].reshape(steps_per_epoch, batch_size)
+    per_epoch = [epoch_permutation(data_key, e, n_train)[:used].reshape(steps_per_epoch, batch_size)
                  for e in range(1, epochs + 1)]
     return np.concatenate(per_epoch).astype(np.int64)
 

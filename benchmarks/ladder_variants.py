@@ -42,9 +42,9 @@ class Setup:
     def steps_per_epoch(self) -> int:
         return len(self.x) // self.batch_size
 
-    def permutation(self, epoch: int) -> jax.Array:
+    def permutation(self, epoch: int) -> np.ndarray:
         """Epoch `epoch`'s sample order: the one `jaxtrain.fit` uses for this seed."""
-        from jaxtrain._src.step import epoch_permutation
+        from jaxtrain._src.feeds import epoch_permutation
 
         return epoch_permutation(jax.random.split(jax.random.key(self.seed))[1], epoch, len(self.x))
 

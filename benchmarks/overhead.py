@@ -63,12 +63,12 @@ def _hand_written_epoch(graphdef, tx, preprocess, n: int, batch_size: int):
     import optax
     from flax import nnx
 
-    from jaxtrain._src.step import epoch_permutation, gather_batch
+    from jaxtrain._src.step import gather_batch
 
     steps = n // batch_size
 
     def epoch(params, opt_state, data, key):
-        perm = epoch_permutation(key, 1, n)
+        perm = jax.random.permutation(jax.random.fold_in(key, 1), n)  # the epoch's order, drawn in the program
 
         def body(carry, i):
             params, opt_state = carry

@@ -19,9 +19,9 @@ from jaxtrain._src.data import adapters
 from jaxtrain._src.data.adapters import BatchStream, MapSource, NpySource, adapt
 from jaxtrain._src.data.fingerprint import data_change, fingerprint
 from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.feeds import epoch_permutation
 from jaxtrain._src.hooks.checkpointing import CheckpointHook
 from jaxtrain._src.loop import RunOptions, run
-from jaxtrain._src.step import epoch_permutation
 
 torch = pytest.importorskip("torch")
 grain = pytest.importorskip("grain")

@@ -15,9 +15,9 @@ from conftest import mse, regression_data, silent, small_mlp
 import jaxtrain
 from jaxtrain import CheckpointConfig, CheckpointError, NonFiniteLossError, TrainConfig
 from jaxtrain._src.checkpoint import Checkpointer, flatten_state, unflatten_state
+from jaxtrain._src.feeds import epoch_permutation
 from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.state import init_state
-from jaxtrain._src.step import epoch_permutation
 from jaxtrain.tools import runs
 
 

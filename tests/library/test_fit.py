@@ -12,8 +12,8 @@ from flax import nnx
 
 from jaxtrain import NonFiniteLossError, OptimConfig, TrainConfig, fit
 from jaxtrain._src.errors import ConfigError, DataError
+from jaxtrain._src.feeds import epoch_permutation
 from jaxtrain._src.loop import RunOptions, run
-from jaxtrain._src.step import epoch_permutation
 
 
 def _fit(train, val=None, seed=0, **overrides):

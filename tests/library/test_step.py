@@ -7,8 +7,9 @@ import optax
 import pytest
 from conftest import leaves_close, mse, regression_data, small_mlp
 
+from jaxtrain._src.feeds import epoch_permutation
 from jaxtrain._src.state import init_state
-from jaxtrain._src.step import epoch_permutation, make_eval_step, make_evaluate, make_multi_step, make_train_step
+from jaxtrain._src.step import make_eval_step, make_evaluate, make_multi_step, make_train_step
 
 pytestmark = pytest.mark.xla_defaults  # fused and separate steps alike, evaluation against NumPy
 

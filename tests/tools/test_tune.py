@@ -152,7 +152,7 @@ def test_call_timer_leaves_out_the_first_call_of_each_epoch(monkeypatch):
         for k in range(1, calls + 1):
             timer.after_call(None, 10 * k, {})
         timer.on_epoch_end(None, {})
-    # call j ends when call j + 1 is announced (the loop waits for it first); call 1 waited for the permutation
+    # call j ends when call j + 1 is announced (the loop waits for it first); call 1 waited for the epoch before
     assert timer.calls == [(20, 1.0), (30, 1.5), (40, 1.5), (20, 1.0)]
 
 

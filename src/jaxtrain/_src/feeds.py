@@ -3,8 +3,9 @@
 A feed hands the loop, per compiled call of K steps, the arguments of that call besides the train
 state, and builds the call's function around the pure train step:
 
-- `DeviceFeed`: the whole training set on the device; a permutation per epoch computed there;
-  each step gathers its batch inside the compiled call. No host work per step. On a mesh of
+- `DeviceFeed`: the whole training set on the device; a permutation per epoch drawn on the host
+  (`epoch_permutation`) and put there; each step gathers its batch inside the compiled call. No host
+  work per step. On a mesh of
   several devices the set is replicated on each when it fits the per-device budget, else its rows
   are split over the devices (each step then gathers its batch with one all-reduce of B rows).
 - `StreamFeed`: rows read from a source (HDF5 file, arrays) by a background thread in a shuffled
@@ -40,7 +41,7 @@ from jaxtrain._src.deadline import UNBOUNDED_EPOCHS
 from jaxtrain._src.errors import ConfigError, DataError, setting
 from jaxtrain._src.report.notes import note
 from jaxtrain._src.sharding import Layout
-from jaxtrain._src.step import StepAt, epoch_permutation, make_gather_step, make_stacked_step
+from jaxtrain._src.step import StepAt, make_gather_step, make_stacked_step
 
 Compile = Callable[..., Callable]  # CompiledCalls.compile: (fn, *args, donate=False, background=False) -> executable
 
@@ -112,6 +113,16 @@ def epoch_steps(config: TrainConfig, n_train: int) -> tuple[int, int]:
     return divmod(n_train, B)
 
 
+def epoch_permutation(key: jax.Array, epoch: int, n: int) -> np.ndarray:
+    """The order in which epoch `epoch` visits the `n` training samples, int32 (n,): drawn by NumPy's
+    generator seeded with the data key's words and the epoch, so it is the same in every process and
+    on every platform. Drawn on the host, not by a device program: compiling one (a sort keyed by
+    threefry bits) cost 0.3-0.4 s of CPU at every start, more than a short run's own host work, and
+    on a CPU it ran 0.6 s per epoch of a million rows, which NumPy draws in 0.03 s."""
+    words = np.asarray(jax.random.key_data(key)).ravel().tolist()
+    return np.random.default_rng([*words, int(epoch)]).permutation(n).astype(np.int32)
+
+
 class DeviceFeed:
     """The training set held on the device(s); batches gathered inside the compiled call."""
 
@@ -124,9 +135,8 @@ class DeviceFeed:
         self.device_bytes = data_lib.nbytes(data) // (layout.num_devices if placement.split else 1)
         self.in_place_bytes = 0  # of those, the host arrays themselves (a CPU device, aligned arrays)
         self._B, self._key = config.samples_per_step, data_key
-        self._data: Any = None  # the device copy, and the epoch's permutation program and order: made in setup
-        self._permute: Callable[[jax.Array, Any], jax.Array] | None = None
-        self._perm: jax.Array | None = None
+        self._data: Any = None  # the device copy: made in setup
+        self._perm: jax.Array | None = None  # the epoch's order, on the device
         self._position = 0
         self.timing = {"setup_copy_s": 0.0}  # placing the training set on the device, once
 
@@ -141,13 +151,6 @@ class DeviceFeed:
         self.timing["setup_copy_s"] = time.perf_counter() - t0
         self.in_place_bytes = bytes_used_in_place(host, self._data)  # no second copy of these
         self._host = None  # the device copy is the one used from here
-        self._key = layout.put(self._key, layout.replicated)
-        n = self.num_samples
-        # first used when the first epoch starts: compiled meanwhile, beside the training call
-        def permutation(key: jax.Array, epoch: jax.Array) -> jax.Array:
-            return epoch_permutation(key, epoch, n)
-
-        self._permute = compile(permutation, self._key, np.int32(1), background=True)
 
     def make_step(self, train_step: Callable) -> StepAt:
         return make_gather_step(train_step, self._B, constrain=self._layout.constrain_batch)
@@ -158,8 +161,8 @@ class DeviceFeed:
                 jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
 
     def start_epoch(self, epoch: int, position: int) -> None:
-        assert self._permute is not None  # setup compiled it
-        self._perm, self._position = self._permute(self._key, np.int32(epoch)), position
+        order = epoch_permutation(self._key, epoch, self.num_samples)  # the key stays on the host
+        self._perm, self._position = self._layout.put(order, self._layout.replicated), position
 
     def next_args(self, k: int, previous: Any = None) -> tuple[Any, ...]:
         args = (self._data, self._perm, np.int32(self._position))

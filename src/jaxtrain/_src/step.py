@@ -155,11 +155,6 @@ def make_eval_step(
     return eval_step
 
 
-def epoch_permutation(key: jax.Array, epoch: jax.Array | int, n: int) -> jax.Array:
-    """The order in which epoch `epoch` visits the `n` training samples, computed on the device."""
-    return jax.random.permutation(jax.random.fold_in(key, epoch), n)
-
-
 def gather_batch(data: Batch, indices: jax.Array) -> Batch:
     """Rows `indices` (shape (B,)) of every array in `data`."""
     return jax.tree.map(lambda x: jnp.take(x, indices, axis=0), data)

@@ -548,8 +548,8 @@ class _StepMemory:
 
 
 class _CallTimer(Hook):
-    """Times a run's compiled calls but the first of each epoch, which also waits for the epoch's
-    permutation of the training set (seconds for a million rows on a CPU). The loop waits for call
+    """Times a run's compiled calls but the first of each epoch, which also waits for what ends the
+    epoch before it (evaluation, checkpoints, a streamed feed's first blocks). The loop waits for call
     j - 1 just before it announces call j, so from one announcement to the next is call j - 1's
     time; the last call of an epoch ends at the epoch's end."""
 
