@@ -4,13 +4,24 @@ nothing else does, so the runs plan and end without waiting, as a machine under 
 
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from conftest import mse, regression_data, silent, small_mlp
+from flax import nnx
 
-from jaxtrain import CheckpointConfig, ConfigError, LambdaHook, Member, OptimConfig, TrainConfig, fit_population
+from jaxtrain import (
+    CheckpointConfig,
+    ConfigError,
+    EarlyStoppingConfig,
+    LambdaHook,
+    Member,
+    OptimConfig,
+    TrainConfig,
+    fit_population,
+)
 from jaxtrain._src.hooks import checkpointing, deadline
 from jaxtrain._src.loop import RunOptions, run
 from jaxtrain._src.optim import build_schedule, build_train_optimizer, fitted_schedule, planned_steps_of
@@ -34,11 +45,11 @@ def fake_clock(monkeypatch):
     return LambdaHook(after_call=tick)
 
 
-def _fit(tick, run_dir, max_time, resume=False, **overrides):
+def _fit(tick, run_dir, max_time, resume=False, hooks=(), **overrides):
     rows = []
     config = TrainConfig(**{"epochs": 2, "batch_size": 16, "steps_per_call": 4, "log_every": 1, "optim": OPTIM,
                             "max_time": max_time, **overrides})
-    hooks = [tick, LambdaHook(on_log=lambda r, row: rows.append(row))]
+    hooks = [tick, LambdaHook(on_log=lambda r, row: rows.append(row)), *hooks]
     result = run(small_mlp(0), mse, regression_data(400), regression_data(48, seed=1), config, hooks=hooks,
                  run_dir=run_dir, resume=resume, verbosity="summary", session=RunOptions(console=silent(), plots=False))
     return result, rows
@@ -112,3 +123,20 @@ def test_a_population_refuses_a_deadline_in_one_line_and_a_sweep_s_lone_trials_t
         _check_population(None, TrainConfig(max_time="1m"), 4)
     assert "\n" not in str(e.value)
     _check_population(None, TrainConfig(max_time="1m"), 1)  # trials one at a time: each has the time
+
+
+def test_restore_best_after_a_deadline_s_stop_mid_epoch_and_a_resume_takes_the_best_record_s_step(fake_clock, tmp_path):
+    # each session's deadline stops it mid-epoch 1 (100 steps an epoch), so epoch 1 names two records and two
+    # checkpoints of different weights; mode "max" on a falling val_loss makes the first the best
+    weights = {}
+    keep = LambdaHook(on_epoch_end=lambda run, record: weights.__setitem__(run.step, jax.device_get(run.state.params)))
+    settings = dict(batch_size=4, early_stopping=EarlyStoppingConfig(mode="max", restore_best=True),
+                    checkpoint=CheckpointConfig(keep_last=100))
+    _fit(fake_clock, tmp_path, "1.5s", hooks=[keep], **settings)
+    resumed, _ = _fit(fake_clock, tmp_path, "3s", resume=True, hooks=[keep], **settings)  # 1.5 s more
+    best, later = resumed.history
+    assert best["epoch"] == later["epoch"] == 1 and best["step"] < later["step"] < 100
+    assert best["val_loss"] > later["val_loss"] and resumed.summary["restored_epoch"] == 1
+    restored = jax.device_get(nnx.state(resumed.model, nnx.Param))  # from best's checkpoint, not later's
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(weights[best["step"]]),
+                                                     strict=True))

@@ -152,3 +152,31 @@ def test_evaluate_takes_a_model_that_cannot_be_hashed():
     got = jaxtrain.evaluate(Scaled(nnx.Rngs(0)), loss_fn, data, batch_size=4)
     assert np.isfinite(got["loss"])
 
+
+
+
+def test_counts_added_up_on_the_device_do_not_wrap_at_2_31_elements():
+    from jaxtrain._src import metrics as metrics_lib
+
+    one = metrics.Accuracy()(np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([1, 1]))  # a batch: 1 correct of 2
+    near = metrics.Stat(one.metric, {"correct": np.int32(2**31 - 2), "count": np.int32(2**31 - 1)})  # an epoch so far
+    merged = jax.jit(lambda a, b: a.merge(b))(near, one)  # as validation adds its batches on the device
+    assert merged.compute() == (2**31 - 1) / (2**31 + 1)
+    # validation's batches stacked by lax.map, added up in one call, then a further batch added
+    stacked = metrics.Stat(one.metric, {"correct": np.full(3, 2**30, np.int32),
+                                        "count": np.full(3, 2**30 + 1, np.int32)})
+    sums = jax.jit(lambda s: metrics_lib.add(s, {"accuracy": one}))(jax.jit(metrics_lib.total)({"accuracy": stacked}))
+    counts = metrics_lib.host_sums(sums)["accuracy"].parts
+    assert (counts["correct"], counts["count"]) == (3 * 2**30 + 1, 3 * (2**30 + 1) + 2)
+    assert metrics_lib.compute(sums, 1)["accuracy"] == (3 * 2**30 + 1) / (3 * (2**30 + 1) + 2)
+
+
+def test_validation_dispatched_batch_by_batch_adds_up_its_stats_as_the_loop_does():
+    # the dispatched form donates its sums between the batches: they start as `add` returns them (with carry words)
+    train, val = _data(32), _data(53, seed=1)  # validation: 3 batches of 16 and a ragged 5
+    model = Net(nnx.Rngs(0))
+    config = TrainConfig(epochs=1, batch_size=16, eval_batch_size=16, step_form="step")
+    record = run(model, loss_fn, train, val, config, optimizer=optax.sgd(0.0), verbosity="summary",
+                 session=RunOptions(console=silent())).history[-1]
+    want = _reference(np.asarray(model(val["x"]), np.float64), val["y"])
+    _close({k[len("val_"):]: v for k, v in record.items() if k.startswith("val_")}, want, want)

@@ -9,7 +9,7 @@ from conftest import leaves_close, mse, regression_data, small_mlp
 
 from jaxtrain._src.feeds import epoch_permutation
 from jaxtrain._src.state import init_state
-from jaxtrain._src.step import make_eval_step, make_evaluate, make_multi_step, make_train_step
+from jaxtrain._src.step import make_eval_step, make_evaluate, make_evaluate_sums, make_multi_step, make_train_step
 
 pytestmark = pytest.mark.xla_defaults  # fused and separate steps alike, evaluation against NumPy
 
@@ -76,6 +76,18 @@ def test_evaluate_with_partial_last_batch_matches_numpy():
     err = h @ p["layers"][1]["kernel"] + p["layers"][1]["bias"] - data["y"]
     np.testing.assert_allclose(got["loss"], np.mean(err**2), rtol=1e-5)
     np.testing.assert_allclose(got["mae"], np.mean(np.abs(err)), rtol=1e-5)
+
+
+def test_validation_sums_add_the_batch_means_then_scale_them_as_runs_before_stats_did():
+    # val_loss keeps its bits for runs that use no Stat: (m1 + m2) * 12 + m3 * 5, not m1 * 12 + m2 * 12 + m3 * 5.
+    # Each batch's "mean" is its first row's value, so the means are exact and only the order of the sums rounds.
+    means = np.float32([0.1, 0.5, 0.5])  # two full batches of 12 and a tail of 5
+    data = {"v": np.repeat(means, [12, 12, 5])}
+    sums = jax.jit(make_evaluate_sums(lambda state, batch: {"loss": batch["v"][0]}, 29, 12))(None, data)
+    B, r = np.float32(12), np.float32(5)
+    old_order = (means[0] + means[1]) * B + means[2] * r
+    assert old_order != (means[0] * B + means[1] * B) + means[2] * r  # (the orders differ on these means)
+    assert sums["loss"].dtype == np.float32 and float(sums["loss"]) == float(old_order)
 
 
 def test_evaluate_handles_fewer_samples_than_a_batch():

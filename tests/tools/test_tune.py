@@ -211,11 +211,11 @@ class FakeRuns:
     def __init__(self, table):
         self.table, self.calls = table, []
         self.config = types.SimpleNamespace(batch_size=32)
-        self.metric, self.samples = "val_loss", 1000
+        self.metric, self.samples, self.capped = "val_loss", 1000, ""
 
     def __call__(self, batch, lr, rate):
         self.calls.append((batch, round(lr, 6)))
-        return tune.RateTrial(batch, lr, rate, self.table(batch, lr))
+        return tune.RateTrial(batch, lr, rate, self.table(batch, lr), 2 * max(1, 500 // batch) * batch)
 
 
 def checked(table, candidates):
@@ -252,3 +252,22 @@ def test_check_steps_down_to_the_largest_batch_that_holds_or_keeps_the_config():
     text = console.file.getvalue()
     assert "recommended: no change (keep the config's batch and learning rate)" in text
     assert "why: batch 2,048 reached val_loss inf at best" in text and "not finite" in text
+
+
+def test_check_records_the_samples_each_run_trained_and_says_its_cap(mlp_regression):
+    _, config, workload = mlp_regression
+    n_train = 600 - 88
+    runner = tune._ShortRun(workload, config, "m", n_train, 1000)  # over the epoch: capped, and said
+    assert (runner.samples, runner.capped) == (512, "1,000 samples asked, capped at one epoch of the training set "
+                                                    "(512 samples)")
+    trial = runner(24, 1e-3, "config")  # two epochs of the whole steps of 24 within 256 each: 10
+    assert trial.samples == 2 * 10 * 24 and math.isfinite(trial.loss)
+    check = tune.RateCheck(runner.samples, runner.metric, (trial,), None, 1e-3, "r", runner.capped)
+    console = Console(file=io.StringIO(), width=200)
+    print_batch_size(tune.BatchSizeResult(
+        name="m", device="cpu", cap_bytes=1, cap_source="", state_bytes=1, data_bytes=0, stopped_by="the cap",
+        rows=(tune.BatchTrial(24, {"peak_bytes": 1, "temp_bytes": 0}, True, 1.0, 1.0),), largest=24, best=24,
+        base_batch=24, base_lr=1e-3, optimizer="adam", check=check), console)
+    text = console.file.getvalue()
+    assert "check: 512 training samples asked per run" in text and f"check: {runner.capped}\n" in text
+    assert "config               480 samples" in text

@@ -22,8 +22,11 @@ A loss function returns them beside its batch means, under the name the epoch re
                       "top5": metrics.TopK(5)(logits, batch["y"])}
 
 Everything is pure and jit-friendly: a `Stat` is a pytree whose leaves are the counts and whose
-metric (static, hashable) says how to compute. Counts are int32 on the device (exact to 2**31
-rows); a masked `Mean` with fractional weights sums them in float32.
+metric (static, hashable) says how to compute. A batch's counts are int32; added up on the device
+(`merge`, `total`: validation's batches) an int32 count carries into a second int32 word, the part
+`<name>.hi` (multiples of 2**31), so that an epoch's counts do not wrap at 2**31 elements; on the
+host, where training's steps are added, they are float64 (exact to 2**53). A masked `Mean` with
+fractional weights sums its weights in float32.
 
 Scores: `logits` of shape (..., C) with integer `labels` (...) are multi-class (the prediction is
 the argmax); scores of the labels' shape are binary (positive where `score > threshold`, 0 by
@@ -44,6 +47,30 @@ from jaxtrain._src.errors import ConfigError
 __all__ = ["F1", "Accuracy", "Mean", "Metric", "Precision", "Recall", "Stat", "TopK", "compute", "is_stat"]
 
 Average = Literal["binary", "macro", "micro"]
+HI = ".hi"  # the part `<name>.hi` of an int32 count added up on the device: its multiples of 2**31
+
+
+def _wide(parts: dict[str, Any]) -> dict[str, Any]:
+    """`parts` with every int32 count that has no carry word yet split into (its low 31 bits, `<name>.hi`:
+    its multiples of 2**31, -1 for a negative one); a count of one batch is its low word, 0 its high."""
+    wide = dict(parts)
+    for k, v in parts.items():
+        if v.dtype == jnp.int32 and not k.endswith(HI) and k + HI not in parts:
+            wide[k], wide[k + HI] = v & jnp.int32(2**31 - 1), v >> 31
+    return wide
+
+
+def _carry_add(a: tuple[Any, Any], b: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Two counts as (low 31 bits, multiples of 2**31) added exactly: the low words (each < 2**31) sum
+    in uint32 without wrapping, and their bit 31 carries into the high word."""
+    low = a[0].astype(jnp.uint32) + b[0].astype(jnp.uint32)
+    return (low & jnp.uint32(2**31 - 1)).astype(jnp.int32), a[1] + b[1] + (low >> 31).astype(jnp.int32)
+
+
+def _joined(parts: dict[str, Any], dtype: Any) -> dict[str, Any]:
+    """Each count with its carry word as one number of `dtype`; parts without one as they are (their bits kept)."""
+    return {k: v.astype(dtype) + parts[k + HI].astype(dtype) * 2.0**31 if k + HI in parts else v
+            for k, v in parts.items() if not k.endswith(HI)}
 
 
 class Stat:
@@ -60,12 +87,18 @@ class Stat:
         return Stat(self.metric, {k: jnp.zeros_like(v) for k, v in self.parts.items()})
 
     def merge(self, other: "Stat") -> "Stat":
-        """The statistics of both sets of rows (sums and counts added)."""
-        return Stat(self.metric, {k: self.parts[k] + other.parts[k] for k in self.parts})
+        """The statistics of both sets of rows (sums and counts added; int32 counts carry into `<name>.hi`)."""
+        a, b = (_wide(stat.parts) for stat in (self, other))
+        parts = {k: a[k] + b[k] for k in a if a[k].dtype != jnp.int32}
+        for k in a:
+            if a[k].dtype == jnp.int32 and not k.endswith(HI):
+                parts[k], parts[k + HI] = _carry_add((a[k], a[k + HI]), (b[k], b[k + HI]))
+        return Stat(self.metric, parts)
 
     def compute(self) -> float:
         """The metric's value over the rows counted, as a Python float (on the host)."""
-        return float(self.metric.compute({k: np.asarray(v, np.float64) for k, v in self.parts.items()}))
+        return float(self.metric.compute(_joined({k: np.asarray(v, np.float64) for k, v in self.parts.items()},
+                                                 np.float64)))
 
     def __repr__(self) -> str:
         return f"Stat({self.metric!r}, {self.parts!r})"
@@ -270,8 +303,25 @@ def row_sums(metrics: dict[str, Any], rows: int) -> dict[str, Any]:
 
 
 def total(stacked: dict[str, Any]) -> dict[str, Any]:
-    """Per-batch sums stacked on axis 0, added up."""
-    return {k: jax.tree.map(lambda x: x.sum(axis=0), v) if is_stat(v) else jnp.sum(v) for k, v in stacked.items()}
+    """Per-batch sums stacked on axis 0, added up (a Stat's int32 counts with their carry: `Stat.merge`)."""
+    return {k: _stat_total(v) if is_stat(v) else jnp.sum(v) for k, v in stacked.items()}
+
+
+def _stat_total(stat: Stat) -> Stat:
+    """A Stat of parts stacked on axis 0, added up: int32 counts by a reduction that carries (`_carry_add`)."""
+    parts = _wide(stat.parts)
+    summed = {k: v.sum(axis=0) for k, v in parts.items() if v.dtype != jnp.int32}
+    for k, v in parts.items():
+        if v.dtype == jnp.int32 and not k.endswith(HI):
+            zero = jnp.zeros((), jnp.int32)
+            summed[k], summed[k + HI] = jax.lax.reduce((v, parts[k + HI]), (zero, zero), _carry_add, (0,))
+    return Stat(stat.metric, summed)
+
+
+def widen(sums: dict[str, Any]) -> dict[str, Any]:
+    """Sums as `add` returns them (a Stat's int32 counts with their carry words): the zeros that
+    sums added up on the device start from."""
+    return {k: Stat(v.metric, _wide(v.parts)) if is_stat(v) else v for k, v in sums.items()}
 
 
 def add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -280,9 +330,10 @@ def add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def host_sums(sums: dict[str, Any]) -> dict[str, Any]:
-    """Sums fetched to the host: floats, Stats of float64 parts (so that blocks add up exactly)."""
-    return {k: Stat(v.metric, {p: np.asarray(x, np.float64) for p, x in v.parts.items()}) if is_stat(v)
-            else float(np.float64(v)) for k, v in jax.device_get(sums).items()}
+    """Sums fetched to the host: floats, Stats of float64 parts (so that blocks add up exactly; each
+    count with its carry word as one number)."""
+    return {k: Stat(v.metric, _joined({p: np.asarray(x, np.float64) for p, x in v.parts.items()}, np.float64))
+            if is_stat(v) else float(np.float64(v)) for k, v in jax.device_get(sums).items()}
 
 
 def compute(sums: dict[str, Any], rows: int) -> dict[str, float]:
@@ -293,4 +344,5 @@ def compute(sums: dict[str, Any], rows: int) -> dict[str, float]:
 
 def compute_traced(sums: dict[str, Any], rows: int) -> dict[str, jax.Array]:
     """`compute` inside a compiled function (float32 arrays)."""
-    return {k: v.metric.compute(v.parts, jnp) if is_stat(v) else v / rows for k, v in sums.items()}
+    return {k: v.metric.compute(_joined(v.parts, jnp.float32), jnp) if is_stat(v) else v / rows
+            for k, v in sums.items()}

@@ -230,7 +230,7 @@ def make_evaluate_sums(
     constrain: Callable[[Batch], Batch] | None = None,
 ) -> Callable[[TrainState, Batch], Metrics]:
     """`evaluate_sums(state, data) -> sums`: each metric summed over all `num_samples` rows of `data`
-    (a batch mean times its batch size, added up).
+    (the full batches' means added up, then times the batch size; the remainder's mean times its rows).
 
     Full batches run under `lax.map` (a scan), each placed by `constrain` when given (e.g. split
     over a mesh's devices); the remainder runs as one smaller batch, so no sample is dropped or

@@ -297,12 +297,11 @@ def hook_seconds(hook_s: dict[tuple[str, str], float]) -> dict[str, float]:
 def run_hooks(config: TrainConfig, hooks: Sequence[Hook], evaluation: Hook | None, checkpoints: Hook | None,
               progress: Hook, run_dir: Path | None, saved: dict[str, Any], loop: LoopState,
               plots: bool = True) -> list[Hook]:
-    """The run's hooks in order: metrics and evaluation first (they fill the epoch record), the
-    user's, the profile (the user's ProfileHook, if any, else a default one), early stopping, the
-    deadline (`TrainConfig.max_time`), run
-    files in `run_dir` (None: this process writes none; `saved` is config.json), checkpoints,
-    plots (unless not `plots`), TensorBoard, the trackers of `config.track`, progress; each
-    restored from `loop` when it has saved state."""
+    """The run's hooks in order, each restored from `loop` when it has saved state: metrics and evaluation first
+    (they fill the epoch record), the user's, the profile (the user's ProfileHook, if any, else a default one), early
+    stopping, restoring the best weights, reduce on plateau, the deadline (`TrainConfig.max_time`), the run files in
+    `run_dir` (None: this process writes none; `saved` is config.json), checkpoints, plots (unless not `plots`),
+    TensorBoard, the trackers of `config.track`, and progress last."""
     stopping = config.early_stopping
     _note_idle_early_stopping(stopping)
     ordered = [

@@ -22,12 +22,13 @@ throughput up to it:
 3. The check, by training what it would recommend (`RateCheck`): a few timed steps say how fast a
    batch is, not whether its scaled learning rate trains (mlp-regression's fastest, 2048 at the
    square-root rule's 8e-3, stays at a val loss 8x the config's). The config and the fastest batch
-   train the same short budget (`CHECK_SAMPLES`, at most one epoch) from the same initial weights
-   and data order, the batch at the scaled rate and at the config's (and halfway between where the
-   scaled rate lost); the scaled rate is recommended only where no other rate tried beat it, and a
-   batch only where its best rate came within `CHECK_TOLERANCE` of the config's loss; otherwise the
-   batches between it and the config's are bisected for the largest that does, and when none does
-   nothing is recommended.
+   train the same short budget (`CHECK_SAMPLES`, at most one epoch; each run in whole steps of its
+   batch, the samples it trained recorded) from the same initial weights and data order, the batch
+   at the scaled rate and at the config's (and halfway between where the scaled rate lost); the
+   scaled rate is recommended only where no other rate tried beat it, and a batch only where its
+   best rate came within `CHECK_TOLERANCE` of the config's loss; otherwise the batches between it
+   and the config's are bisected for the largest that does, and when none does nothing is
+   recommended.
 
 The cap bounds the step; the datasets `fit` keeps on the device are a separate, batch-independent
 cost, reported as `data_bytes` (the default cap is what is left of the device's memory after them).
@@ -115,12 +116,15 @@ class RateTrial:
         (the geometric mean of the config's and the scaled rate) or "scaled".
       loss: the run's best validation loss (its last epoch's training loss without validation data);
         inf where the loss was not finite.
+      samples: training samples the run trained (its optimizer steps x samples per step; where it failed,
+        those it was to train): whole steps, so batches differ a little around `RateCheck.samples`.
     """
 
     batch_size: int
     lr: float
     rate: str
     loss: float
+    samples: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +136,14 @@ class RateCheck:
     tried beat it.
 
     Attributes:
-      samples: training samples each run saw (two epochs of half of it).
+      samples: the budget of each run, at most one epoch: each trains two epochs of whole steps within
+        half of it (at least one step each); what it trained is its `RateTrial.samples`.
       metric: what `loss` is: "val_loss" or "train_loss".
       trials: every run, the config's first.
       batch_size: the recommended batch, or None when no batch tried held (keep the config).
       lr: the recommended learning rate (the best one tried at `batch_size`).
       reason: one line: why this rate (and this batch, where the fastest did not hold).
+      capped: one line when the samples asked were over one epoch and `samples` is the epoch, else "".
     """
 
     samples: int
@@ -146,6 +152,7 @@ class RateCheck:
     batch_size: int | None
     lr: float
     reason: str
+    capped: str = ""
 
     @property
     def baseline(self) -> RateTrial:
@@ -437,8 +444,7 @@ def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_bat
         min_lr=config.optim.min_lr if config.optim.schedule == "warmup-cosine" else 0.0,
         step_settings=_step_settings(config), throughput=throughput,
     )
-    samples = min(CHECK_SAMPLES, n_train) if check_samples is None else check_samples
-    if not samples:
+    if check_samples == 0:
         return result
     # the batches the check may recommend: those that trained (or, without throughput, fit) from the best
     # toward the config's, the best first
@@ -447,7 +453,7 @@ def _find(w: Workload, config: TrainConfig, max_memory_gb: float | None, max_bat
     between = [b for b in ok if min(base, best * config.grad_accum) < b * config.grad_accum
                < max(base, best * config.grad_accum)]
     candidates = [best, *sorted(between, key=lambda b: -abs(b * config.grad_accum - base))]
-    runner = _ShortRun(w, config, name, n_train, samples)
+    runner = _ShortRun(w, config, name, n_train, check_samples)
     return dataclasses.replace(result, check=_check(result, runner, candidates, note))
 
 
@@ -457,7 +463,7 @@ def _check(result: BatchSizeResult, runner: _ShortRun, candidates: list[int],
     on the same short budget and keeps the first batch, by bisection, whose best rate holds (see `RateCheck`)."""
     baseline = runner(runner.config.batch_size, result.base_lr, "config")
     note(f"check: the config (batch {runner.config.batch_size}, lr {format_lr(result.base_lr)}) reached "
-         f"{runner.metric} {baseline.loss:.4g} in {runner.samples:,} samples")
+         f"{runner.metric} {baseline.loss:.4g} in {baseline.samples:,} samples")
     trials, tried = [baseline], {}
 
     def best_rate(b: int) -> RateTrial:
@@ -494,9 +500,9 @@ def _check(result: BatchSizeResult, runner: _ShortRun, candidates: list[int],
         why = (f"batch {candidates[0]:,} reached {metric} {min(r.loss for r in first):.4g} at best, over "
                f"{CHECK_TOLERANCE:g}x the config's {base:.4g}; ")
     if picked is None:
-        reason = why + (f"no batch tried held (the same {runner.samples:,} samples each): keep the config's batch "
+        reason = why + (f"no batch tried held ({runner.samples:,} samples asked of each run): keep the config's batch "
                         "and learning rate")
-        return RateCheck(runner.samples, metric, tuple(trials), None, result.base_lr, reason)
+        return RateCheck(runner.samples, metric, tuple(trials), None, result.base_lr, reason, runner.capped)
     runs = tried[picked.batch_size]
     scaled = runs[0]
     if picked is scaled:
@@ -505,9 +511,9 @@ def _check(result: BatchSizeResult, runner: _ShortRun, candidates: list[int],
     else:
         rate = (f"the scaled rate {format_lr(scaled.lr)} reached {metric} {scaled.loss:.4g} against "
                 f"{picked.loss:.4g} at {format_lr(picked.lr)} ({picked.rate}), which is recommended")
-    reason = (f"{why}{rate} (batch {picked.batch_size:,}; the config: {base:.4g}; {runner.samples:,} samples each, "
-              "one run each)")
-    return RateCheck(runner.samples, metric, tuple(trials), picked.batch_size, picked.lr, reason)
+    reason = (f"{why}{rate} (batch {picked.batch_size:,}; the config: {base:.4g}; {picked.samples:,} samples against "
+              f"the config's {baseline.samples:,}, one run each)")
+    return RateCheck(runner.samples, metric, tuple(trials), picked.batch_size, picked.lr, reason, runner.capped)
 
 
 def _step_settings(config: TrainConfig) -> dict[str, int]:
@@ -632,19 +638,23 @@ class _Trainer:
 
 class _ShortRun:
     """One short run of the check: `fit` (silent, no run directory) from the workload's initial weights
-    for two epochs of about samples / 2 each at a batch and learning rate, the config's other settings
-    kept; returns its best validation loss (the last epoch's training loss without validation data)."""
+    for two epochs of whole steps within samples / 2 each (at least one step) at a batch and learning rate,
+    the config's other settings kept; returns its best validation loss (the last epoch's training loss
+    without validation data) and the samples it trained. `samples` is `asked` (None: `CHECK_SAMPLES`) up to
+    one epoch; `capped` says in one line that an `asked` over one epoch was cut to it."""
 
-    def __init__(self, w: Workload, config: TrainConfig, name: str, n_train: int, samples: int):
-        self._w, self.config, self._name, self._n_train = w, config, name, n_train
-        self.samples = samples
+    def __init__(self, w: Workload, config: TrainConfig, name: str, n_train: int, asked: int | None):
+        self._w, self.config, self._name = w, config, name
+        self.samples = min(CHECK_SAMPLES if asked is None else asked, n_train)
+        self.capped = "" if asked is None or asked <= n_train else \
+            f"{asked:,} samples asked, capped at one epoch of the training set ({n_train:,} samples)"
         self.metric = "val_loss" if w.val is not None else "train_loss"
         self._initial = jax.tree.map(jnp.copy, nnx.state(w.model))
 
     def __call__(self, batch: int, lr: float, rate: str) -> RateTrial:
         c = self.config
         samples_per_step = batch * c.grad_accum
-        per_epoch = max(1, min(self.samples // samples_per_step // 2, self._n_train // samples_per_step))
+        per_epoch = max(1, self.samples // samples_per_step // 2)  # (samples <= n_train: both epochs fit)
         if per_epoch > 64:  # calls of K <= 64 steps that divide the epoch (no program for a shorter last call)
             per_epoch -= per_epoch % 16
         k = max(d for d in range(1, min(per_epoch, 64) + 1) if per_epoch % d == 0)
@@ -663,15 +673,16 @@ class _ShortRun:
                       preprocess=self._w.preprocess, augment=self._w.augment, verbosity="silent",
                       session=RunOptions(name=self._name))
         except NonFiniteLossError:
-            return RateTrial(batch, lr, rate, math.inf)
+            return RateTrial(batch, lr, rate, math.inf, 2 * per_epoch * samples_per_step)
         except Exception as e:
             if not _out_of_memory(e):
                 raise
-            return RateTrial(batch, lr, rate, math.inf)
+            return RateTrial(batch, lr, rate, math.inf, 2 * per_epoch * samples_per_step)
         finally:
             nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
         loss = out.summary["best_val_loss" if self.metric == "val_loss" else "final_train_loss"]
-        return RateTrial(batch, lr, rate, loss if loss is not None and math.isfinite(loss) else math.inf)
+        return RateTrial(batch, lr, rate, loss if loss is not None and math.isfinite(loss) else math.inf,
+                         out.summary["steps"] * samples_per_step)
 
 
 def _out_of_memory(e: Exception) -> bool:
@@ -837,8 +848,7 @@ def lr_range(recipe: Recipe, config: Any, min_lr: float = 1e-7, max_lr: float = 
 def _lr_range(w: Workload, name: str, config: Any, min_lr: float, max_lr: float, steps: int | None,
               steps_per_call: int, check_samples: int | None) -> LRRange:
     n_train = data_lib.num_rows(w.train, "train")
-    samples = min(CHECK_SAMPLES, n_train) if check_samples is None else check_samples
-    runner = _ShortRun(w, config, name, n_train, samples) if samples else None  # the initial weights, kept
+    runner = _ShortRun(w, config, name, n_train, check_samples) if check_samples != 0 else None  # initial weights
     if steps is None:
         per_epoch = config.steps_per_epoch or data_lib.num_rows(w.train, "train") // config.samples_per_step
         steps = min(MAX_STEPS, max(20, config.epochs * per_epoch))
@@ -866,7 +876,8 @@ def _lr_range(w: Workload, name: str, config: Any, min_lr: float, max_lr: float,
     tried = runner(config.batch_size, float(format_lr(result.suggestion)), "suggestion")  # the rate printed
     held = tried.loss <= base.loss
     reason = (f"the suggestion {format_lr(tried.lr)} reached {runner.metric} {tried.loss:.4g} against {base.loss:.4g} "
-              f"at the config's rate {format_lr(base.lr)} ({samples:,} samples each, one run each)"
+              f"at the config's rate {format_lr(base.lr)} ({base.samples:,} samples each, one run each)"
               + ("" if held else ": the config's rate is kept"))
-    check = RateCheck(samples, runner.metric, (base, tried), config.batch_size, tried.lr if held else base.lr, reason)
+    check = RateCheck(runner.samples, runner.metric, (base, tried), config.batch_size, tried.lr if held else base.lr,
+                      reason, runner.capped)
     return dataclasses.replace(result, check=check)

@@ -87,8 +87,8 @@ class EvalHook(RunHook):
             sums = run.calls.compile(fn, shapes_of(run.state), data, background=True)
             return lambda state: metrics_lib.compute(sums(state, data), n)
         num_full, remainder = divmod(n, B)
-        zeros = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), jax.eval_shape(
-            self._step, run.state, jax.tree.map(lambda x: jax.ShapeDtypeStruct((B, *x.shape[1:]), x.dtype), data)))
+        zeros = metrics_lib.widen(jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), jax.eval_shape(
+            self._step, run.state, jax.tree.map(lambda x: jax.ShapeDtypeStruct((B, *x.shape[1:]), x.dtype), data))))
         index = np.int32(0)
         batch = run.calls.compile(make_batch_sums(self._step, B, constrain), shapes_of(run.state), data, index, zeros,
                                   background=True)

@@ -80,12 +80,16 @@ def _print_check(result: "BatchSizeResult", console: Console) -> None:
     check = result.check
     assert check is not None
     base = check.baseline.loss
-    console.print(f"check: {check.samples:,} training samples per run, same initial weights and data order; "
-                  f"{check.metric} (a batch holds within {CHECK_TOLERANCE:g}x the config's)")
+    console.print(f"check: {check.samples:,} training samples asked per run (each run's, in whole steps, below), "
+                  f"same initial weights and data order; {check.metric} (a batch holds within "
+                  f"{CHECK_TOLERANCE:g}x the config's)")
+    if check.capped:
+        console.print(f"check: {check.capped}")
     for t in check.trials:
         loss = f"{t.loss:.4g}" if t.loss != float("inf") else "not finite"
         ratio = f" ({t.loss / base:.2f}x)" if t is not check.baseline and base > 0 and t.loss != float("inf") else ""
-        console.print(f"  batch {t.batch_size:>6,} lr {format_lr(t.lr):>7} {t.rate:<14} {loss}{ratio}")
+        console.print(f"  batch {t.batch_size:>6,} lr {format_lr(t.lr):>7} {t.rate:<14} {t.samples:>9,} samples  "
+                      f"{loss}{ratio}")
     console.print(f"why: {check.reason}")
 
 
@@ -155,6 +159,8 @@ def print_lr_range(result: "LRRange", console: Console, name: str, optimizer: st
         console.print(f"unchecked (no check ran): the suggestion is --optim.lr {format_lr(result.suggestion)}")
         return
     console.print(f"check: {check.reason}")
+    if check.capped:
+        console.print(f"check: {check.capped}")
     if check.lr != check.trials[1].lr:  # the suggestion trained worse than the config's rate
         console.print(f"recommended: no change (keep the config's learning rate, {format_lr(check.lr)})")
         return
