@@ -135,7 +135,8 @@ def test_tune_batch_size_recommends_a_command_that_trains_as_well_as_the_config(
     assert "search ended at max_batch=8" in out and Path("bs.png").is_file()
     assert "available RAM" in out or "memory limit" in out  # the default cap says its source
     assert "check: 500 training samples asked per run" in out and "why: " in out
-    assert re.search(r"batch +2 lr +1\.0e-3 config +448 samples", out)  # two epochs of 112 steps (K 16) of 2
+    # the config's whole run fits in the check: it is run whole (1 epoch of 250 steps of 2), as the command runs
+    assert re.search(r"batch +2 lr +1\.0e-3 config +500 samples", out)
     command = printed(out, "recommended:")
     args = shlex.split(command)
     assert shlex.join(TINY) in command and args.count("--batch-size") == 1 and "--max-batch" not in args

@@ -638,14 +638,17 @@ class _Trainer:
 
 class _ShortRun:
     """One short run of the check: `fit` (silent, no run directory) from the workload's initial weights
-    for two epochs of whole steps within samples / 2 each (at least one step) at a batch and learning rate,
-    the config's other settings kept; returns its best validation loss (the last epoch's training loss
-    without validation data) and the samples it trained. `samples` is `asked` (None: `CHECK_SAMPLES`) up to
-    one epoch; `capped` says in one line that an `asked` over one epoch was cut to it."""
+    at a batch and learning rate, the config's other settings kept; returns its best validation loss (the
+    last epoch's training loss without validation data) and the samples it trained. A config whose whole
+    run fits in `samples` is run whole (its epochs, evaluation and early stopping): the check is then the
+    recommended command's own run. Otherwise two epochs of whole steps within samples / 2 each (at least
+    one step). `samples` is `asked` (None: `CHECK_SAMPLES`) up to one epoch; `capped` says in one line
+    that an `asked` over one epoch was cut to it."""
 
     def __init__(self, w: Workload, config: TrainConfig, name: str, n_train: int, asked: int | None):
         self._w, self.config, self._name = w, config, name
         self.samples = min(CHECK_SAMPLES if asked is None else asked, n_train)
+        self._whole = not config.steps_per_epoch and not config.max_time_s and config.epochs * n_train <= self.samples
         self.capped = "" if asked is None or asked <= n_train else \
             f"{asked:,} samples asked, capped at one epoch of the training set ({n_train:,} samples)"
         self.metric = "val_loss" if w.val is not None else "train_loss"
@@ -662,11 +665,13 @@ class _ShortRun:
         if c.optim.schedule == "warmup-cosine" and c.optim.lr:  # as `BatchSizeResult.flags` scales it
             optim = dataclasses.replace(optim, min_lr=c.optim.min_lr * lr / c.optim.lr)
         config = dataclasses.replace(
-            c, batch_size=batch, optim=optim, epochs=2, steps_per_epoch=per_epoch, steps_per_call=k, eval_every=1,
+            c, batch_size=batch, optim=optim,
             step_form="scan" if c.step_form == "auto" else c.step_form,  # no timing probe: one form for every run
             on_nan="stop", tensorboard=False, track="", log_every=10**9,
-            checkpoint=dataclasses.replace(c.checkpoint, enabled=False),
-            early_stopping=dataclasses.replace(c.early_stopping, patience=0))
+            checkpoint=dataclasses.replace(c.checkpoint, enabled=False))
+        if not self._whole:
+            config = dataclasses.replace(config, epochs=2, steps_per_epoch=per_epoch, steps_per_call=k, eval_every=1,
+                                         early_stopping=dataclasses.replace(c.early_stopping, patience=0))
         nnx.update(self._w.model, jax.tree.map(jnp.copy, self._initial))
         try:
             out = run(self._w.model, self._w.loss_fn, self._w.train, self._w.val, config,
