@@ -30,6 +30,7 @@ BENCHMARKS = {
     "predict": ("predict", "PredictBenchConfig"),
     "preprocess": ("preprocess", "PreprocessBenchConfig"),
     "profile": ("profile", "ProfileBenchConfig"),
+    "progress": ("progress", "ProgressBenchConfig"),
     "remat": ("remat", "RematBenchConfig"),
     "sameseed": ("sameseed", "SameSeedBenchConfig"),
     "scale": ("scale", "ScaleBenchConfig"),

@@ -91,7 +91,7 @@ def test_nan_loss_exits_3_naming_the_step(tmp_path, capsys):
          "error: batch_size=500 is larger than the training set (90 samples)"),
         (["bench", "nope"],
          "error: unknown benchmark 'nope'; choose one of: attention, checkpoint, data, ema, faults, frameworks, "
-         "gpu, ladder, overhead, precision, predict, preprocess, profile, remat, sameseed, scale, scan"),
+         "gpu, ladder, overhead, precision, predict, preprocess, profile, progress, remat, sameseed, scale, scan"),
     ],
 )
 def test_errors_are_one_line_with_exit_code_2(args, message, capsys):

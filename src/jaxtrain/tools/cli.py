@@ -76,6 +76,7 @@ commands:
   bench overhead [OPTIONS] jaxtrain.fit against a hand-written jit + lax.scan loop
   bench shortrun [OPTIONS] short runs (a classifier, a zoo conv model): fit's whole process vs a hand loop
   bench sameseed [OPTIONS] runs of one script and seed on a loaded machine: do they end bit-identical?
+  bench progress [OPTIONS] make demo's run: its first progress reading against the run's throughput
   bench checkpoint [OPTIONS]  what checkpoints cost; kill-and-resume exactness
   bench ema [OPTIONS]      what an average of the weights (--ema) costs per training step
   bench faults [OPTIONS]  SIGKILL at each moment of a run x resume: do resumed runs equal an uninterrupted one
