@@ -38,11 +38,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str], devices: int, log: Path) -> subprocess.Popen:
+ENTRY = "from jaxtrain.tools.cli import entry_point; entry_point()"
+# Several runs one after another in one process (the references on four devices: one start-up of Python and JAX)
+RUNS = "import json, sys; from jaxtrain.tools.cli import main; sys.exit(max(main(a) for a in json.loads(sys.argv[1])))"
+
+
+def start(args: list[str], devices: int, log: Path, code: str = ENTRY) -> subprocess.Popen:
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    command = [sys.executable, "-c", "from jaxtrain.tools.cli import entry_point; entry_point()", *args]
+    command = [sys.executable, "-c", code, *args]
     with log.open("w") as out:  # the child writes to its own copy of the descriptor
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -79,12 +84,13 @@ def test_two_processes_train_like_one_survive_a_kill_and_resume_exactly(tmp_path
     job, single = tmp_path / "job", tmp_path / "single"
     streamed, single_streamed = tmp_path / "streamed", tmp_path / "single-streamed"
     stream = ["--data.placement", "stream"]  # each process reads only its slice of every batch
-    # Three processes at a time, not six: on two cores the gloo jobs' all-reduces wait less for a core.
-    procs = [*start_job(job), start([*ARGS, "--run-dir", str(single)], 4, tmp_path / "single.log")]
-    assert wait(procs) == [0] * 3, (tmp_path / "job-0.log").read_text()[-3000:]
-    procs = [*start_job(streamed, *stream),
-             start([*ARGS, *stream, "--run-dir", str(single_streamed)], 4, tmp_path / "single-streamed.log")]
-    assert wait(procs) == [0] * 3, (tmp_path / "streamed-0.log").read_text()[-3000:]
+    # Three processes at a time, not six: on two cores the gloo jobs' all-reduces wait less for a core. The two
+    # one-process references (data on the devices, streamed) run one after the other in one process beside the jobs.
+    references = [[*ARGS, "--run-dir", str(single)], [*ARGS, *stream, "--run-dir", str(single_streamed)]]
+    one = start([json.dumps(references)], 4, tmp_path / "single.log", code=RUNS)
+    assert wait(start_job(job)) == [0] * 2, (tmp_path / "job-0.log").read_text()[-3000:]
+    assert wait(start_job(streamed, *stream)) == [0] * 2, (tmp_path / "streamed-0.log").read_text()[-3000:]
+    assert wait([one]) == [0], (tmp_path / "single.log").read_text()[-3000:]
 
     # One set of run files, written by process 0; process 1 prints no summary.
     assert "mlp-regression completed:" in (tmp_path / "job-0.log").read_text()  # --quiet: the result, once

@@ -90,9 +90,11 @@ def test_workers_on_postgresql_survive_a_killed_worker(tmp_path, postgres):
     for t in finished:
         assert json.loads((out / f"trial-{t.number:04d}" / "summary.json").read_text())["status"] == "completed"
 
-    # the same command again: the study has its 4 trials, nothing more runs
-    again = subprocess.run([sys.executable, "-m", "jaxtrain", *command], capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stderr
+    # the same command again: the study has its 4 trials, nothing more runs (in this process: what runs here is
+    # the command's code; its own process would add only the start-up of Python and JAX)
+    from jaxtrain.tools import cli, sweep
+
+    assert cli.main(command) == 0
     assert len(optuna.load_study(study_name="pg", storage=postgres).trials) == len(study.trials)
     assert len(list(out.glob("trial-*"))) == 5
 
@@ -100,13 +102,12 @@ def test_workers_on_postgresql_survive_a_killed_worker(tmp_path, postgres):
     best = study.best_trial
     line = shlex.split(best.user_attrs["command"])
     line += ["--run-dir", str(tmp_path / "again")]  # printed without one: runs/ by default
-    subprocess.run([sys.executable, "-m", "jaxtrain", *line[1:], "--quiet"], check=True, timeout=120)
+    assert cli.main([*line[1:], "--quiet"]) == 0
     summary = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert summary["best_val_loss"] == pytest.approx(best.value, rel=1e-6)
 
     # 16 trials asked by 4 workers in turn on one PostgreSQL study: 16 distinct values (on this server,
     # not a second one: starting it is the slow part)
-    from jaxtrain.tools import cli, sweep
     from jaxtrain.tools.recipes import get_recipe
 
     recipe = get_recipe("mlp-regression")
@@ -162,7 +163,7 @@ SMALL = ["--data.samples", "600", "--data.val-samples", "88", "--data.features",
 
 
 @pytest.mark.slow
-def test_sigterm_ends_a_two_worker_sweep_and_the_same_command_finishes_it(tmp_path):
+def test_sigterm_ends_a_two_worker_sweep_and_the_same_command_finishes_it(tmp_path, capfd):
     out = tmp_path / "sweep"
     command = [sys.executable, "-m", "jaxtrain", "sweep", "mlp-regression", *SMALL, "--space",
                "optim.lr=loguniform:1e-4:1e-2", "--trials", "2", "--workers", "2", "--out", str(out),
@@ -190,10 +191,12 @@ def test_sigterm_ends_a_two_worker_sweep_and_the_same_command_finishes_it(tmp_pa
     waiting = [t for t in study.trials if t.state == states.WAITING]
     assert failed and not [t for t in study.trials if t.state == states.RUNNING], study.trials
     assert sorted(t.system_attrs["failed_trial"] for t in waiting) == [t.number for t in failed if t.params]
-    # the same command: the stopped trials' values again, the study finished, one directory per trial
-    again = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "again: the sweep was stopped)" in again.stdout
+    # the same command: the stopped trials' values again, the study finished, one directory per trial (run in
+    # this process: its workers are processes of their own all the same)
+    from jaxtrain.tools import cli
+
+    assert cli.main(command[3:]) == 0
+    assert "again: the sweep was stopped)" in capfd.readouterr().out
     study = optuna.load_study(study_name="mlp-regression", storage=f"sqlite:///{out / 'study.db'}")
     finished = [t for t in study.trials if t.state == states.COMPLETE]
     assert len(finished) == 2 and {t.params["optim.lr"] for t in finished} <= {t.params["optim.lr"] for t in failed}

@@ -71,53 +71,36 @@ HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "numpy", "matplotlib", "h5py
 
 
 @pytest.mark.slow
-def test_help_version_and_recipes_import_no_jax():
+def test_help_version_recipes_and_every_benchmarks_help_import_no_jax():
     # The help answers at once (no JAX: its import alone takes about a second): every command's
-    # --help, the recipes' list and --version, one after another in a fresh interpreter.
-    code = f"""
-import contextlib, io, json, sys
-from jaxtrain.tools import cli
-codes = {{}}
-for args in {HELP!r}:
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        try:
-            code = cli.main(args)
-        except SystemExit as e:  # tyro's help
-            code = e.code
-    codes[" ".join(args)] = [code, len(out.getvalue())]
-print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {HEAVY!r} if m in sys.modules)}}))
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {args: c for args, (c, n) in seen["codes"].items() if c != 0 or n < 15} == {}  # each exits 0 with text
-    assert seen["heavy"] == []
-
-
-@pytest.mark.slow
-def test_every_benchmarks_help_imports_no_jax():
-    # each benchmark's module imports JAX where it runs, not when it is loaded
+    # --help, the recipes' list and --version, one after another in a fresh interpreter; then, in the
+    # same interpreter, each benchmark's --help (its module imports JAX where it runs, not when it is loaded).
     from benchmarks import BENCHMARKS
 
     names = sorted(BENCHMARKS)
     code = f"""
 import contextlib, io, json, sys
 from jaxtrain.tools import cli
-codes = {{}}
-for name in {names!r}:
+def run(args):
     with contextlib.redirect_stdout(io.StringIO()) as out:
         try:
-            code = cli.main(["bench", name, "--help"])
+            code = cli.main(args)
         except SystemExit as e:  # tyro's help
             code = e.code
-    codes[name] = [code, len(out.getvalue())]
-print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {JAX!r} if m in sys.modules)}}))
+    return [code, len(out.getvalue())]
+codes = {{" ".join(args): run(args) for args in {HELP!r}}}
+heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)
+bench = {{name: run(["bench", name, "--help"]) for name in {names!r}}}
+print(json.dumps({{"codes": codes, "heavy": heavy, "bench": bench,
+                  "bench_heavy": sorted(m for m in {JAX!r} if m in sys.modules)}}))
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {name: c for name, (c, n) in seen["codes"].items() if c != 0 or n < 200} == {}
-    assert len(seen["codes"]) == 24 and seen["heavy"] == []
+    assert {args: c for args, (c, n) in seen["codes"].items() if c != 0 or n < 15} == {}  # each exits 0 with text
+    assert seen["heavy"] == []
+    assert {name: c for name, (c, n) in seen["bench"].items() if c != 0 or n < 200} == {}
+    assert len(seen["bench"]) == 24 and seen["bench_heavy"] == []
 
 
 # The command's process with `main` stood in for: what the cycle collector holds frozen when the command starts.
