@@ -74,6 +74,7 @@ class CompiledCalls:
         self.rewrites, self.loss_clean = rewrites, loss_clean
         self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self.compiler = Compiler(layout)
+        self.compiler.beside(loop_body_counted_once)  # the header's FLOPs need it: probed during the first compile
         self.programs = TrainPrograms(self.compiler, source, train_step, state, self.state_shardings)
         self.decisions = memory if self.form.measuring else None
         self._indices: dict[int, jax.Array] = {}

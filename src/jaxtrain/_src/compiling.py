@@ -209,18 +209,29 @@ class Compiler:
         for _, start in held:
             start()
 
-    def _start(self, future: Future, build: Callable, lowered: Any, lowering_s: float) -> None:
-        """Runs `build(lowered, lowering_s)` on the background thread, its outcome into `future`."""
+    def beside(self, fn: Callable[[], Any]) -> None:
+        """Runs `fn` on the background thread once the held compiles start (`release`): host work that
+        the run needs later and that would otherwise hold up the main thread (a probe of XLA's cost
+        analysis, compiled meanwhile)."""
+        future: Future = Future()
+        self._held.append((future, functools.partial(self._submit, future, fn)))
+
+    def _submit(self, future: Future, fn: Callable[[], Any]) -> None:
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-compile")
 
         def run() -> None:
             try:
-                future.set_result(build(lowered, lowering_s))
-            except BaseException as e:  # noqa: BLE001 - raised where the program is first used
+                future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - whoever needs it runs it again and sees the error
                 future.set_exception(e)
 
         self._background.submit(run)
+
+    def _start(self, future: Future, build: Callable, lowered: Any, lowering_s: float) -> None:
+        """Runs `build(lowered, lowering_s)` on the background thread, its outcome into `future` (an error
+        is raised where the program is first used)."""
+        self._submit(future, functools.partial(build, lowered, lowering_s))
 
     def finish(self) -> None:
         """Waits for every background compile (the wait counts in `compile_s`)."""
