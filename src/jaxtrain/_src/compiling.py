@@ -1,13 +1,12 @@
 """Compiling a run's programs: ahead of time, with the run's shardings, timed, some in the background.
 
 `Compiler` is the run's compile service: every program a run compiles (the training calls,
-evaluation, checkpoint checksums, self-play) goes through `compile`, which
-places inputs and outputs by the run's `Layout`, donates the state where asked, records each
-program in `compiles` (what, seconds, temporaries, whether the persistent cache served it) and adds
-its seconds to `compile_s`, so that compile time stays out of epoch times. Programs not needed at
-once are traced and lowered on the calling thread, then compile in one background thread while the
-main thread compiles or trains (`Compiling`); the lowering and the time the main thread waits for
-them count.
+evaluation, checkpoint checksums, self-play) goes through `compile`, which places inputs and outputs
+by the run's `Layout`, donates the state where asked, records each program in `compiles` (what,
+seconds, temporaries, whether the persistent cache served it) and adds its seconds to `compile_s`,
+so that compile time stays out of epoch times. Programs not needed at once are traced and lowered on
+the calling thread, then compile in one background thread while the main thread compiles or trains
+(`Compiling`); the lowering and the time the main thread waits for them count.
 
 `TrainPrograms` is the cache of the training programs: the scan call of k steps (`masked_call`:
 steps past `valid` skipped, so one program serves shorter calls) and the dispatched programs of U
@@ -138,6 +137,7 @@ class Compiler:
         self._lock = threading.Lock()
         self._pending: list[Compiling] = []
         self._held: list[tuple[Future, Callable[[], None]]] = []  # background compiles not started yet (`release`)
+        self._released = False  # the first foreground compile reached XLA: background ones start at once
 
     def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
                 out_shardings: Any = None, background: bool = False, key: Any = None, fingerprint: bool = False,
@@ -178,8 +178,8 @@ class Compiler:
             return compiled
 
         # Traced and lowered on this thread even for a background compile, which then only compiles (XLA
-        # releases the GIL): two threads tracing at once take turns at the GIL, and a step's loss traced
-        # beside evaluation's took 0.25 s instead of 0.04 s alone, on the run's critical path.
+        # leaves the GIL to the other threads): two threads tracing at once take turns at the GIL, and a
+        # step's loss traced beside evaluation's took 0.25 s instead of 0.04 s alone, on the critical path.
         t0 = time.perf_counter()
         future: Future = Future()
         try:
@@ -193,6 +193,8 @@ class Compiler:
         if background:
             if not future.done():
                 self._held.append((future, functools.partial(self._start, future, build, lowered, lowering_s)))
+                if self._released:
+                    self.release()
             self._pending.append(Compiling(future, self))
             return self._pending[-1]
         self.release()  # this thread's work is XLA's from here: the held compiles use the other core
@@ -202,9 +204,11 @@ class Compiler:
         return compiled
 
     def release(self) -> None:
-        """Starts the background compiles held so far. They are held from their request (a hook's
-        `before_compile`) until the main thread's next compile reaches XLA, or until one is needed:
-        started at once, they compiled beside the training program's trace and slowed it."""
+        """Starts the background compiles held so far, and from now on each at its request. Until the
+        run's first foreground compile reaches XLA they are held (a hook's `before_compile` asks early),
+        unless one is needed first: started at once, they compiled beside the training program's trace
+        and slowed it."""
+        self._released = True
         held, self._held = self._held, []
         for _, start in held:
             start()
@@ -215,6 +219,8 @@ class Compiler:
         analysis, compiled meanwhile)."""
         future: Future = Future()
         self._held.append((future, functools.partial(self._submit, future, fn)))
+        if self._released:
+            self.release()
 
     def _submit(self, future: Future, fn: Callable[[], Any]) -> None:
         if self._background is None:

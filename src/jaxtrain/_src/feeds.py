@@ -5,9 +5,9 @@ state, and builds the call's function around the pure train step:
 
 - `DeviceFeed`: the whole training set on the device; a permutation per epoch drawn on the host
   (`epoch_permutation`) and put there; each step gathers its batch inside the compiled call. No host
-  work per step. On a mesh of
-  several devices the set is replicated on each when it fits the per-device budget, else its rows
-  are split over the devices (each step then gathers its batch with one all-reduce of B rows).
+  work per step. On a mesh of several devices the set is replicated on each when it fits the
+  per-device budget, else its rows are split over the devices (each step then gathers its batch with
+  one all-reduce of B rows).
 - `StreamFeed`: rows read from a source (HDF5 file, arrays) by a background thread in a shuffled
   block order, stacked K batches at a time and placed on the device ahead of the running call.
   It measures how long the device waited for input. On a mesh, each process reads only its slice
