@@ -96,8 +96,8 @@ class Compiling:
         self._future, self._compiler = future, compiler
 
     def result(self) -> Callable:
-        self._compiler.release()  # a held compile starts now, if it had not
         if not self._future.done():
+            self._compiler.release()  # a held compile starts now, if it had not
             t0 = time.perf_counter()
             self._future.result()
             self._compiler.compile_s += time.perf_counter() - t0
@@ -136,7 +136,7 @@ class Compiler:
         self._background: ThreadPoolExecutor | None = None  # one thread: the main thread uses the other core
         self._lock = threading.Lock()
         self._pending: list[Compiling] = []
-        self._held: list[tuple[Future, Callable[[], None]]] = []  # background compiles not started yet (`release`)
+        self._held: list[tuple[Future, Callable[[], Any]]] = []  # background work not started yet (`release`)
         self._released = False  # the first foreground compile reached XLA: background ones start at once
 
     def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
@@ -192,9 +192,7 @@ class Compiler:
         self.compile_s += lowering_s
         if background:
             if not future.done():
-                self._held.append((future, functools.partial(self._start, future, build, lowered, lowering_s)))
-                if self._released:
-                    self.release()
+                self._hold(future, functools.partial(build, lowered, lowering_s))
             self._pending.append(Compiling(future, self))
             return self._pending[-1]
         self.release()  # this thread's work is XLA's from here: the held compiles use the other core
@@ -210,34 +208,36 @@ class Compiler:
         and slowed it."""
         self._released = True
         held, self._held = self._held, []
-        for _, start in held:
-            start()
+        for future, fn in held:
+            self._submit(future, fn)
 
     def beside(self, fn: Callable[[], Any]) -> None:
         """Runs `fn` on the background thread once the held compiles start (`release`): host work that
         the run needs later and that would otherwise hold up the main thread (a probe of XLA's cost
         analysis, compiled meanwhile)."""
         future: Future = Future()
-        self._held.append((future, functools.partial(self._submit, future, fn)))
+        self._hold(future, fn)
+
+    def _hold(self, future: Future, fn: Callable[[], Any]) -> None:
+        """Runs `fn` on the background thread now once released, else keeps it until `release`."""
         if self._released:
-            self.release()
+            self._submit(future, fn)
+        else:
+            self._held.append((future, fn))
 
     def _submit(self, future: Future, fn: Callable[[], Any]) -> None:
+        """Runs `fn` on the background thread, its outcome into `future` (a compile's error is raised where
+        the program is first used)."""
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-compile")
 
         def run() -> None:
             try:
                 future.set_result(fn())
-            except BaseException as e:  # noqa: BLE001 - whoever needs it runs it again and sees the error
+            except BaseException as e:  # noqa: BLE001 - raised to whoever asks for the outcome
                 future.set_exception(e)
 
         self._background.submit(run)
-
-    def _start(self, future: Future, build: Callable, lowered: Any, lowering_s: float) -> None:
-        """Runs `build(lowered, lowering_s)` on the background thread, its outcome into `future` (an error
-        is raised where the program is first used)."""
-        self._submit(future, functools.partial(build, lowered, lowering_s))
 
     def finish(self) -> None:
         """Waits for every background compile (the wait counts in `compile_s`)."""
