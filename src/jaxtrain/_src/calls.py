@@ -74,7 +74,6 @@ class CompiledCalls:
         self.rewrites, self.loss_clean = rewrites, loss_clean
         self.state_shardings = state_shardings if state_shardings is not None else layout.state_shardings(state)
         self.compiler = Compiler(layout)
-        self.compiler.beside(loop_body_counted_once)  # the header's FLOPs need it: probed during the first compile
         self.programs = TrainPrograms(self.compiler, source, train_step, state, self.state_shardings)
         self.decisions = memory if self.form.measuring else None
         self._indices: dict[int, jax.Array] = {}
@@ -119,15 +118,27 @@ class CompiledCalls:
         """Lets background compiles finish and ends their thread."""
         self.compiler.close()
 
-    def get(self, k: int) -> Callable:
+    def start(self, k: int) -> None:
+        """Starts compiling the run's first call of k steps: traced and lowered here, compiled in the
+        background while this thread does the run's other start-up work (`compile_queued`)."""
+        self.get(k, background=True)
+        self.compiler.beside(loop_body_counted_once)  # the header's FLOPs need it: probed during the first compile
+
+    def compile_queued(self) -> None:
+        """Compiles here the background programs the background thread has not started (at a run's start,
+        beside its first call's; `Compiler.work`)."""
+        self.compiler.work()
+
+    def get(self, k: int, background: bool = False) -> Callable:
         """The compiled scan call of k steps (compiled now if it is new): `call(state, *args, first,
         valid)` runs `valid` of its k steps from step `first` of the call's arguments (see
         `masked_call`); a longer program when one serves (`program_length`). With a dispatched
-        form it compiles that form's program instead (and returns it)."""
+        form it compiles that form's program instead (and returns it). With `background`, a new
+        program compiles in the background (`compiling.Compiling`)."""
         form, programs = self.form, self.programs
         if form.dispatched and not form.measuring:
             unrolled = form.unroll if form.form == "unroll" else 1
-            program = self._program(unrolled, k)
+            program = self._program(unrolled, k, background)
             if unrolled > 1 and k % unrolled:  # the remainder's steps: beside it
                 self._program(1, k, background=True)
             return program
@@ -137,7 +148,7 @@ class CompiledCalls:
         programs.fingerprint = form.measuring and self.decisions is not None  # its hash keys the kept decision
         k = self.program_length(k)
         new = k not in programs.calls
-        program = programs.scan(k, lambda: self.chooser.why(k))
+        program = programs.scan(k, lambda: self.chooser.why(k), background)
         if new:  # the K chooser's other timed length, when it needs a program: in the background
             for other in {self.program_length(n) for n in self.chooser.planned()}:
                 programs.scan(other, functools.partial(self.chooser.why, other), background=True)

@@ -6,7 +6,9 @@ by the run's `Layout`, donates the state where asked, records each program in `c
 seconds, temporaries, whether the persistent cache served it) and adds its seconds to `compile_s`,
 so that compile time stays out of epoch times. Programs not needed at once are traced and lowered on
 the calling thread, then compile in one background thread while the main thread compiles or trains
-(`Compiling`); the lowering and the time the main thread waits for them count.
+(`Compiling`); the lowering and the time the main thread waits for them count. A thread that needs a
+program the background thread has not started compiles it itself, and at a run's start the main thread
+compiles what is queued while the training program compiles in the background (`work`).
 
 `TrainPrograms` is the cache of the training programs: the scan call of k steps (`masked_call`:
 steps past `valid` skipped, so one program serves shorter calls) and the dispatched programs of U
@@ -87,25 +89,51 @@ class CallSource(Protocol):
     def abstract_args(self, k: int) -> tuple[Any, ...]: ...
 
 
+class _Work:
+    """Background work: `fn`'s outcome into `future`, run once by whichever thread claims it first (the
+    compile thread in its turn, or a thread that needs it or has nothing else to do)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._fn: list[Callable[[], Any]] = [fn]  # emptied when it runs: what it holds (a lowered program) is freed
+        self.future: Future = Future()
+        self._claimed = threading.Lock()
+
+    def run(self) -> None:
+        """Runs the work here unless another thread has claimed it."""
+        if not self._claimed.acquire(blocking=False):
+            return
+        try:
+            self.future.set_result(self._fn.pop()())
+        except BaseException as e:  # noqa: BLE001 - raised to whoever asks for the outcome
+            self.future.set_exception(e)
+
+    def cancel(self, why: str) -> None:
+        """Fails the work with `why` unless a thread has claimed it."""
+        if self._claimed.acquire(blocking=False):
+            self._fn.clear()
+            self.future.set_exception(RuntimeError(why))
+
+
 class Compiling:
     """A program compiling in the background: callable like the compiled program, whose first use
-    waits for it (that wait, not the compile, is added to its compiler's `compile_s`); compile errors
+    waits for it, or compiles it on that thread if the compile thread had not started it (the wait or
+    the compile, not the background compile, is added to its compiler's `compile_s`); compile errors
     are raised there."""
 
-    def __init__(self, future: Future, compiler: Compiler):
-        self._future, self._compiler = future, compiler
+    def __init__(self, work: _Work, compiler: Compiler):
+        self._work, self._compiler = work, compiler
 
     def result(self) -> Callable:
-        if not self._future.done():
-            self._compiler.release()  # a held compile starts now, if it had not
+        if not self._work.future.done():
             t0 = time.perf_counter()
-            self._future.result()
+            self._work.run()
+            self._work.future.result()
             self._compiler.compile_s += time.perf_counter() - t0
-        return self._future.result()
+        return self._work.future.result()
 
     def done(self) -> bool:
         """Whether the compile is over (nothing to wait for)."""
-        return self._future.done()
+        return self._work.future.done()
 
     def __call__(self, *args: Any) -> Any:
         return self.result()(*args)
@@ -136,8 +164,7 @@ class Compiler:
         self._background: ThreadPoolExecutor | None = None  # one thread: the main thread uses the other core
         self._lock = threading.Lock()
         self._pending: list[Compiling] = []
-        self._held: list[tuple[Future, Callable[[], Any]]] = []  # background work not started yet (`release`)
-        self._released = False  # the first foreground compile reached XLA: background ones start at once
+        self._queued: list[_Work] = []  # background work submitted (`work` runs here what has not started)
 
     def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
                 out_shardings: Any = None, background: bool = False, key: Any = None, fingerprint: bool = False,
@@ -181,63 +208,47 @@ class Compiler:
         # leaves the GIL to the other threads): two threads tracing at once take turns at the GIL, and a
         # step's loss traced beside evaluation's took 0.25 s instead of 0.04 s alone, on the critical path.
         t0 = time.perf_counter()
-        future: Future = Future()
         try:
             lowered = lower()
-        except Exception as e:  # a background program's error is raised where it is first used, as before
+        except Exception as e:  # a background program's error is raised where it is first used
             if not background:
                 raise
-            future.set_exception(e)
+            lowered = e
         lowering_s = time.perf_counter() - t0
         self.compile_s += lowering_s
         if background:
-            if not future.done():
-                self._hold(future, functools.partial(build, lowered, lowering_s))
-            self._pending.append(Compiling(future, self))
+            work = _Work(functools.partial(_raise, lowered) if isinstance(lowered, Exception)
+                         else functools.partial(build, lowered, lowering_s))
+            self._submit(work)
+            self._pending.append(Compiling(work, self))
             return self._pending[-1]
-        self.release()  # this thread's work is XLA's from here: the held compiles use the other core
         t0 = time.perf_counter()
         compiled = build(lowered, lowering_s)
         self.compile_s += time.perf_counter() - t0
         return compiled
 
-    def release(self) -> None:
-        """Starts the background compiles held so far, and from now on each at its request. Until the
-        run's first foreground compile reaches XLA they are held (a hook's `before_compile` asks early),
-        unless one is needed first: started at once, they compiled beside the training program's trace
-        and slowed it."""
-        self._released = True
-        held, self._held = self._held, []
-        for future, fn in held:
-            self._submit(future, fn)
-
     def beside(self, fn: Callable[[], Any]) -> None:
-        """Runs `fn` on the background thread once the held compiles start (`release`): host work that
-        the run needs later and that would otherwise hold up the main thread (a probe of XLA's cost
-        analysis, compiled meanwhile)."""
-        future: Future = Future()
-        self._hold(future, fn)
+        """Runs `fn` in the background: host work that the run needs later and that would otherwise hold
+        up the main thread (a probe of XLA's cost analysis, compiled meanwhile)."""
+        self._submit(_Work(fn))
 
-    def _hold(self, future: Future, fn: Callable[[], Any]) -> None:
-        """Runs `fn` on the background thread now once released, else keeps it until `release`."""
-        if self._released:
-            self._submit(future, fn)
-        else:
-            self._held.append((future, fn))
-
-    def _submit(self, future: Future, fn: Callable[[], Any]) -> None:
-        """Runs `fn` on the background thread, its outcome into `future` (a compile's error is raised where
-        the program is first used)."""
+    def _submit(self, work: _Work) -> None:
+        """Queues `work` for the background thread (a compile's error is raised where the program is
+        first used)."""
         if self._background is None:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-compile")
+        self._queued.append(work)
+        self._background.submit(work.run)
 
-        def run() -> None:
-            try:
-                future.set_result(fn())
-            except BaseException as e:  # noqa: BLE001 - raised to whoever asks for the outcome
-                future.set_exception(e)
-
-        self._background.submit(run)
+    def work(self) -> None:
+        """Runs here the background work the background thread has not started, while it compiles (a
+        run's start: the main thread has nothing else to do until the training program is compiled, and
+        evaluation's compiles on the other core instead of after it). The time counts in `compile_s`."""
+        t0 = time.perf_counter()
+        queued, self._queued = self._queued, []
+        for work in queued:
+            work.run()
+        self.compile_s += time.perf_counter() - t0
 
     def finish(self) -> None:
         """Waits for every background compile (the wait counts in `compile_s`)."""
@@ -246,13 +257,17 @@ class Compiler:
         self._pending = []
 
     def close(self) -> None:
-        """Lets background compiles finish and ends their thread; one never needed is not started (its
-        use would raise)."""
-        held, self._held = self._held, []
-        for future, _ in held:
-            future.set_exception(RuntimeError("the run's compiler was closed before this program was needed"))
+        """Lets the background work that has started finish and ends its thread; work not started is
+        not (a program never needed is not compiled: its use would raise)."""
+        queued, self._queued = self._queued, []
+        for work in queued:
+            work.cancel("the run's compiler was closed before this program was needed")
         if self._background is not None:
             self._background.shutdown(wait=True)
+
+
+def _raise(error: Exception) -> Any:
+    raise error
 
 
 class TrainPrograms:

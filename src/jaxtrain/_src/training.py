@@ -173,8 +173,10 @@ def train(run: Run[Any], crew: Crew, signals: StopSignals) -> None:
         feed.setup(calls.compile, (loop.epoch, loop.position))  # a streamed feed starts reading meanwhile
         first = calls.next_length(feed.steps_per_epoch - loop.position)
         calls.settle_form(first)
-        crew.each("before_compile")  # evaluation's program compiles in the background beside the training call
-        calls.get(first)  # compile before the header
+        calls.start(first)  # traced here, compiled in the background meanwhile
+        crew.each("before_compile")  # evaluation's program: traced here, compiled beside the training call
+        calls.compile_queued()
+        calls.get(first)  # compiled before the header
         if (signum := signals.poll()) is not None:  # a signal during start-up or compilation: nothing trained yet
             raise TrainingStopped(signum, run.step, "before training began; nothing was trained, "
                                   "so start it again")
