@@ -10,22 +10,19 @@ from jaxtrain._src.loop import RunOptions, run
 def test_a_brief_runs_evaluation_compiles_beside_its_first_training_call_not_after_it(monkeypatch):
     submitted = []  # what each program compiled is, in the order the run asked for them, and how
     compile = compiling.Compiler.compile
-    queued = compiling.Compiler.work
 
     def recording(self, fn, *args, **options):
         submitted.append((options.get("what") or getattr(fn, "__name__", "program"), options.get("background")))
         return compile(self, fn, *args, **options)
 
     monkeypatch.setattr(compiling.Compiler, "compile", recording)
-    monkeypatch.setattr(compiling.Compiler, "work", lambda self: (submitted.append(("work", None)), queued(self)))
     data, val = regression_data(64), regression_data(32, seed=1)
     result = run(small_mlp(), mse, data, val, TrainConfig(epochs=1, batch_size=16), verbosity="silent",
                  session=RunOptions(console=silent()))
     assert result.summary["step_form"]["form"] == "scan" and "val_loss" in result.history[-1]
     # the scan needs no timing in a run this short: the training call is traced first and compiles in the
-    # background; evaluation's program is traced meanwhile, and what the compile thread has not started,
-    # the main thread compiles (`work`) before it waits for the training call
-    assert submitted[:3] == [("train call", True), ("evaluate_sums", True), ("work", None)]
+    # background; evaluation's program is traced meanwhile (not before it), and compiles next
+    assert submitted[:2] == [("train call", True), ("evaluate_sums", True)]
 
 
 def _blocked(compiler):
@@ -38,7 +35,7 @@ def _blocked(compiler):
     return go
 
 
-def test_the_main_thread_compiles_what_the_background_thread_has_not_started():
+def test_a_program_needed_before_the_background_thread_reached_it_compiles_where_it_is_needed():
     import threading
     from concurrent.futures import wait
 
@@ -51,13 +48,8 @@ def test_the_main_thread_compiles_what_the_background_thread_has_not_started():
     x = jax.device_put(jnp.float32(1.0))
     compiler = compiling.Compiler(make_layout())
     go = _blocked(compiler)
-    threads = []
-    compiler.beside(lambda: threads.append(threading.current_thread().name))
-    queued = compiler.compile(lambda v: v + 1, x, background=True)
-    assert not queued.done()
-    compiler.work()  # at a run's start: what is queued compiles here, beside the busy background thread
-    assert queued.done() and float(queued(x)) == 2.0 and threads == [threading.current_thread().name]
     needed = compiler.compile(lambda v: v * 3, x, background=True)
+    assert not needed.done()
     assert float(needed(x)) == 3.0  # needed before the background thread reached it: compiled by who needs it
     go.set()
     later = compiler.compile(lambda v: v - 1, x, background=True)

@@ -120,14 +120,9 @@ class CompiledCalls:
 
     def start(self, k: int) -> None:
         """Starts compiling the run's first call of k steps: traced and lowered here, compiled in the
-        background while this thread does the run's other start-up work (`compile_queued`)."""
+        background while this thread does the run's other start-up work (evaluation's trace)."""
         self.get(k, background=True)
         self.compiler.beside(loop_body_counted_once)  # the header's FLOPs need it: probed during the first compile
-
-    def compile_queued(self) -> None:
-        """Compiles here the background programs the background thread has not started (at a run's start,
-        beside its first call's; `Compiler.work`)."""
-        self.compiler.work()
 
     def get(self, k: int, background: bool = False) -> Callable:
         """The compiled scan call of k steps (compiled now if it is new): `call(state, *args, first,

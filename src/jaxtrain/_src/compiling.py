@@ -7,8 +7,7 @@ seconds, temporaries, whether the persistent cache served it) and adds its secon
 so that compile time stays out of epoch times. Programs not needed at once are traced and lowered on
 the calling thread, then compile in one background thread while the main thread compiles or trains
 (`Compiling`); the lowering and the time the main thread waits for them count. A thread that needs a
-program the background thread has not started compiles it itself, and at a run's start the main thread
-compiles what is queued while the training program compiles in the background (`work`).
+program the background thread has not started compiles it itself.
 
 `TrainPrograms` is the cache of the training programs: the scan call of k steps (`masked_call`:
 steps past `valid` skipped, so one program serves shorter calls) and the dispatched programs of U
@@ -91,7 +90,7 @@ class CallSource(Protocol):
 
 class _Work:
     """Background work: `fn`'s outcome into `future`, run once by whichever thread claims it first (the
-    compile thread in its turn, or a thread that needs it or has nothing else to do)."""
+    compile thread in its turn, or a thread that needs it before that)."""
 
     def __init__(self, fn: Callable[[], Any]):
         self._fn: list[Callable[[], Any]] = [fn]  # emptied when it runs: what it holds (a lowered program) is freed
@@ -164,7 +163,7 @@ class Compiler:
         self._background: ThreadPoolExecutor | None = None  # one thread: the main thread uses the other core
         self._lock = threading.Lock()
         self._pending: list[Compiling] = []
-        self._queued: list[_Work] = []  # background work submitted (`work` runs here what has not started)
+        self._queued: list[_Work] = []  # background work submitted (`close` cancels what has not started)
 
     def compile(self, fn: Callable, *args: Any, donate: bool = False, in_shardings: Any = None,
                 out_shardings: Any = None, background: bool = False, key: Any = None, fingerprint: bool = False,
@@ -239,16 +238,6 @@ class Compiler:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="jaxtrain-compile")
         self._queued.append(work)
         self._background.submit(work.run)
-
-    def work(self) -> None:
-        """Runs here the background work the background thread has not started, while it compiles (a
-        run's start: the main thread has nothing else to do until the training program is compiled, and
-        evaluation's compiles on the other core instead of after it). The time counts in `compile_s`."""
-        t0 = time.perf_counter()
-        queued, self._queued = self._queued, []
-        for work in queued:
-            work.run()
-        self.compile_s += time.perf_counter() - t0
 
     def finish(self) -> None:
         """Waits for every background compile (the wait counts in `compile_s`)."""

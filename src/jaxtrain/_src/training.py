@@ -174,8 +174,7 @@ def train(run: Run[Any], crew: Crew, signals: StopSignals) -> None:
         first = calls.next_length(feed.steps_per_epoch - loop.position)
         calls.settle_form(first)
         calls.start(first)  # traced here, compiled in the background meanwhile
-        crew.each("before_compile")  # evaluation's program: traced here, compiled beside the training call
-        calls.compile_queued()
+        crew.each("before_compile")  # evaluation's program: traced here meanwhile, compiled after it
         calls.get(first)  # compiled before the header
         if (signum := signals.poll()) is not None:  # a signal during start-up or compilation: nothing trained yet
             raise TrainingStopped(signum, run.step, "before training began; nothing was trained, "

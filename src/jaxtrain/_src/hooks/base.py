@@ -21,7 +21,7 @@ A user's hook (a `Hook`) is handed a `RunView`: the step, epoch, train state, hi
 run directory, read-only, and `stop(reason)` to end training after the current epoch. The
 library's own hooks (`RunHook`: the built-ins, self-play, the tools' measuring hooks) are handed
 the loop's `Run`, with the feed, the compiled calls and the layout, and two events of their own:
-`before_compile(run)` while the first training program compiles (to compile theirs beside it) and
+`before_compile(run)` while the first training program compiles (to trace theirs meanwhile) and
 `after_files(run)` once the run files are written.
 
 Metrics arrive as device arrays: a hook that converts them to host values on every call adds a
@@ -95,8 +95,8 @@ class RunHook(Hook):
 
     def before_compile(self, run: "Run") -> None:
         """The run's parts are built and its first training program is traced and compiling in the
-        background (the form settled, when it needs no timing): programs this hook will need, asked for
-        in the background now, compile beside it on the other core instead of after the first call."""
+        background (the form settled, when it needs no timing): programs this hook will need are traced
+        now, while it compiles, and asked for in the background compile next, beside the first calls."""
 
     def after_files(self, run: "Run") -> None:
         """After every hook's `on_end`, once the run files (summary.json) are written."""
