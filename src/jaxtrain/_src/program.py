@@ -26,6 +26,7 @@ from jaxtrain._src.compiling import CallSource
 from jaxtrain._src.config import TrainConfig
 from jaxtrain._src.feeds import Feed, make_feed
 from jaxtrain._src.form_memory import FormMemory
+from jaxtrain._src.keys import seed_keys
 from jaxtrain._src.loop_state import LoopState
 from jaxtrain._src.memory import release_free_heap
 from jaxtrain._src.moments import announce
@@ -158,11 +159,11 @@ def build_program(
       abstract: build the state as shapes only (nothing allocated; for compile-only measurements).
 
     The seed splits into the step key (dropout and other per-step randomness) and the data key
-    (the epoch permutations), so neither depends on the other's use.
+    (the epoch permutations), so neither depends on the other's use (`keys.seed_keys`).
     """
     release_free_heap()  # what building the model and data freed (an eager init compiles every op)
     layout = layout if layout is not None else make_layout(config.mesh)
-    step_key, data_key = jax.random.split(jax.random.key(config.seed))
+    step_key, data_key = seed_keys(config.seed)
     feed = make_feed(train_data, config, data_key, layout) if train_data is not None else None
     if feed is not None:
         announce("feed made")
