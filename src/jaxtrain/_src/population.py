@@ -44,6 +44,7 @@ from jaxtrain._src.errors import ConfigError, NonFiniteLossError
 from jaxtrain._src.hooks import Run, RunHook
 from jaxtrain._src.loop import FitResult
 from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.state import TrainState
@@ -455,6 +456,7 @@ class _Adaptive:
             run = _member(self.join(refill.member, state, loop))
             runner = _Runner(run, refill.member.model, about, member=refill.member, joined=epoch)
             run.each("on_start")
+            announce("slot refilled", epoch=epoch, slot=refill.slot)
             _save_joined(run)
             _wait_saves(run)
             runners[refill.slot] = runner
