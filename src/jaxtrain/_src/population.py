@@ -69,7 +69,14 @@ class Member(RunSpec):
       optimizer: its own optax transformation; None builds `config.optim`'s.
       name: the run's name in its files (a recipe's name).
       saved_config: what its config.json records (default `config`).
+      joined: (an adaptive population's resume) the epoch after which this run took its slot (0: a
+        member from the start). One that took it with fresh weights (`Refill` without a parent) and
+        was killed before its first save (its run directory holds no checkpoint) starts again as
+        its refill started it: its initial state at the step the others continue from. A copy of
+        another slot's run (a parent) that never saved cannot: start it as a new run instead.
     """
+
+    joined: int = 0
 
 
 class PopulationState(NamedTuple):
@@ -115,6 +122,9 @@ def _check_members(members: Sequence[Member]) -> None:
         if member.config.optim.plateau_patience or member.config.early_stopping.restore_best:
             raise ConfigError(f"member {i}: reduce on plateau (optim.plateau_patience) and restoring the best weights "
                               "(early_stopping.restore_best) act on a lone run's state; train that run alone with fit")
+        if not isinstance(member.joined, int) or member.joined < 0:
+            raise ConfigError(f"member {i}: joined={member.joined!r} must be the epoch after which it took its slot "
+                              "(0: from the start)")
         check_path_length(member.run_dir, f"member {i} run_dir")
     dirs = [Path(m.run_dir).resolve() for m in members if m.run_dir is not None]
     if len(set(dirs)) != len(dirs):
@@ -345,7 +355,9 @@ def fit_population(
         their saves continues from the step before), so the result is the uninterrupted one (bit
         for bit in the tuple formulation). Members that had ended stay as they ended. Members with
         no common step (killed before their first save point was written by all) start over, their
-        earlier files moved aside to `previous-N/`. False: the run directories must be new.
+        earlier files moved aside to `previous-N/`; but a member that took its slot with fresh
+        weights (`Member.joined`) and was killed before its first save starts at that step as its
+        refill did. False: the run directories must be new.
       adapt: an adaptive population: `adapt(epoch, slots)` is called at each epoch's end but the
         last with every slot's `Slot` (its run, status, history) and returns `Refill`s: a slot's
         run ends (if it still trains) and a new `Member` (its own run directory) trains in the slot
@@ -374,7 +386,8 @@ def fit_population(
     with contextlib.ExitStack() as stack:
         assembly = assemble(spec, stack)
         about = {"members": len(members), "formulation": joint.form.name}
-        runners = [_Runner(_member(run), m.model, about, member=m) for run, m in zip(assembly.runs, members)]
+        runners = [_Runner(_member(run), m.model, about, member=m, joined=m.joined)
+                   for run, m in zip(assembly.runs, members)]
         for runner, ended in zip(runners, assembly.finished):
             if ended is not None:  # it ended before the population stopped: it stays as it ended
                 runner.close(ended)
