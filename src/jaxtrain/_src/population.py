@@ -70,13 +70,15 @@ class Member(RunSpec):
       name: the run's name in its files (a recipe's name).
       saved_config: what its config.json records (default `config`).
       joined: (an adaptive population's resume) the epoch after which this run took its slot (0: a
-        member from the start). One that took it with fresh weights (`Refill` without a parent) and
-        was killed before its first save (its run directory holds no checkpoint) starts again as
-        its refill started it: its initial state at the step the others continue from. A copy of
-        another slot's run (a parent) that never saved cannot: start it as a new run instead.
+        member from the start). One killed before its first save (its run directory holds no
+        checkpoint) starts again as its refill started it, at the step the others continue from:
+        with its initial state, or its `parent`'s there.
+      parent: (with `joined`) the member (its index in this list) whose weights and optimizer
+        state it took when it joined; None: fresh ones.
     """
 
     joined: int = 0
+    parent: int | None = None
 
 
 class PopulationState(NamedTuple):
@@ -125,6 +127,12 @@ def _check_members(members: Sequence[Member]) -> None:
         if not isinstance(member.joined, int) or member.joined < 0:
             raise ConfigError(f"member {i}: joined={member.joined!r} must be the epoch after which it took its slot "
                               "(0: from the start)")
+        if member.parent is not None and not member.joined:
+            raise ConfigError(f"member {i}: parent={member.parent!r} is for a member that took its slot later; give "
+                              "joined (the epoch after which it took it) too, or no parent")
+        if member.parent is not None and (member.parent not in range(len(members)) or member.parent == i):
+            raise ConfigError(f"member {i}: parent={member.parent!r} must be another member's index, 0 to "
+                              f"{len(members) - 1}")
         check_path_length(member.run_dir, f"member {i} run_dir")
     dirs = [Path(m.run_dir).resolve() for m in members if m.run_dir is not None]
     if len(set(dirs)) != len(dirs):
@@ -355,9 +363,9 @@ def fit_population(
         their saves continues from the step before), so the result is the uninterrupted one (bit
         for bit in the tuple formulation). Members that had ended stay as they ended. Members with
         no common step (killed before their first save point was written by all) start over, their
-        earlier files moved aside to `previous-N/`; but a member that took its slot with fresh
-        weights (`Member.joined`) and was killed before its first save starts at that step as its
-        refill did. False: the run directories must be new.
+        earlier files moved aside to `previous-N/`; but a member that took its slot
+        (`Member.joined`) and was killed before its first save starts at that step as its refill
+        did. False: the run directories must be new.
       adapt: an adaptive population: `adapt(epoch, slots)` is called at each epoch's end but the
         last with every slot's `Slot` (its run, status, history) and returns `Refill`s: a slot's
         run ends (if it still trains) and a new `Member` (its own run directory) trains in the slot

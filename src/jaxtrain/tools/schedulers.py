@@ -125,6 +125,7 @@ class _Entry:
     report: Any
     told: bool = False
     joined: int = 0  # (a resume) the epoch after which it took its slot
+    parent: int | None = None  # (a resume of a PBT copy that never saved) its parent's entry
 
 
 class _Scheduler:
@@ -353,10 +354,10 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
     run saved, with the decisions it would have made: the slots' runs are the study's running trials
     of the population, each resumed from its run directory; PBT's choices come from the seed, the
     population and the epoch. A run whose summary was written before the kill is told its result; a
-    halving refill killed before its first save starts again where the refill started it (fresh
-    weights at the others' step: `Member.joined`); any other run killed before its first save is
-    failed and asked again. Returns the trials asked from the budget after the resume (0: nothing to
-    resume)."""
+    refill killed before its first save starts again where the refill started it (fresh weights,
+    or its parent's, at the others' step: `Member.joined`); any other run killed before its first
+    save is failed and asked again. Returns the trials asked from the budget after the resume (0:
+    nothing to resume)."""
     import optuna
 
     from jaxtrain.engine import checkpoint_steps
@@ -378,14 +379,17 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
             unsaved.append(t)
         else:
             holders.append(t)
+    saved = {t.number for t in holders}
     for t in unsaved:
-        if holders and t.user_attrs["joined_epoch"] and "pbt_parent" not in t.user_attrs:
-            holders.append(t)  # a halving refill: fresh weights at the step the others continue from
-        else:  # killed before the population's first save, or a copy whose parent's weights are not kept
+        parent = t.user_attrs.get("pbt_parent")
+        if holders and t.user_attrs["joined_epoch"] and (parent is None or parent in saved):
+            holders.append(t)  # a refill: it starts again as its refill started it (fresh, or its parent's weights)
+        else:  # killed before the population's first save
             _retry(study, t, "its population was killed before it saved", fail=True)
     if not holders:
         return 0
     holders.sort(key=lambda t: t.user_attrs["slot"])
+    numbers = [t.number for t in holders]
     _drop_after_common_step([Path(t.user_attrs["run_dir"]) for t in holders])
     job.say(console, f"{label}resuming the adaptive population of trial {first} ({job.scheduler}): trials "
             + ", ".join(str(t.number) for t in holders))
@@ -402,7 +406,9 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
         report = Report(trial, job.objective, shared, offset=frozen.user_attrs["report_offset"],
                         prune=job.scheduler == "halving")
         entries.append(_Entry(trial, values, trial_config(job, values), Path(frozen.user_attrs["run_dir"]),
-                              f"{label}trial {frozen.number}", report, joined=frozen.user_attrs["joined_epoch"]))
+                              f"{label}trial {frozen.number}", report, joined=frozen.user_attrs["joined_epoch"],
+                              parent=None if frozen.number in saved or "pbt_parent" not in frozen.user_attrs
+                              else numbers.index(frozen.user_attrs["pbt_parent"])))
     slot_ids = [t.user_attrs["slot"] for t in holders]
     return _train(job, study, entries, budget, shared, console, label, first, asked, slot_ids, resume=True) - (
         asked - len(entries))
@@ -485,7 +491,7 @@ def _train(job: Any, study: Any, entries: list[_Entry], budget: int, shared: Any
         try:
             results = runs.train_population(job.recipe, [e.config for e in entries], [e.run_dir for e in entries],
                                             hooks=[[e.report] for e in entries], adapt=scheduler, resume=resume,
-                                            joined=[e.joined for e in entries])
+                                            joined=[e.joined for e in entries], parents=[e.parent for e in entries])
         except TrainingStopped as e:  # SIGTERM or Ctrl-C: the trials still running are asked again
             for entry in entries:
                 if not entry.told:
