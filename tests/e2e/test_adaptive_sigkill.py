@@ -1,6 +1,8 @@
-"""SIGKILL in the middle of a PBT sweep (`jaxtrain sweep --population 4 --scheduler pbt`), then the same
-command again: the population continues from the newest epoch every slot saved and the study and every
-trial's weights end as the uninterrupted sweep's, bit for bit (the tuple formulation, on the CPU)."""
+"""SIGKILL in the middle of an adaptive sweep (`jaxtrain sweep --population P --scheduler halving|pbt`),
+mid-epoch or as a slot takes its new trial (before that trial's first save), then the same command
+again: the population continues from the newest epoch every slot saved, the new trial as its refill
+started it, and the study and every trial's weights end as the uninterrupted sweep's, bit for bit (the
+tuple formulation, on the CPU)."""
 
 import os
 import signal
@@ -13,15 +15,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxtrain.engine import checkpoint_steps
 from jaxtrain.tools import cli, runs, sweep
 
-FLAGS = ["mlp-regression", "--data.samples", "256", "--data.val-samples", "64", "--data.features", "8",
-         "--data.targets", "4", "--data.teacher-width", "8", "--model.hidden", "16", "--epochs", "3", "--batch-size",
-         "64", "--steps-per-call", "1", "--space", "optim.lr=loguniform:1e-4:1e-1", "--trials", "4", "--population",
-         "4", "--scheduler", "pbt", "--pbt-every", "1", "--sampler", "random", "--quiet"]
+DATA = ["mlp-regression", "--data.samples", "256", "--data.val-samples", "64", "--data.features", "8",
+        "--data.targets", "4", "--data.teacher-width", "8", "--model.hidden", "16", "--batch-size", "64",
+        "--steps-per-call", "1", "--space", "optim.lr=loguniform:1e-4:1e-1", "--sampler", "random", "--quiet",
+        "--epochs", "2", "--population", "2"]
+# the fewest that reach a refill after epoch 1 (of 2): halving prunes the worse of the 2 slots at rung 1 and its
+# slot takes the third trial; PBT copies the better slot's run into the worse's slot (the third trial)
+FLAGS = {"halving": [*DATA, "--trials", "3", "--scheduler", "halving"],
+         "pbt": [*DATA, "--trials", "2", "--scheduler", "pbt", "--pbt-every", "1"]}
 
-# killed at its second call after the tenth save: in epoch 3 (the last), after two PBT steps (4 saves and a
-# copy's each)
+# argv[1] "refill": killed as a slot takes its new trial, after the trial is in the study and before its first
+# save; "mid-epoch": at the second call after the third save (2 slots' and the copy's): in epoch 2, the last
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from jaxtrain._src import moments
@@ -32,20 +39,23 @@ CHILD = textwrap.dedent("""
     def kill(name, facts):
         if name in seen:
             seen[name] += 1
-        if seen["checkpoint saved"] >= 10 and name == "call" and (seen.setdefault("after", 0) or True):
+        if sys.argv[1] == "refill" and name == "slot refilled":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if sys.argv[1] == "mid-epoch" and seen["checkpoint saved"] >= 3 and name == "call" and (
+                seen.setdefault("after", 0) or True):
             seen["after"] += 1
             if seen["after"] == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     moments.listen(kill)
-    sys.exit(cli.main(["sweep", *sys.argv[1:]]))
+    sys.exit(cli.main(["sweep", *sys.argv[2:]]))
 """)
+ATTRS = ("pbt_parent", "pbt_epoch", "slot", "pbt_replaced_by", "joined_epoch", "report_offset", "population")
 
 
 def _trials(out):
     return {t.number: (t.state.name, t.params, t.value, t.intermediate_values,
-                       {k: t.user_attrs.get(k) for k in ("pbt_parent", "pbt_epoch", "slot", "pbt_replaced_by")})
-            for t in sweep.load_study(out).trials}
+                       {k: t.user_attrs.get(k) for k in ATTRS}) for t in sweep.load_study(out).trials}
 
 
 def _weights(run_dir):
@@ -54,17 +64,22 @@ def _weights(run_dir):
 
 
 @pytest.mark.slow
-def test_a_pbt_sweep_killed_mid_epoch_resumes_to_the_uninterrupted_sweep_bit_for_bit(tmp_path):
-    killed = subprocess.run([sys.executable, "-c", CHILD, *FLAGS, "--out", str(tmp_path / "killed")],
+@pytest.mark.parametrize("scheduler, kill", [("halving", "refill"), ("pbt", "refill"), ("pbt", "mid-epoch")])
+def test_an_adaptive_sweep_killed_resumes_to_the_uninterrupted_sweep_bit_for_bit(tmp_path, scheduler, kill):
+    flags = FLAGS[scheduler]
+    killed = subprocess.run([sys.executable, "-c", CHILD, kill, *flags, "--out", str(tmp_path / "killed")],
                             capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    interrupted = sweep.load_study(tmp_path / "killed")
-    assert sum(t.state.name == "RUNNING" for t in interrupted.trials) == 4  # the slots' trials, mid-epoch 3
-    assert cli.main(["sweep", *FLAGS, "--out", str(tmp_path / "killed")]) == 0  # the same command: it resumes
-    assert cli.main(["sweep", *FLAGS, "--out", str(tmp_path / "whole")]) == 0
+    interrupted = sweep.load_study(tmp_path / "killed").trials
+    refill = interrupted[2]  # the trial that took a slot after epoch 1
+    assert refill.state.name == "RUNNING" and refill.user_attrs["joined_epoch"] == 1
+    saved = checkpoint_steps(tmp_path / "killed" / f"trial-{refill.number:04d}" / "checkpoints")
+    assert bool(saved) == (kill == "mid-epoch")  # in the study, in its slot: saved, or not yet
+    assert cli.main(["sweep", *flags, "--out", str(tmp_path / "killed")]) == 0  # the same command: it resumes
+    assert cli.main(["sweep", *flags, "--out", str(tmp_path / "whole")]) == 0
     resumed, whole = _trials(tmp_path / "killed"), _trials(tmp_path / "whole")
-    assert resumed == whole and len(whole) == 4 + 2  # a copy at each of epochs 1 and 2
-    assert all(state == "COMPLETE" for state, *_ in whole.values())
+    assert resumed == whole and len(whole) == 3  # the refill not failed and asked again
+    assert all(state == "COMPLETE" for state, *_ in whole.values() if scheduler == "pbt")  # PBT prunes nothing
     for number in whole:
         got, want = (_weights(tmp_path / run / f"trial-{number:04d}") for run in ("killed", "whole"))
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))

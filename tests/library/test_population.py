@@ -149,6 +149,9 @@ def test_members_that_cannot_share_a_population_are_one_line(tmp_path):
         ([Member(small_mlp(0), config(1e-3), run_dir=tmp_path / "a"),
           Member(small_mlp(1), config(2e-3), run_dir=tmp_path / "a")], "share a run directory"),
         ([], "non-empty list"),
+        ([ok, Member(small_mlp(1), config(1e-3), joined=-1)], r"member 1: joined=-1 must be the epoch"),
+        ([ok, Member(small_mlp(1), config(1e-3), parent=0)], r"member 1: parent=0 is for a member that took"),
+        ([ok, Member(small_mlp(1), config(1e-3), joined=1, parent=1)], r"parent=1 must be another member's index"),
     ):
         with pytest.raises(ConfigError, match=message):
             fit_population(members, mse, DATA, VAL, verbosity="silent")

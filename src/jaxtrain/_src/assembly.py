@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol, Sequence
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 from rich.console import Console
@@ -199,7 +200,11 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     val, val_streamed = place_validation(spec.val_data, config, feed) if spec.val_data is not None else (None, False)
 
     # Restore before anything is written: a failed resume must leave the run directories untouched.
-    step, finished = _plan(guards, first.total_steps, joint is not None)
+    # a population's runs that took their slots (`Member.joined`) and were killed before their first save: their
+    # parent's index (None: fresh weights)
+    joined = {i: getattr(r, "parent", None) for i, (r, g) in enumerate(zip(runs, guards))
+              if resume and getattr(r, "joined", 0) > 0 and not g.resume}
+    step, finished = _plan(guards, first.total_steps, joint is not None, joined)
     for guard in guards:
         guard.clear()  # the files of a run this one replaces, or of one that starts over (moved aside)
     # a population's saves are written by one thread beside the loop, one after another
@@ -207,7 +212,7 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     checkpoints = [CheckpointHook(g.path / "checkpoints", r.config.checkpoint, r.name, s, writer)
                    if g.path is not None and (r.config.checkpoint.enabled or g.resume) else None
                    for r, g, s in zip(runs, guards, saved)]
-    states, loops = _restore(guards, checkpoints, programs, feed, step, finished, joint is None)
+    states, loops = _restore(guards, checkpoints, programs, feed, step, finished, joint is None, joined)
     kind = joint.member_run if joint else Run
     live = [i for i, f in enumerate(finished) if f is None]
     if not live:  # nothing to train: nothing compiled
@@ -281,12 +286,15 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
 
 
 def _restore(guards: list[RunGuard], checkpoints: list[CheckpointHook | None], programs: list[Program], feed: Feed,
-             step: int | None, finished: list[dict[str, Any] | None],
-             lone: bool) -> tuple[list[TrainState], list[LoopState]]:
+             step: int | None, finished: list[dict[str, Any] | None], lone: bool,
+             joined: dict[int, int | None]) -> tuple[list[TrainState], list[LoopState]]:
     """Each run's train state and loop state: fresh, or (resuming) checkpoint `step`'s (None: the
     newest), the first run setting the shared feed to it; a run that had ended gets its newest
     checkpoint's. A lone run that a resume finds finished is marked so in `finished`
-    (`RunGuard.finished`: a finished run stays finished)."""
+    (`RunGuard.finished`: a finished run stays finished). A population's `joined` run (one that took
+    its slot and was killed before its first save) is what its slot's refill gave it at `step`
+    (`population._Adaptive`): its fresh state, or its parent's checkpoint at `step` with its own
+    numbers (a checkpoint holds none), with the others' position and no history."""
     config = programs[0].config
     states, loops = [p.state for p in programs], [LoopState(feed=feed.get_state()) for _ in programs]
     resuming = [i for i, g in enumerate(guards) if g.resume and finished[i] is None]
@@ -301,6 +309,15 @@ def _restore(guards: list[RunGuard], checkpoints: list[CheckpointHook | None], p
     for i, ended in enumerate(finished):
         if ended is not None and not lone:  # it stays as it ended, its model set to its newest checkpoint
             states[i], loops[i] = _hook(checkpoints, i).restore(programs[i].state, programs[i].state_shardings)
+    for i, parent in joined.items() if step is not None else ():
+        if parent is None:
+            fresh = states[i].step  # placed as the program takes it (a copy: two members never share a buffer)
+            states[i] = states[i]._replace(step=jax.device_put(np.asarray(step, fresh.dtype), fresh.sharding))
+        else:
+            states[i], _ = _hook(checkpoints, parent).restore(programs[i].state, programs[i].state_shardings,
+                                                              step=step)
+        loops[i] = dataclasses.replace(loops[resuming[0]], train_time_s=0.0, history=[], hooks={})
+        programs[i].state = states[i]
     return states, loops
 
 
@@ -325,12 +342,13 @@ def _run(kind: type[Run], name: str, config: TrainConfig, console: Console, run_
                 rewrite_declined=program.rewrite_declined, **more)
 
 
-def _plan(guards: list[RunGuard], total_steps: int, population: bool) -> tuple[int | None, list[dict[str, Any] | None]]:
+def _plan(guards: list[RunGuard], total_steps: int, population: bool,
+          joined: dict[int, int | None]) -> tuple[int | None, list[dict[str, Any] | None]]:
     """Where a resume continues, decided before any folder moves: the checkpoint step every run
     still training continues from (None: each its newest) and the summaries of a population's
     members that had ended (`RunGuard.finished`). A population's members continue from the newest
-    step all of them hold; when they share none (killed before every member's first save), all
-    start over."""
+    step all of them hold but the `joined` runs (none saved: they start at that step); when they
+    share none (killed before every member's first save), all start over."""
     finished: list[dict[str, Any] | None] = [None] * len(guards)
     if not population or not any(g.resume for g in guards):
         return None, finished
@@ -338,7 +356,7 @@ def _plan(guards: list[RunGuard], total_steps: int, population: bool) -> tuple[i
     for i, (guard, steps) in enumerate(zip(guards, held)):
         if guard.resume and steps:
             finished[i] = guard.finished(steps[-1], steps[-1] < total_steps, member=True)
-    live = [set(held[i]) for i in range(len(guards)) if finished[i] is None]
+    live = [set(held[i]) for i in range(len(guards)) if finished[i] is None and i not in joined]
     common = max(set.intersection(*live), default=None) if live else None
     if live and common is None:  # some member never saved where the others did: all start over
         note("the members share no checkpoint step to continue from; the population starts over")

@@ -11,6 +11,8 @@ unless a tool asks (then a moment costs one call per listener), and listeners mu
     call done            every hook has seen the call (facts: run)
     checkpoint saved     `Checkpointer.save` returned; Orbax may still be writing (facts: step, kind)
     evaluation           an epoch's validation pass starts or ended (facts: when="before" | "after", epoch)
+    slot refilled        an adaptive population's slot took its new run (its sweep trial recorded), before
+                         that run's first save (facts: epoch, slot)
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from jaxtrain._src.errors import ConfigError, NonFiniteLossError
 from jaxtrain._src.hooks import Run, RunHook
 from jaxtrain._src.loop import FitResult
 from jaxtrain._src.loop_state import LoopState
+from jaxtrain._src.moments import announce
 from jaxtrain._src.optim import optimizer_structure, with_values
 from jaxtrain._src.program import Program, build_program
 from jaxtrain._src.state import TrainState
@@ -68,7 +69,16 @@ class Member(RunSpec):
       optimizer: its own optax transformation; None builds `config.optim`'s.
       name: the run's name in its files (a recipe's name).
       saved_config: what its config.json records (default `config`).
+      joined: (an adaptive population's resume) the epoch after which this run took its slot (0: a
+        member from the start). One killed before its first save (its run directory holds no
+        checkpoint) starts again as its refill started it, at the step the others continue from:
+        with its initial state, or its `parent`'s there.
+      parent: (with `joined`) the member (its index in this list) whose weights and optimizer
+        state it took when it joined; None: fresh ones.
     """
+
+    joined: int = 0
+    parent: int | None = None
 
 
 class PopulationState(NamedTuple):
@@ -114,6 +124,15 @@ def _check_members(members: Sequence[Member]) -> None:
         if member.config.optim.plateau_patience or member.config.early_stopping.restore_best:
             raise ConfigError(f"member {i}: reduce on plateau (optim.plateau_patience) and restoring the best weights "
                               "(early_stopping.restore_best) act on a lone run's state; train that run alone with fit")
+        if not isinstance(member.joined, int) or member.joined < 0:
+            raise ConfigError(f"member {i}: joined={member.joined!r} must be the epoch after which it took its slot "
+                              "(0: from the start)")
+        if member.parent is not None and not member.joined:
+            raise ConfigError(f"member {i}: parent={member.parent!r} is for a member that took its slot later; give "
+                              "joined (the epoch after which it took it) too, or no parent")
+        if member.parent is not None and (member.parent not in range(len(members)) or member.parent == i):
+            raise ConfigError(f"member {i}: parent={member.parent!r} must be another member's index, 0 to "
+                              f"{len(members) - 1}")
         check_path_length(member.run_dir, f"member {i} run_dir")
     dirs = [Path(m.run_dir).resolve() for m in members if m.run_dir is not None]
     if len(set(dirs)) != len(dirs):
@@ -344,7 +363,9 @@ def fit_population(
         their saves continues from the step before), so the result is the uninterrupted one (bit
         for bit in the tuple formulation). Members that had ended stay as they ended. Members with
         no common step (killed before their first save point was written by all) start over, their
-        earlier files moved aside to `previous-N/`. False: the run directories must be new.
+        earlier files moved aside to `previous-N/`; but a member that took its slot
+        (`Member.joined`) and was killed before its first save starts at that step as its refill
+        did. False: the run directories must be new.
       adapt: an adaptive population: `adapt(epoch, slots)` is called at each epoch's end but the
         last with every slot's `Slot` (its run, status, history) and returns `Refill`s: a slot's
         run ends (if it still trains) and a new `Member` (its own run directory) trains in the slot
@@ -373,7 +394,8 @@ def fit_population(
     with contextlib.ExitStack() as stack:
         assembly = assemble(spec, stack)
         about = {"members": len(members), "formulation": joint.form.name}
-        runners = [_Runner(_member(run), m.model, about, member=m) for run, m in zip(assembly.runs, members)]
+        runners = [_Runner(_member(run), m.model, about, member=m, joined=m.joined)
+                   for run, m in zip(assembly.runs, members)]
         for runner, ended in zip(runners, assembly.finished):
             if ended is not None:  # it ended before the population stopped: it stays as it ended
                 runner.close(ended)
@@ -455,6 +477,7 @@ class _Adaptive:
             run = _member(self.join(refill.member, state, loop))
             runner = _Runner(run, refill.member.model, about, member=refill.member, joined=epoch)
             run.each("on_start")
+            announce("slot refilled", epoch=epoch, slot=refill.slot)
             _save_joined(run)
             _wait_saves(run)
             runners[refill.slot] = runner

@@ -110,7 +110,8 @@ def process_start() -> float:
 
 def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: Sequence[str | os.PathLike],
                      hooks: Sequence[Sequence[Hook]] = (), console: Console | None = None,
-                     adapt: Callable[..., Any] | None = None, resume: bool = False) -> list[FitResult]:
+                     adapt: Callable[..., Any] | None = None, resume: bool = False,
+                     joined: Sequence[int] = (), parents: Sequence[int | None] = ()) -> list[FitResult]:
     """Trains one run of `recipe` per config, side by side as one population
     (`jaxtrain.fit_population`), each into its run directory; the workload (data, loss,
     preprocessing) is built once, from the first config, and each member's model from its own.
@@ -120,7 +121,8 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
     `adapt(epoch, slots, member_of)`: an adaptive population (`fit_population`'s `adapt`, with
     `member_of(config, run_dir, hooks)` making a new run's `Member` of the recipe); the results
     then hold the refills' runs after the members'. `resume`: continue the population in these run
-    directories (`fit_population`'s).
+    directories (`fit_population`'s); `joined[i]` and `parents[i]`: when member i took its slot
+    and whose weights it took (`Member.joined` and `parent`; default 0 and None each).
 
     Raises:
       ConfigError: a recipe whose runs carry hooks of their own (self-play), or configs that cannot
@@ -129,8 +131,10 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
     from jaxtrain import Member, fit_population
 
     hooks = list(hooks) or [()] * len(configs)
-    if len(hooks) != len(configs) or len(run_dirs) != len(configs):
-        raise ConfigError("train_population needs one run directory and one list of hooks per config")
+    joined, parents = list(joined) or [0] * len(configs), list(parents) or [None] * len(configs)
+    if any(len(x) != len(configs) for x in (hooks, run_dirs, joined, parents)):
+        raise ConfigError("train_population needs one run directory, list of hooks, joined epoch and parent per "
+                          "config")
     for run_dir in run_dirs:
         check_path_length(Path(run_dir), "run_dir")
     w = recipe.build(configs[0])
@@ -143,8 +147,8 @@ def train_population(recipe: Recipe, configs: Sequence[RecipeConfig], run_dirs: 
         models = [w.model] + [nnx.clone(w.model) if population_key(c) == same else recipe.model(c, w.info)
                               for c in configs[1:]]
         members = [Member(model, c, Path(d), hooks=[_save_info(recipe, w, Path(d)), *h], name=recipe.name,
-                          saved_config=c)
-                   for model, c, d, h in zip(models, configs, run_dirs, hooks)]
+                          saved_config=c, joined=j, parent=p)
+                   for model, c, d, h, j, p in zip(models, configs, run_dirs, hooks, joined, parents)]
 
         def member_of(config: RecipeConfig, run_dir: str | os.PathLike, more: Sequence[Hook]) -> Member:
             """A run that takes a slot: its weights come from the slot (its model a copy to fill)."""

@@ -124,6 +124,8 @@ class _Entry:
     name: str
     report: Any
     told: bool = False
+    joined: int = 0  # (a resume) the epoch after which it took its slot
+    parent: int | None = None  # (a resume of a PBT copy that never saved) its parent's entry
 
 
 class _Scheduler:
@@ -351,9 +353,11 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
     were run on this host by a process that no longer exists), from the newest epoch every slot's
     run saved, with the decisions it would have made: the slots' runs are the study's running trials
     of the population, each resumed from its run directory; PBT's choices come from the seed, the
-    population and the epoch. A run whose summary was written before the kill is told its result;
-    one killed before its first save is failed and asked again. Returns the trials asked from the
-    budget after the resume (0: nothing to resume)."""
+    population and the epoch. A run whose summary was written before the kill is told its result; a
+    refill killed before its first save starts again where the refill started it (fresh weights,
+    or its parent's, at the others' step: `Member.joined`); any other run killed before its first
+    save is failed and asked again. Returns the trials asked from the budget after the resume (0:
+    nothing to resume)."""
     import optuna
 
     from jaxtrain.engine import checkpoint_steps
@@ -366,17 +370,26 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
         return 0
     first = min(t.user_attrs["population"] for t in running)
     ours = sorted((t for t in running if t.user_attrs["population"] == first), key=lambda t: t.user_attrs["slot"])
-    holders = []
+    holders, unsaved = [], []
     for t in ours:
         run_dir = Path(t.user_attrs["run_dir"])
         if (run_dir / "summary.json").is_file():  # it ended before the kill, untold
             _tell_from_files(study, t, run_dir, job)
         elif not checkpoint_steps(run_dir / "checkpoints"):
-            _retry(study, t, "its population was killed before it saved", fail=True)
+            unsaved.append(t)
         else:
             holders.append(t)
+    saved = {t.number for t in holders}
+    for t in unsaved:
+        parent = t.user_attrs.get("pbt_parent")
+        if holders and t.user_attrs["joined_epoch"] and (parent is None or parent in saved):
+            holders.append(t)  # a refill: it starts again as its refill started it (fresh, or its parent's weights)
+        else:  # killed before the population's first save
+            _retry(study, t, "its population was killed before it saved", fail=True)
     if not holders:
         return 0
+    holders.sort(key=lambda t: t.user_attrs["slot"])
+    numbers = [t.number for t in holders]
     _drop_after_common_step([Path(t.user_attrs["run_dir"]) for t in holders])
     job.say(console, f"{label}resuming the adaptive population of trial {first} ({job.scheduler}): trials "
             + ", ".join(str(t.number) for t in holders))
@@ -393,7 +406,9 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
         report = Report(trial, job.objective, shared, offset=frozen.user_attrs["report_offset"],
                         prune=job.scheduler == "halving")
         entries.append(_Entry(trial, values, trial_config(job, values), Path(frozen.user_attrs["run_dir"]),
-                              f"{label}trial {frozen.number}", report))
+                              f"{label}trial {frozen.number}", report, joined=frozen.user_attrs["joined_epoch"],
+                              parent=None if frozen.number in saved or "pbt_parent" not in frozen.user_attrs
+                              else numbers.index(frozen.user_attrs["pbt_parent"])))
     slot_ids = [t.user_attrs["slot"] for t in holders]
     return _train(job, study, entries, budget, shared, console, label, first, asked, slot_ids, resume=True) - (
         asked - len(entries))
@@ -408,7 +423,7 @@ def _drop_after_common_step(run_dirs: Sequence[Path]) -> None:
     from jaxtrain.engine import checkpoint_steps
 
     held = [set(checkpoint_steps(d / "checkpoints")) for d in run_dirs]
-    common = max(set.intersection(*held), default=None)
+    common = max(set.intersection(*(h for h in held if h)), default=None)  # but a refill that never saved
     if common is None:
         return
     for run_dir, steps in zip(run_dirs, held):
@@ -475,7 +490,8 @@ def _train(job: Any, study: Any, entries: list[_Entry], budget: int, shared: Any
         t0 = time.perf_counter()
         try:
             results = runs.train_population(job.recipe, [e.config for e in entries], [e.run_dir for e in entries],
-                                            hooks=[[e.report] for e in entries], adapt=scheduler, resume=resume)
+                                            hooks=[[e.report] for e in entries], adapt=scheduler, resume=resume,
+                                            joined=[e.joined for e in entries], parents=[e.parent for e in entries])
         except TrainingStopped as e:  # SIGTERM or Ctrl-C: the trials still running are asked again
             for entry in entries:
                 if not entry.told:
