@@ -365,7 +365,9 @@ def fit_population(
         no common step (killed before their first save point was written by all) start over, their
         earlier files moved aside to `previous-N/`; but a member that took its slot
         (`Member.joined`) and was killed before its first save starts at that step as its refill
-        did. False: the run directories must be new.
+        did, in its run directory as it is (a note says so), and its summary's "population" names
+        its slot, `joined_epoch` and `parent` as the refill's does. False: the run directories must
+        be new.
       adapt: an adaptive population: `adapt(epoch, slots)` is called at each epoch's end but the
         last with every slot's `Slot` (its run, status, history) and returns `Refill`s: a slot's
         run ends (if it still trains) and a new `Member` (its own run directory) trains in the slot
@@ -394,8 +396,8 @@ def fit_population(
     with contextlib.ExitStack() as stack:
         assembly = assemble(spec, stack)
         about = {"members": len(members), "formulation": joint.form.name}
-        runners = [_Runner(_member(run), m.model, about, member=m, joined=m.joined)
-                   for run, m in zip(assembly.runs, members)]
+        runners = [_Runner(_member(run), m.model, _about(about, i, m, assembly.runs), member=m, joined=m.joined)
+                   for i, (run, m) in enumerate(zip(assembly.runs, members))]
         for runner, ended in zip(runners, assembly.finished):
             if ended is not None:  # it ended before the population stopped: it stays as it ended
                 runner.close(ended)
@@ -407,6 +409,15 @@ def fit_population(
                 crew.adaptive = _Adaptive(adapt, assembly.join, crew, every, joint.initial)
             train(assembly.lead, crew, assembly.signals)
     return [r.fitted() for r in every]
+
+
+def _about(about: dict[str, Any], i: int, member: Member, runs: Sequence[Run]) -> dict[str, Any]:
+    """The summary's "population" of member `i`: a run that took its slot (`Member.joined`, a resume)
+    says which slot, when and whose weights, as its refill's run says it (`_Adaptive.refill`)."""
+    if not member.joined:
+        return about
+    parent = None if member.parent is None else runs[member.parent].run_dir
+    return {**about, "slot": i, "joined_epoch": member.joined, "parent": None if parent is None else str(parent)}
 
 
 def _check_adaptive(members: Sequence[Member]) -> None:

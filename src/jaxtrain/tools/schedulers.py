@@ -125,7 +125,7 @@ class _Entry:
     report: Any
     told: bool = False
     joined: int = 0  # (a resume) the epoch after which it took its slot
-    parent: int | None = None  # (a resume of a PBT copy that never saved) its parent's entry
+    parent: int | None = None  # (a resume of a PBT copy) its parent's entry, if still a slot's run
 
 
 class _Scheduler:
@@ -407,11 +407,17 @@ def resume_interrupted(job: Any, study: Any, console: Console, label: str) -> in
                         prune=job.scheduler == "halving")
         entries.append(_Entry(trial, values, trial_config(job, values), Path(frozen.user_attrs["run_dir"]),
                               f"{label}trial {frozen.number}", report, joined=frozen.user_attrs["joined_epoch"],
-                              parent=None if frozen.number in saved or "pbt_parent" not in frozen.user_attrs
-                              else numbers.index(frozen.user_attrs["pbt_parent"])))
+                              parent=_index(numbers, frozen.user_attrs.get("pbt_parent"))))
     slot_ids = [t.user_attrs["slot"] for t in holders]
     return _train(job, study, entries, budget, shared, console, label, first, asked, slot_ids, resume=True) - (
         asked - len(entries))
+
+
+def _index(numbers: list[int], parent: int | None) -> int | None:
+    """The entry of a PBT copy's `parent` trial among the resumed slots' trials `numbers` (None: not a
+    copy, or its parent's slot has a later run): a copy that never saved starts from its weights, and
+    every copy's summary names its run directory (`Member.parent`)."""
+    return numbers.index(parent) if parent in numbers else None
 
 
 def _drop_after_common_step(run_dirs: Sequence[Path]) -> None:
