@@ -205,6 +205,10 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
     joined = {i: getattr(r, "parent", None) for i, (r, g) in enumerate(zip(runs, guards))
               if resume and getattr(r, "joined", 0) > 0 and not g.resume}
     step, finished = _plan(guards, first.total_steps, joint is not None, joined)
+    for i, parent in joined.items() if step is not None else ():
+        start = "fresh weights" if parent is None else f"the checkpoint of {guards[parent].path}"
+        guards[i].rejoin(f"{guards[i].path} took its slot after epoch {getattr(runs[i], 'joined')} and has no "
+                         f"checkpoint yet; it starts again there, at step {step}, from {start}")
     for guard in guards:
         guard.clear()  # the files of a run this one replaces, or of one that starts over (moved aside)
     # a population's saves are written by one thread beside the loop, one after another

@@ -84,6 +84,7 @@ class RunGuard:
         self._create, self._created = create, False
         self._lock_file: IO[str] | None = None
         self._aside = False  # clear() moves an unfinished run's files aside (a resume with nothing to resume)
+        self._rejoined: str | None = None  # what clear() says of a population's run restarted as it joined
         self._reference: dict[str, Any] = {}  # the settings a resume is checked against (the checkpoint's)
 
     def __enter__(self) -> "RunGuard":
@@ -178,6 +179,13 @@ class RunGuard:
         self.resume = False
         self._aside = self._primary and self.path is not None and self.path.is_dir()
 
+    def rejoin(self, line: str) -> None:
+        """A resume with no checkpoint of a population's run that took its slot and was killed
+        before its first save: it starts again as it joined, at the others' step, writing its files
+        again over what it wrote then (config.json, an empty metrics.jsonl), as the uninterrupted run
+        has them: nothing is moved aside; `clear()` says `line` instead."""
+        self._aside, self._rejoined = False, line
+
     def _start_again(self) -> None:
         """A resume with no checkpoint to continue from: a finished run is refused; an unfinished
         one starts from the beginning with its files moved aside (a resume never deletes them)."""
@@ -209,6 +217,8 @@ class RunGuard:
         with nothing to resume: a resume never deletes run files)."""
         if self._aside:
             self._move_aside()
+        if self._rejoined is not None:
+            self._note(self._rejoined)
         if self.path is None or not (self._overwrite and self._primary):
             return
         for name in RUN_FILES:
