@@ -4,6 +4,7 @@ again: the population continues from the newest epoch every slot saved, the new 
 started it, and the study and every trial's weights end as the uninterrupted sweep's, bit for bit (the
 tuple formulation, on the CPU)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -58,6 +59,14 @@ def _trials(out):
                        {k: t.user_attrs.get(k) for k in ATTRS}) for t in sweep.load_study(out).trials}
 
 
+def _files(run_dir):
+    """A trial's run directory: what it holds, and its summary's `population` (slot, joined_epoch, parent)."""
+    population = json.loads((run_dir / "summary.json").read_text())["population"]
+    if population.get("parent"):  # a sibling's run directory: its name
+        population["parent"] = os.path.relpath(population["parent"], run_dir.parent)
+    return sorted(p.name for p in run_dir.iterdir()), population
+
+
 def _weights(run_dir):
     model = runs.load(run_dir, checkpoint="latest")
     return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
@@ -65,7 +74,7 @@ def _weights(run_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scheduler, kill", [("halving", "refill"), ("pbt", "refill"), ("pbt", "mid-epoch")])
-def test_an_adaptive_sweep_killed_resumes_to_the_uninterrupted_sweep_bit_for_bit(tmp_path, scheduler, kill):
+def test_an_adaptive_sweep_killed_resumes_to_the_uninterrupted_sweep_bit_for_bit(tmp_path, capsys, scheduler, kill):
     flags = FLAGS[scheduler]
     killed = subprocess.run([sys.executable, "-c", CHILD, kill, *flags, "--out", str(tmp_path / "killed")],
                             capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
@@ -76,6 +85,10 @@ def test_an_adaptive_sweep_killed_resumes_to_the_uninterrupted_sweep_bit_for_bit
     saved = checkpoint_steps(tmp_path / "killed" / f"trial-{refill.number:04d}" / "checkpoints")
     assert bool(saved) == (kill == "mid-epoch")  # in the study, in its slot: saved, or not yet
     assert cli.main(["sweep", *flags, "--out", str(tmp_path / "killed")]) == 0  # the same command: it resumes
+    parent = refill.user_attrs.get("pbt_parent")  # one line says how the refill starts again (3 steps an epoch)
+    start = "fresh weights" if parent is None else f"the checkpoint of {tmp_path / 'killed' / f'trial-{parent:04d}'}"
+    told = "trial-0002 took its slot after epoch 1 and has no checkpoint yet; it starts again there, at step 3, from"
+    assert (f"{told} {start}\n" in capsys.readouterr().err) == (kill == "refill")
     assert cli.main(["sweep", *flags, "--out", str(tmp_path / "whole")]) == 0
     resumed, whole = _trials(tmp_path / "killed"), _trials(tmp_path / "whole")
     assert resumed == whole and len(whole) == 3  # the refill not failed and asked again
@@ -83,3 +96,5 @@ def test_an_adaptive_sweep_killed_resumes_to_the_uninterrupted_sweep_bit_for_bit
     for number in whole:
         got, want = (_weights(tmp_path / run / f"trial-{number:04d}") for run in ("killed", "whole"))
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+        # the refill's files and its summary's slot, joined_epoch and parent as the uninterrupted run's
+        assert _files(tmp_path / "killed" / f"trial-{number:04d}") == _files(tmp_path / "whole" / f"trial-{number:04d}")
