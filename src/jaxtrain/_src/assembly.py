@@ -143,6 +143,8 @@ class Assembly:
       join: for a population, `join(spec, state, loop)` claims a new member's run directory and
         makes its `Run` (hooks included) on the population's program, for a slot that takes a new
         run while the others train (`adaptive.Refill`); None for a lone run.
+      rejoined: (a population's resume) the runs that start again as they took their slots
+      (`Member.joined`, no checkpoint yet).
     """
 
     lead: Run[Any] | None
@@ -151,6 +153,7 @@ class Assembly:
     shown: Console
     signals: StopSignals
     join: Callable[[RunSpec, TrainState, LoopState], Run[TrainState]] | None = None
+    rejoined: tuple[int, ...] = ()
 
 
 def printing(console: Console | None, verbosity: str, primary: bool) -> tuple[Console, Console, bool]:
@@ -286,7 +289,7 @@ def assemble(spec: Specification, stack: contextlib.ExitStack) -> Assembly:
         equip(member, r, checkpoint, guard.path, saved_config, loop)
         return member
 
-    return Assembly(lead, members, finished, shown, signals, join)
+    return Assembly(lead, members, finished, shown, signals, join, tuple(joined) if step is not None else ())
 
 
 def _restore(guards: list[RunGuard], checkpoints: list[CheckpointHook | None], programs: list[Program], feed: Feed,

@@ -407,6 +407,7 @@ def fit_population(
             if adapt is not None:
                 assert assembly.join is not None  # a population's assembly joins new members
                 crew.adaptive = _Adaptive(adapt, assembly.join, crew, every, joint.initial)
+            crew.rejoined = assembly.rejoined
             train(assembly.lead, crew, assembly.signals)
     return [r.fitted() for r in every]
 
@@ -490,7 +491,6 @@ class _Adaptive:
             run.each("on_start")
             announce("slot refilled", epoch=epoch, slot=refill.slot)
             _save_joined(run)
-            _wait_saves(run)
             runners[refill.slot] = runner
             self.every.append(runner)
 
@@ -504,19 +504,22 @@ def _wait_saves(run: _MemberRun) -> None:
             hook.ckpt.wait()
 
 
-def _save_joined(run: _MemberRun) -> None:
+def _save_joined(run: _MemberRun, ended: bool = True) -> None:
     """A run that took a slot saves its state at once, at the step the others saved at as the epoch
-    ended: a resume then finds every slot's run at one step (as the end of the epoch it joined at)."""
+    ended: a resume then finds every slot's run at one step (as the end of the epoch it joined at).
+    `ended` False: its loop is already at the next epoch's start (one restarted as it joined, on
+    resume), which a save records as it is. Waits until the save is written."""
     from jaxtrain._src.hooks import CheckpointHook
 
     hook = next((h for h in run.hooks if isinstance(h, CheckpointHook)), None)
     if hook is None:
         return
-    run.loop.position = run.feed.steps_per_epoch  # saved as the epoch's end: it resumes at the next one
+    run.loop.position = run.feed.steps_per_epoch if ended else 0  # saved as the epoch's end: resumed at the next
     try:
         run.call(hook, "_save", None, "epoch")
     finally:
         run.loop.position = 0
+    hook.ckpt.wait()
 
 
 def _row(states: Any, i: int, stacked: bool) -> TrainState:
@@ -597,6 +600,7 @@ class _Members:
     member's validation metrics at once."""
 
     adaptive: _Adaptive | None = None  # an adaptive population's refills
+    rejoined: tuple[int, ...] = ()  # (a resume) members that start again as they took their slots
 
     def __init__(self, shared: Run[PopulationState], runners: list[_Runner], form: Any, console: Console):
         self.shared, self.runners, self.form, self.console = shared, runners, form, console
@@ -630,6 +634,8 @@ class _Members:
         for _, r in self.live():
             r.run.loop.epoch = self.shared.loop.epoch
         self._each(lambda i, run: run.each(event))
+        if event == "on_start":  # a run restarted as it took its slot saves there, as it did then (`_Adaptive`)
+            self._each(lambda i, run: _save_joined(_member(run), ended=False) if i in self.rejoined else None)
 
     def after_call(self, k: int, metrics: Any) -> None:
         shared = self.shared
