@@ -60,11 +60,12 @@ def _trials(out):
 
 
 def _files(run_dir):
-    """A trial's run directory: what it holds, and its summary's `population` (slot, joined_epoch, parent)."""
+    """A trial's run directory: what it holds, its checkpoints' steps and its summary's `population` (slot,
+    joined_epoch, parent)."""
     population = json.loads((run_dir / "summary.json").read_text())["population"]
     if population.get("parent"):  # a sibling's run directory: its name
         population["parent"] = os.path.relpath(population["parent"], run_dir.parent)
-    return sorted(p.name for p in run_dir.iterdir()), population
+    return sorted(p.name for p in run_dir.iterdir()), checkpoint_steps(run_dir / "checkpoints"), population
 
 
 def _weights(run_dir):
