@@ -84,7 +84,7 @@ class RunGuard:
         self._create, self._created = create, False
         self._lock_file: IO[str] | None = None
         self._aside = False  # clear() moves an unfinished run's files aside (a resume with nothing to resume)
-        self._rejoined: str | None = None  # what clear() says of a population's run restarted as it joined
+        self._starting: str | None = None  # what clear() says of a run a resume starts again (none moved aside)
         self._reference: dict[str, Any] = {}  # the settings a resume is checked against (the checkpoint's)
 
     def __enter__(self) -> "RunGuard":
@@ -184,7 +184,7 @@ class RunGuard:
         before its first save: it starts again as it joined, at the others' step, writing its files
         again over what it wrote then (config.json, an empty metrics.jsonl), as the uninterrupted run
         has them: nothing is moved aside; `clear()` says `line` instead."""
-        self._aside, self._rejoined = False, line
+        self._aside, self._starting = False, line
 
     def _start_again(self) -> None:
         """A resume with no checkpoint to continue from: a finished run is refused; an unfinished
@@ -197,9 +197,9 @@ class RunGuard:
         self.resume = False
         present = self._dir.is_dir() and any((self._dir / n).exists() for n in RUN_FILES + RUN_DIRS)
         self._aside = self._primary and present
-        if not self._aside:
+        if not self._aside:  # said by clear(), unless the run starts again as it joined its population (`rejoin`)
             what = "no run" if not self.holds_run() else "no complete checkpoint"
-            self._note(f"{self.path} has {what} to resume yet; starting the run from the beginning")
+            self._starting = f"{self.path} has {what} to resume yet; starting the run from the beginning"
 
     def _move_aside(self) -> None:
         """Moves the files of an unfinished run with nothing to resume to `RUN/previous-N/`."""
@@ -217,8 +217,8 @@ class RunGuard:
         with nothing to resume: a resume never deletes run files)."""
         if self._aside:
             self._move_aside()
-        if self._rejoined is not None:
-            self._note(self._rejoined)
+        if self._starting is not None:
+            self._note(self._starting)
         if self.path is None or not (self._overwrite and self._primary):
             return
         for name in RUN_FILES:
