@@ -72,6 +72,11 @@ def run(monkeypatch, load=lambda i: 1.0, **config):
     return result
 
 
+def compiled(result) -> list[str]:
+    """What the run compiled (`Compiler.compiles`, in the summary's profile)."""
+    return [c["what"] for c in result.summary["profile"]["compiles"]]
+
+
 def bits(result) -> tuple:
     """Every parameter and every step's loss, as bytes: equal means bit for bit."""
     import jax
@@ -95,6 +100,8 @@ def test_runs_of_one_seed_compute_bit_for_bit_alike_whatever_the_load(monkeypatc
     assert form["decided"] == "reused" and form["form"] == "scan" and form["why"].startswith("reused: measured by ")
     assert form["ms_per_step"] == quiet.summary["step_form"]["ms_per_step"]
     assert bits(again) == bits(quiet)
+    # and nothing is compiled to time it: the plain step that the first run timed is not compiled again
+    assert "train step" in compiled(quiet) and "train step" not in compiled(again)
 
     # A changed file is not trusted: one note, and the run measures again (then replaces it).
     record = json.loads(kept.read_text())

@@ -78,6 +78,7 @@ class CompiledCalls:
         self.decisions = memory if self.form.measuring else None
         self._indices: dict[int, jax.Array] = {}
         self._slow: dict[int, str | None] = {}  # k -> the step's loop-slow ops (`_slow_ops`)
+        self._recalled: dict[str, Any] = {}  # a decision key -> the kept decision (`_kept`)
         self.dispatch_s = 0.0  # host seconds handing calls to the device (compilation not included)
         self.longest = 0  # the most steps a call of the run ran
         self.wait_s = 0.0  # host seconds waiting for calls to finish: the device computing
@@ -138,12 +139,12 @@ class CompiledCalls:
                 self._program(1, k, background=True)
             return program
         self.settle_form(k)
-        if form.measuring and not programs.dispatched:  # the plain step, timed first: beside the scan
-            self._program(1, k, background=True)
         programs.fingerprint = form.measuring and self.decisions is not None  # its hash keys the kept decision
-        k = self.program_length(k)
-        new = k not in programs.calls
-        program = programs.scan(k, lambda: self.chooser.why(k), background)
+        length = self.program_length(k)
+        new = length not in programs.calls
+        program = programs.scan(length, lambda: self.chooser.why(length), background)
+        if form.measuring and not programs.dispatched and self._kept(k) is None:  # timed first: beside the scan
+            self._program(1, k, background=True)
         if new:  # the K chooser's other timed length, when it needs a program: in the background
             for other in {self.program_length(n) for n in self.chooser.planned()}:
                 programs.scan(other, functools.partial(self.chooser.why, other), background=True)
@@ -307,19 +308,35 @@ class CompiledCalls:
         the same state in the chosen form: results never depend on the timings that chose it, and a
         resumed run (which keeps the form) continues bit for bit. A measured decision is kept."""
         form = self.form
-        self.get(k)  # the scan program, and the plain step beside it
+        self.get(k)  # the scan program, and the plain step beside it unless a decision is kept
         if not form.measuring:  # a short run without loop-slow ops (see `get`)
             return
-        program, decisions = self.compiler.fingerprints.get(("call", self.program_length(k))), self.decisions
-        key = FormMemory.key(program, form.unroll) if decisions is not None and program else None
-        if decisions is not None and key is not None and (kept := decisions.recall(key)) is not None:
+        if (kept := self._kept(k)) is not None:
             self.log(form.reuse(kept))
             if form.dispatched:  # as after measuring: no K to measure
                 self.chooser.stop()
             return
         self._time_forms(k, state, args)
-        if decisions is not None and key is not None and form.decided == "measured":
-            decisions.remember(key, form.decision())
+        key = self._decision_key(k)
+        if self.decisions is not None and key is not None and form.decided == "measured":
+            self.decisions.remember(key, form.decision())
+
+    def _decision_key(self, k: int) -> Any:
+        """The key of the form decision for the scan program of a call of k steps (its lowered text's hash
+        and the unroll): None without a memory or before that program is lowered."""
+        program = self.compiler.fingerprints.get(("call", self.program_length(k)))
+        return FormMemory.key(program, self.form.unroll) if self.decisions is not None and program else None
+
+    def _kept(self, k: int) -> Any:
+        """The form decision an earlier run of this program kept on this machine (`memory`), if any: the
+        forms need no timing then, and the plain step no compile (read once: a changed file is one note)."""
+        key = self._decision_key(k)
+        if self.decisions is None or key is None:
+            return None
+        found = str(key)
+        if found not in self._recalled:
+            self._recalled[found] = self.decisions.recall(key)
+        return self._recalled[found]
 
     def _time_forms(self, k: int, state: TrainState, args: tuple[Any, ...]) -> None:
         """Times segments of a call of k steps in each form on a copy of the state, until `form` decides."""
